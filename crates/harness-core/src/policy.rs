@@ -1,0 +1,106 @@
+//! The [`Policy`] seam: the trainable model that acts inside episodes.
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use crate::Result;
+use crate::chat::ChatMessage;
+use crate::env::ToolSpec;
+
+/// How to sample a turn.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SamplingParams {
+    /// Softmax temperature; 0 means greedy.
+    pub temperature: f32,
+    /// Nucleus sampling mass (1.0 disables it).
+    pub top_p: f32,
+    /// Keep only the k most likely tokens (`None` disables it).
+    #[serde(default)]
+    pub top_k: Option<usize>,
+    /// Generation stops after any of these strings (the string is kept in the output).
+    #[serde(default)]
+    pub stop: Vec<String>,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: None,
+            stop: Vec::new(),
+        }
+    }
+}
+
+impl SamplingParams {
+    /// Greedy decoding.
+    pub fn greedy() -> Self {
+        SamplingParams {
+            temperature: 0.0,
+            ..Self::default()
+        }
+    }
+}
+
+/// One call to a [`Policy`]: the rendered context of an episode at one point.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PolicyRequest {
+    /// The conversation so far, as the harness renders it.
+    pub messages: Vec<ChatMessage>,
+    /// The tools the harness shows.
+    pub tools: Vec<ToolSpec>,
+    /// Upper bound on generated tokens (the harness's output limit).
+    pub max_new_tokens: usize,
+    /// Upper bound on prompt tokens (the harness's context limit).
+    pub max_context_tokens: usize,
+    /// How to sample.
+    pub sampling: SamplingParams,
+    /// Seed for this call; the same request and seed give the same turn.
+    pub seed: u64,
+}
+
+/// Why a turn's generation stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// An end-of-turn token or stop string.
+    Stop,
+    /// `max_new_tokens` was reached.
+    Length,
+    /// The prompt exceeded `max_context_tokens`; nothing was generated.
+    ContextOverflow,
+}
+
+/// One generated turn with what training needs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PolicyTurn {
+    /// The generated text (decoded from `tokens`).
+    pub text: String,
+    /// The prompt token ids the turn was generated from (the generating context).
+    pub context_tokens: Vec<u32>,
+    /// The generated token ids.
+    pub tokens: Vec<u32>,
+    /// The rollout backend's log-probability of each generated token (`q` in the paper's
+    /// Eq. 16), one per entry of `tokens`.
+    pub logprobs: Vec<f32>,
+    /// Why generation stopped.
+    pub finish: FinishReason,
+}
+
+/// A model that produces the next turn of an episode.
+///
+/// # Design
+/// The policy renders the messages itself (chat template, tokenizer), so it reports the exact
+/// prompt tokens it used: the trainer recomputes probabilities in that generating context, and
+/// the rollout log-probs feed the importance weight of Eq. 16. Batching across concurrent
+/// episodes is the implementation's business: the loop calls `generate` from many tasks at once.
+#[async_trait]
+pub trait Policy: Send + Sync {
+    /// A short name for logs and errors.
+    fn name(&self) -> &str;
+
+    /// Generate one turn.
+    async fn generate(&self, request: PolicyRequest) -> Result<PolicyTurn>;
+}
