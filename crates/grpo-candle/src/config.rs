@@ -1,0 +1,520 @@
+//! Model configuration read from (and written to) a Hugging Face `config.json`.
+//!
+//! Real checkpoints on the hub write `rope_theta` at the top level and `torch_dtype`; recent
+//! `transformers` releases write `rope_parameters: {"rope_theta", "rope_type"}` and `dtype`. Both
+//! are accepted. Fields we do not model (sliding windows, MoE, rope scaling other than the default)
+//! are rejected with an error naming the field rather than silently mis-modelled.
+
+use std::path::Path;
+
+use candle_core::DType;
+use serde_json::{Map, Value, json};
+
+use crate::error::{Error, Result};
+
+/// Which member of the Qwen family a config describes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Arch {
+    /// Qwen2 / Qwen2.5: biases on q, k and v; no q/k norms.
+    Qwen2,
+    /// Qwen3 dense: RMSNorm on each head of q and k; optional attention biases.
+    Qwen3,
+}
+
+impl Arch {
+    /// The `model_type` string of `config.json`.
+    pub fn model_type(self) -> &'static str {
+        match self {
+            Arch::Qwen2 => "qwen2",
+            Arch::Qwen3 => "qwen3",
+        }
+    }
+
+    /// The `architectures` entry `transformers` uses for the causal LM.
+    pub fn hf_architecture(self) -> &'static str {
+        match self {
+            Arch::Qwen2 => "Qwen2ForCausalLM",
+            Arch::Qwen3 => "Qwen3ForCausalLM",
+        }
+    }
+}
+
+/// The hyper-parameters of a Qwen2/Qwen3 dense decoder.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QwenConfig {
+    /// Qwen2 or Qwen3.
+    pub arch: Arch,
+    /// Rows of the embedding and of the lm_head.
+    pub vocab_size: usize,
+    /// Width of the residual stream.
+    pub hidden_size: usize,
+    /// Width of the SwiGLU MLP.
+    pub intermediate_size: usize,
+    /// Decoder layers.
+    pub num_hidden_layers: usize,
+    /// Query heads.
+    pub num_attention_heads: usize,
+    /// Key/value heads (grouped-query attention); divides `num_attention_heads`.
+    pub num_key_value_heads: usize,
+    /// Width of one head (Qwen3 sets it explicitly; Qwen2 uses hidden / heads).
+    pub head_dim: usize,
+    /// Longest sequence the model supports.
+    pub max_position_embeddings: usize,
+    /// Epsilon of every RMSNorm.
+    pub rms_norm_eps: f64,
+    /// RoPE base.
+    pub rope_theta: f64,
+    /// Whether lm_head shares the embedding matrix.
+    pub tie_word_embeddings: bool,
+    /// Biases on the q, k and v projections (always for Qwen2).
+    pub attention_bias: bool,
+    /// Std of the normal initialisation of fresh weights.
+    pub initializer_range: f64,
+    /// Beginning-of-sequence id, when the config names one.
+    pub bos_token_id: Option<u32>,
+    /// End-of-sequence ids named by the config.
+    pub eos_token_ids: Vec<u32>,
+    /// The dtype the checkpoint was saved in (`torch_dtype` / `dtype`), when given.
+    pub torch_dtype: Option<DType>,
+    /// The original JSON, kept so that saving a loaded model preserves fields we do not model.
+    pub raw: Option<Value>,
+}
+
+impl QwenConfig {
+    /// A tiny Qwen3 configuration for tests and the embedded default.
+    pub fn tiny_qwen3(vocab_size: usize) -> Self {
+        QwenConfig {
+            arch: Arch::Qwen3,
+            vocab_size,
+            hidden_size: 64,
+            intermediate_size: 128,
+            num_hidden_layers: 2,
+            num_attention_heads: 4,
+            num_key_value_heads: 2,
+            head_dim: 16,
+            max_position_embeddings: 4096,
+            rms_norm_eps: 1e-6,
+            rope_theta: 10_000.0,
+            tie_word_embeddings: true,
+            attention_bias: false,
+            initializer_range: 0.02,
+            bos_token_id: None,
+            eos_token_ids: Vec::new(),
+            torch_dtype: Some(DType::F32),
+            raw: None,
+        }
+    }
+
+    /// Query heads per key/value head.
+    pub fn kv_groups(&self) -> usize {
+        self.num_attention_heads / self.num_key_value_heads
+    }
+
+    /// Number of parameters (counting a tied embedding once).
+    pub fn num_parameters(&self) -> usize {
+        let (h, i, v) = (self.hidden_size, self.intermediate_size, self.vocab_size);
+        let (qd, kvd) = (
+            self.num_attention_heads * self.head_dim,
+            self.num_key_value_heads * self.head_dim,
+        );
+        let mut layer = h * qd + 2 * h * kvd + qd * h + 3 * h * i + 2 * h;
+        if self.attention_bias {
+            layer += qd + 2 * kvd;
+        }
+        if self.arch == Arch::Qwen3 {
+            layer += 2 * self.head_dim;
+        }
+        let head = if self.tie_word_embeddings { 0 } else { v * h };
+        v * h + self.num_hidden_layers * layer + h + head
+    }
+
+    /// Check that the shapes fit together.
+    pub fn validate(&self, source: &Path) -> Result<()> {
+        let positive = [
+            ("vocab_size", self.vocab_size),
+            ("hidden_size", self.hidden_size),
+            ("intermediate_size", self.intermediate_size),
+            ("num_hidden_layers", self.num_hidden_layers),
+            ("num_attention_heads", self.num_attention_heads),
+            ("num_key_value_heads", self.num_key_value_heads),
+            ("head_dim", self.head_dim),
+            ("max_position_embeddings", self.max_position_embeddings),
+        ];
+        for (field, value) in positive {
+            if value == 0 {
+                return Err(Error::config(source, field, "must be a positive integer"));
+            }
+        }
+        if self.num_attention_heads % self.num_key_value_heads != 0 {
+            return Err(Error::config(
+                source,
+                "num_key_value_heads",
+                format!(
+                    "{} does not divide num_attention_heads = {}",
+                    self.num_key_value_heads, self.num_attention_heads
+                ),
+            ));
+        }
+        if self.head_dim % 2 != 0 {
+            return Err(Error::config(source, "head_dim", "must be even for rotary embeddings"));
+        }
+        Ok(())
+    }
+
+    /// Read `config.json` from a file.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let value: Value = serde_json::from_str(&text)
+            .map_err(|e| Error::config(path, "(document)", format!("not valid JSON: {e}")))?;
+        Self::from_json(&value, path)
+    }
+
+    /// Parse a `config.json` document; `source` names it in errors.
+    pub fn from_json(value: &Value, source: &Path) -> Result<Self> {
+        let obj = value
+            .as_object()
+            .ok_or_else(|| Error::config(source, "(document)", "expected a JSON object"))?;
+        let model_type = str_field(obj, "model_type", source)?.ok_or_else(|| {
+            Error::config(source, "model_type", "missing; expected \"qwen2\" or \"qwen3\"")
+        })?;
+        let arch = match model_type {
+            "qwen2" => Arch::Qwen2,
+            "qwen3" => Arch::Qwen3,
+            other => {
+                return Err(Error::config(
+                    source,
+                    "model_type",
+                    format!("`{other}` is not supported; expected \"qwen2\" or \"qwen3\""),
+                ));
+            }
+        };
+        let req = |field: &str| -> Result<usize> {
+            usize_field(obj, field, source)?
+                .ok_or_else(|| Error::config(source, field, "missing; expected a positive integer"))
+        };
+        let hidden_size = req("hidden_size")?;
+        let num_attention_heads = req("num_attention_heads")?;
+        let num_key_value_heads =
+            usize_field(obj, "num_key_value_heads", source)?.unwrap_or(num_attention_heads);
+        let head_dim = match usize_field(obj, "head_dim", source)? {
+            Some(d) => d,
+            None if num_attention_heads > 0 => hidden_size / num_attention_heads,
+            None => 0,
+        };
+
+        // RoPE: `rope_theta` at the top level (hub checkpoints) or inside `rope_parameters`
+        // (recent transformers); `rope_scaling` of type other than default is not modelled.
+        let mut rope_theta = f64_field(obj, "rope_theta", source)?;
+        for key in ["rope_parameters", "rope_scaling"] {
+            match obj.get(key) {
+                None | Some(Value::Null) => {}
+                Some(Value::Object(params)) => {
+                    let kind = params
+                        .get("rope_type")
+                        .or_else(|| params.get("type"))
+                        .and_then(Value::as_str)
+                        .unwrap_or("default");
+                    if kind != "default" {
+                        return Err(Error::config(
+                            source,
+                            format!("{key}.rope_type"),
+                            format!("`{kind}` is not supported; only \"default\" rotary embeddings are"),
+                        ));
+                    }
+                    if let Some(theta) = params.get("rope_theta") {
+                        rope_theta = Some(theta.as_f64().ok_or_else(|| {
+                            Error::config(source, format!("{key}.rope_theta"), "expected a number")
+                        })?);
+                    }
+                }
+                Some(_) => {
+                    return Err(Error::config(source, key, "expected an object or null"));
+                }
+            }
+        }
+        if bool_field(obj, "use_sliding_window", source)?.unwrap_or(false) {
+            return Err(Error::config(
+                source,
+                "use_sliding_window",
+                "sliding-window attention is not supported; expected false",
+            ));
+        }
+        for field in ["num_experts", "num_local_experts"] {
+            if usize_field(obj, field, source)?.unwrap_or(0) > 0 {
+                return Err(Error::config(
+                    source,
+                    field,
+                    "mixture-of-experts models are not supported; only dense Qwen2/Qwen3",
+                ));
+            }
+        }
+        let act = str_field(obj, "hidden_act", source)?.unwrap_or("silu");
+        if act != "silu" {
+            return Err(Error::config(
+                source,
+                "hidden_act",
+                format!("`{act}` is not supported; expected \"silu\""),
+            ));
+        }
+        let dtype_name = match str_field(obj, "torch_dtype", source)? {
+            Some(d) => Some(d),
+            None => str_field(obj, "dtype", source)?,
+        };
+        let torch_dtype = match dtype_name {
+            None => None,
+            Some("float32") => Some(DType::F32),
+            Some("bfloat16") => Some(DType::BF16),
+            Some("float16") => Some(DType::F16),
+            Some("float64") => Some(DType::F64),
+            Some(other) => {
+                return Err(Error::config(
+                    source,
+                    "torch_dtype",
+                    format!("`{other}` is not supported; expected float32, bfloat16 or float16"),
+                ));
+            }
+        };
+        let eos_token_ids = match obj.get("eos_token_id") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Number(n)) => vec![token_id(n.as_u64(), "eos_token_id", source)?],
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|v| token_id(v.as_u64(), "eos_token_id", source))
+                .collect::<Result<Vec<_>>>()?,
+            Some(_) => {
+                return Err(Error::config(source, "eos_token_id", "expected an id or a list of ids"));
+            }
+        };
+        let bos_token_id = match obj.get("bos_token_id") {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(token_id(v.as_u64(), "bos_token_id", source)?),
+        };
+        let cfg = QwenConfig {
+            arch,
+            vocab_size: req("vocab_size")?,
+            hidden_size,
+            intermediate_size: req("intermediate_size")?,
+            num_hidden_layers: req("num_hidden_layers")?,
+            num_attention_heads,
+            num_key_value_heads,
+            head_dim,
+            max_position_embeddings: usize_field(obj, "max_position_embeddings", source)?
+                .unwrap_or(32_768),
+            rms_norm_eps: f64_field(obj, "rms_norm_eps", source)?.unwrap_or(1e-6),
+            rope_theta: rope_theta.unwrap_or(10_000.0),
+            tie_word_embeddings: bool_field(obj, "tie_word_embeddings", source)?.unwrap_or(false),
+            attention_bias: match arch {
+                Arch::Qwen2 => true,
+                Arch::Qwen3 => bool_field(obj, "attention_bias", source)?.unwrap_or(false),
+            },
+            initializer_range: f64_field(obj, "initializer_range", source)?.unwrap_or(0.02),
+            bos_token_id,
+            eos_token_ids,
+            torch_dtype,
+            raw: Some(value.clone()),
+        };
+        cfg.validate(source)?;
+        Ok(cfg)
+    }
+
+    /// The `config.json` document to save with a checkpoint saved in `dtype`.
+    ///
+    /// A loaded config keeps every field it had (with the modelled ones refreshed); a fresh one
+    /// is written the way hub checkpoints are (`rope_theta` and `torch_dtype` at the top level),
+    /// which both older and recent `transformers` and vLLM read.
+    pub fn to_json(&self, dtype: DType) -> Value {
+        let mut obj = match &self.raw {
+            Some(Value::Object(map)) => map.clone(),
+            _ => Map::new(),
+        };
+        let dtype_name = match dtype {
+            DType::BF16 => "bfloat16",
+            DType::F16 => "float16",
+            DType::F64 => "float64",
+            _ => "float32",
+        };
+        let set = |obj: &mut Map<String, Value>, k: &str, v: Value| {
+            obj.insert(k.to_string(), v);
+        };
+        set(&mut obj, "architectures", json!([self.arch.hf_architecture()]));
+        set(&mut obj, "model_type", json!(self.arch.model_type()));
+        set(&mut obj, "vocab_size", json!(self.vocab_size));
+        set(&mut obj, "hidden_size", json!(self.hidden_size));
+        set(&mut obj, "intermediate_size", json!(self.intermediate_size));
+        set(&mut obj, "num_hidden_layers", json!(self.num_hidden_layers));
+        set(&mut obj, "num_attention_heads", json!(self.num_attention_heads));
+        set(&mut obj, "num_key_value_heads", json!(self.num_key_value_heads));
+        if self.arch == Arch::Qwen3 || obj.contains_key("head_dim") {
+            set(&mut obj, "head_dim", json!(self.head_dim));
+        }
+        set(&mut obj, "max_position_embeddings", json!(self.max_position_embeddings));
+        set(&mut obj, "rms_norm_eps", json!(self.rms_norm_eps));
+        set(&mut obj, "tie_word_embeddings", json!(self.tie_word_embeddings));
+        set(&mut obj, "hidden_act", json!("silu"));
+        set(&mut obj, "initializer_range", json!(self.initializer_range));
+        if self.arch == Arch::Qwen3 {
+            set(&mut obj, "attention_bias", json!(self.attention_bias));
+        }
+        // Keep the config's own way of writing rope_theta when it has one.
+        match obj.get_mut("rope_parameters") {
+            Some(Value::Object(params)) => {
+                params.insert("rope_theta".into(), json!(self.rope_theta));
+                params.entry("rope_type").or_insert(json!("default"));
+            }
+            _ => {
+                set(&mut obj, "rope_theta", json!(self.rope_theta));
+                obj.entry("rope_scaling").or_insert(Value::Null);
+            }
+        }
+        if obj.contains_key("dtype") && !obj.contains_key("torch_dtype") {
+            set(&mut obj, "dtype", json!(dtype_name));
+        } else {
+            set(&mut obj, "torch_dtype", json!(dtype_name));
+        }
+        obj.entry("use_cache").or_insert(json!(true));
+        obj.entry("use_sliding_window").or_insert(json!(false));
+        obj.entry("attention_dropout").or_insert(json!(0.0));
+        if let Some(bos) = self.bos_token_id {
+            set(&mut obj, "bos_token_id", json!(bos));
+        }
+        match self.eos_token_ids.as_slice() {
+            [] => {}
+            [one] => set(&mut obj, "eos_token_id", json!(one)),
+            many => set(&mut obj, "eos_token_id", json!(many)),
+        }
+        Value::Object(obj)
+    }
+}
+
+fn token_id(v: Option<u64>, field: &str, source: &Path) -> Result<u32> {
+    v.and_then(|v| u32::try_from(v).ok())
+        .ok_or_else(|| Error::config(source, field, "expected a non-negative token id"))
+}
+
+fn usize_field(obj: &Map<String, Value>, field: &str, source: &Path) -> Result<Option<usize>> {
+    match obj.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v
+            .as_u64()
+            .map(|n| Some(n as usize))
+            .ok_or_else(|| Error::config(source, field, format!("expected an integer, found {v}"))),
+    }
+}
+
+fn f64_field(obj: &Map<String, Value>, field: &str, source: &Path) -> Result<Option<f64>> {
+    match obj.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v
+            .as_f64()
+            .map(Some)
+            .ok_or_else(|| Error::config(source, field, format!("expected a number, found {v}"))),
+    }
+}
+
+fn bool_field(obj: &Map<String, Value>, field: &str, source: &Path) -> Result<Option<bool>> {
+    match obj.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v
+            .as_bool()
+            .map(Some)
+            .ok_or_else(|| Error::config(source, field, format!("expected true or false, found {v}"))),
+    }
+}
+
+fn str_field<'a>(
+    obj: &'a Map<String, Value>,
+    field: &str,
+    source: &Path,
+) -> Result<Option<&'a str>> {
+    match obj.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v
+            .as_str()
+            .map(Some)
+            .ok_or_else(|| Error::config(source, field, format!("expected a string, found {v}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(v: Value) -> Result<QwenConfig> {
+        QwenConfig::from_json(&v, Path::new("config.json"))
+    }
+
+    #[test]
+    fn hub_style_qwen3_config() {
+        let cfg = parse(json!({
+            "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 151936,
+            "hidden_size": 2560, "intermediate_size": 9728, "num_hidden_layers": 36,
+            "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+            "max_position_embeddings": 40960, "rms_norm_eps": 1e-6, "rope_theta": 1000000,
+            "rope_scaling": null, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+            "attention_bias": false, "use_sliding_window": false, "eos_token_id": 151645,
+            "bos_token_id": 151643, "hidden_act": "silu"
+        }))
+        .unwrap();
+        assert_eq!(cfg.arch, Arch::Qwen3);
+        assert_eq!(cfg.head_dim, 128);
+        assert_eq!(cfg.kv_groups(), 4);
+        assert_eq!(cfg.rope_theta, 1e6);
+        assert_eq!(cfg.torch_dtype, Some(DType::BF16));
+        assert_eq!(cfg.eos_token_ids, vec![151645]);
+        assert!(cfg.tie_word_embeddings && !cfg.attention_bias);
+        // Qwen3-4B has about 4.0e9 parameters.
+        let n = cfg.num_parameters() as f64;
+        assert!((3.9e9..4.1e9).contains(&n), "{n}");
+    }
+
+    #[test]
+    fn recent_transformers_style_config() {
+        let cfg = parse(json!({
+            "model_type": "qwen2", "vocab_size": 100, "hidden_size": 32,
+            "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "dtype": "float32",
+            "rope_parameters": {"rope_theta": 500000.0, "rope_type": "default"},
+            "eos_token_id": [1, 2]
+        }))
+        .unwrap();
+        assert_eq!(cfg.arch, Arch::Qwen2);
+        assert_eq!(cfg.head_dim, 8);
+        assert_eq!(cfg.rope_theta, 5e5);
+        assert!(cfg.attention_bias);
+        assert_eq!(cfg.eos_token_ids, vec![1, 2]);
+        let out = cfg.to_json(DType::BF16);
+        assert_eq!(out["rope_parameters"]["rope_theta"], json!(5e5));
+        assert_eq!(out["dtype"], json!("bfloat16"));
+        assert_eq!(parse(out).unwrap().rope_theta, 5e5);
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let base = json!({"model_type": "qwen3", "vocab_size": 10, "hidden_size": 8,
+            "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,
+            "num_key_value_heads": 2, "head_dim": 4});
+        let with = |k: &str, v: Value| {
+            let mut b = base.clone();
+            b[k] = v;
+            parse(b).unwrap_err().to_string()
+        };
+        assert!(with("model_type", json!("llama")).contains("model_type"));
+        assert!(with("num_key_value_heads", json!(3)).contains("num_key_value_heads"));
+        assert!(with("hidden_size", json!("8")).contains("hidden_size"));
+        assert!(
+            with("rope_scaling", json!({"rope_type": "yarn", "factor": 4.0}))
+                .contains("rope_scaling.rope_type")
+        );
+        assert!(with("use_sliding_window", json!(true)).contains("use_sliding_window"));
+        let mut missing = base.clone();
+        missing.as_object_mut().unwrap().remove("vocab_size");
+        assert!(parse(missing).unwrap_err().to_string().contains("vocab_size"));
+    }
+
+    #[test]
+    fn fresh_config_round_trips() {
+        let cfg = QwenConfig::tiny_qwen3(300);
+        let back = parse(cfg.to_json(DType::F32)).unwrap();
+        assert_eq!(QwenConfig { raw: None, ..back }, cfg);
+    }
+}

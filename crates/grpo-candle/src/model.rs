@@ -1,0 +1,757 @@
+//! A stateless, trainable Qwen2/Qwen3 dense decoder.
+//!
+//! Every operation on the forward path is built from candle primitives that have a backward pass
+//! (matmul, exp, sum, sqrt, narrow, cat, index_select, ...): candle-nn's fused `softmax_last_dim`,
+//! `rms_norm` and `rope` kernels are forward-only and would silently cut the gradient. Parameters
+//! live in a [`VarMap`] under the Hugging Face names (`model.layers.0.self_attn.q_proj.weight`, ...),
+//! so the trainer updates them in place and checkpoints are plain HF safetensors.
+//!
+//! The model holds no sequence state. Training calls [`Qwen::forward_hidden`] on whole sequences;
+//! sampling threads an explicit [`KvCache`] through [`Qwen::forward_cached`].
+
+use std::path::{Path, PathBuf};
+
+use candle_core::{D, DType, Device, IndexOp, Tensor, Var};
+use candle_nn::VarMap;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::config::{Arch, QwenConfig};
+use crate::error::{Error, Result};
+
+/// The additive mask value for positions a query must not see. Finite so that a row with every
+/// key masked (a left-padding query) yields a uniform softmax instead of NaN.
+const MASKED: f32 = -1.0e9;
+
+/// How a parameter is initialised in a fresh model.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Init {
+    Normal,
+    Ones,
+    Zeros,
+}
+
+/// One parameter: HF name, shape, initialisation.
+#[derive(Debug, Clone)]
+struct ParamSpec {
+    name: String,
+    shape: Vec<usize>,
+    init: Init,
+}
+
+/// The parameters of `cfg`, in a fixed order (embedding, layers in order, final norm, lm_head).
+fn param_specs(cfg: &QwenConfig) -> Vec<ParamSpec> {
+    let (h, i, v, hd) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.head_dim);
+    let qd = cfg.num_attention_heads * hd;
+    let kvd = cfg.num_key_value_heads * hd;
+    let p = |name: String, shape: &[usize], init| ParamSpec { name, shape: shape.to_vec(), init };
+    let mut specs = vec![p("model.embed_tokens.weight".into(), &[v, h], Init::Normal)];
+    for l in 0..cfg.num_hidden_layers {
+        let pre = format!("model.layers.{l}");
+        specs.push(p(format!("{pre}.input_layernorm.weight"), &[h], Init::Ones));
+        for (proj, out) in [("q_proj", qd), ("k_proj", kvd), ("v_proj", kvd)] {
+            specs.push(p(format!("{pre}.self_attn.{proj}.weight"), &[out, h], Init::Normal));
+            if cfg.attention_bias {
+                specs.push(p(format!("{pre}.self_attn.{proj}.bias"), &[out], Init::Zeros));
+            }
+        }
+        specs.push(p(format!("{pre}.self_attn.o_proj.weight"), &[h, qd], Init::Normal));
+        if cfg.arch == Arch::Qwen3 {
+            specs.push(p(format!("{pre}.self_attn.q_norm.weight"), &[hd], Init::Ones));
+            specs.push(p(format!("{pre}.self_attn.k_norm.weight"), &[hd], Init::Ones));
+        }
+        specs.push(p(format!("{pre}.post_attention_layernorm.weight"), &[h], Init::Ones));
+        specs.push(p(format!("{pre}.mlp.gate_proj.weight"), &[i, h], Init::Normal));
+        specs.push(p(format!("{pre}.mlp.up_proj.weight"), &[i, h], Init::Normal));
+        specs.push(p(format!("{pre}.mlp.down_proj.weight"), &[h, i], Init::Normal));
+    }
+    specs.push(p("model.norm.weight".into(), &[h], Init::Ones));
+    if !cfg.tie_word_embeddings {
+        specs.push(p("lm_head.weight".into(), &[v, h], Init::Normal));
+    }
+    specs
+}
+
+/// Standard normal samples from a seeded ChaCha stream (Box-Muller), identical on every platform.
+fn normal_samples(rng: &mut ChaCha8Rng, n: usize, std: f64) -> Vec<f64> {
+    let mut out = Vec::with_capacity(n + 1);
+    while out.len() < n {
+        let u1: f64 = 1.0 - rng.r#gen::<f64>(); // (0, 1]
+        let u2: f64 = rng.r#gen::<f64>();
+        let r = (-2.0 * u1.ln()).sqrt() * std;
+        let t = 2.0 * std::f64::consts::PI * u2;
+        out.push(r * t.cos());
+        out.push(r * t.sin());
+    }
+    out.truncate(n);
+    out
+}
+
+/// Per-layer weights (tensors sharing storage with the [`VarMap`]'s variables).
+#[derive(Debug, Clone)]
+struct Layer {
+    input_norm: Tensor,
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    o: Linear,
+    q_norm: Option<Tensor>,
+    k_norm: Option<Tensor>,
+    post_norm: Tensor,
+    gate: Linear,
+    up: Linear,
+    down: Linear,
+}
+
+#[derive(Debug, Clone)]
+struct Linear {
+    weight: Tensor,
+    bias: Option<Tensor>,
+}
+
+impl Linear {
+    /// `x @ W^T + b` for `x` of shape `[.., in]`.
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let dims = x.dims().to_vec();
+        let (last, lead) = dims.split_last().expect("linear input has at least one dim");
+        let n: usize = lead.iter().product();
+        let flat = x.reshape((n, *last))?;
+        let mut y = flat.matmul(&self.weight.t()?)?;
+        if let Some(b) = &self.bias {
+            y = y.broadcast_add(b)?;
+        }
+        let mut out_shape = lead.to_vec();
+        out_shape.push(self.weight.dim(0)?);
+        Ok(y.reshape(out_shape)?)
+    }
+}
+
+/// Key/value cache for incremental decoding, passed explicitly to [`Qwen::forward_cached`].
+///
+/// Rows may be left-padded: row `b` ignores its first `pads[b]` cache columns, and its positions
+/// count from its first real token. The cache grows by the number of tokens fed per call.
+#[derive(Debug, Clone)]
+pub struct KvCache {
+    layers: Vec<Option<(Tensor, Tensor)>>,
+    pads: Vec<usize>,
+    len: usize,
+}
+
+impl KvCache {
+    /// An empty cache for `num_layers` layers and one row per entry of `pads` (each row's left
+    /// padding in the first call).
+    pub fn new(num_layers: usize, pads: Vec<usize>) -> Self {
+        KvCache { layers: vec![None; num_layers], pads, len: 0 }
+    }
+
+    /// An empty cache for a model, with no padding.
+    pub fn for_model(model: &Qwen, batch: usize) -> Self {
+        Self::new(model.config().num_hidden_layers, vec![0; batch])
+    }
+
+    /// Columns held (padding included).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether nothing has been fed yet.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Rows.
+    pub fn batch(&self) -> usize {
+        self.pads.len()
+    }
+
+    /// Left padding of each row.
+    pub fn pads(&self) -> &[usize] {
+        &self.pads
+    }
+
+    /// Keep only the given rows (in the given order), e.g. to drop finished sequences.
+    pub fn select_rows(&self, rows: &[usize]) -> Result<KvCache> {
+        let pads: Vec<usize> = rows.iter().map(|&r| self.pads[r]).collect();
+        let layers = if self.is_empty() || rows.is_empty() {
+            vec![None; self.layers.len()]
+        } else {
+            let device = self.layers[0].as_ref().map(|(k, _)| k.device().clone());
+            let idx = Tensor::new(
+                rows.iter().map(|&r| r as u32).collect::<Vec<_>>(),
+                device.as_ref().unwrap_or(&Device::Cpu),
+            )?;
+            self.layers
+                .iter()
+                .map(|kv| {
+                    kv.as_ref()
+                        .map(|(k, v)| Ok((k.index_select(&idx, 0)?, v.index_select(&idx, 0)?)))
+                        .transpose()
+                })
+                .collect::<Result<Vec<_>>>()?
+        };
+        let mut out = KvCache { layers, pads, len: if rows.is_empty() { 0 } else { self.len } };
+        // Drop columns that are padding for every remaining row.
+        let common = out.pads.iter().copied().min().unwrap_or(0);
+        if common > 0 && !out.is_empty() {
+            for (k, v) in out.layers.iter_mut().flatten() {
+                *k = k.narrow(2, common, out.len - common)?;
+                *v = v.narrow(2, common, out.len - common)?;
+            }
+            out.len -= common;
+            for p in &mut out.pads {
+                *p -= common;
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// A Qwen2/Qwen3 dense decoder whose parameters live in a shared [`VarMap`].
+#[derive(Clone)]
+pub struct Qwen {
+    cfg: QwenConfig,
+    device: Device,
+    dtype: DType,
+    varmap: VarMap,
+    embed: Tensor,
+    layers: Vec<Layer>,
+    norm: Tensor,
+    lm_head: Option<Tensor>,
+    inv_freq: Tensor,
+}
+
+impl std::fmt::Debug for Qwen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Qwen")
+            .field("arch", &self.cfg.arch)
+            .field("parameters", &self.cfg.num_parameters())
+            .field("dtype", &self.dtype)
+            .field("device", &self.device)
+            .finish()
+    }
+}
+
+impl Qwen {
+    /// A freshly initialised model (normal(0, `initializer_range`) matrices, unit norms, zero
+    /// biases), reproducible from `seed` on every platform.
+    pub fn new_random(cfg: &QwenConfig, seed: u64, dtype: DType, device: &Device) -> Result<Self> {
+        cfg.validate(Path::new("(config)"))?;
+        let varmap = VarMap::new();
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        {
+            let mut data = varmap.data().lock().expect("varmap lock");
+            for spec in param_specs(cfg) {
+                let n: usize = spec.shape.iter().product();
+                let values = match spec.init {
+                    Init::Normal => normal_samples(&mut rng, n, cfg.initializer_range),
+                    Init::Ones => vec![1.0; n],
+                    Init::Zeros => vec![0.0; n],
+                };
+                let t = Tensor::from_vec(values, spec.shape.as_slice(), device)?.to_dtype(dtype)?;
+                data.insert(spec.name, Var::from_tensor(&t)?);
+            }
+        }
+        Self::from_varmap(cfg, varmap, dtype, device)
+    }
+
+    /// Load weights from safetensors files (one file or the shards of a sharded checkpoint),
+    /// converting them to `dtype` on `device`.
+    pub fn load_safetensors(
+        cfg: &QwenConfig,
+        files: &[PathBuf],
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self> {
+        let shown = files.first().cloned().unwrap_or_default();
+        let specs = param_specs(cfg);
+        let names = specs.iter().map(|s| s.name.clone()).collect();
+        let mut tensors = crate::loading::load_tensors(files, &names, device)?;
+        let varmap = VarMap::new();
+        {
+            let mut data = varmap.data().lock().expect("varmap lock");
+            for spec in specs {
+                let t = tensors.remove(&spec.name).ok_or_else(|| Error::Weights {
+                    path: shown.clone(),
+                    name: spec.name.clone(),
+                    message: "missing from the checkpoint".into(),
+                })?;
+                if t.dims() != spec.shape.as_slice() {
+                    return Err(Error::Weights {
+                        path: shown.clone(),
+                        name: spec.name,
+                        message: format!("shape {:?}, expected {:?}", t.dims(), spec.shape),
+                    });
+                }
+                let t = if t.dtype() == dtype { t } else { t.to_dtype(dtype)? };
+                data.insert(spec.name, Var::from_tensor(&t)?);
+            }
+        }
+        Self::from_varmap(cfg, varmap, dtype, device)
+    }
+
+    /// Build the model around existing variables (every name of the config must be present with
+    /// the right shape). The model shares the variables: updating them updates the model.
+    pub fn from_varmap(cfg: &QwenConfig, varmap: VarMap, dtype: DType, device: &Device) -> Result<Self> {
+        cfg.validate(Path::new("(config)"))?;
+        let get = |name: &str| -> Result<Tensor> {
+            let data = varmap.data().lock().expect("varmap lock");
+            let var = data.get(name).ok_or_else(|| Error::Weights {
+                path: PathBuf::from("(varmap)"),
+                name: name.into(),
+                message: "missing".into(),
+            })?;
+            Ok(var.as_tensor().clone())
+        };
+        for spec in param_specs(cfg) {
+            let t = get(&spec.name)?;
+            if t.dims() != spec.shape.as_slice() {
+                return Err(Error::Weights {
+                    path: PathBuf::from("(varmap)"),
+                    name: spec.name,
+                    message: format!("shape {:?}, expected {:?}", t.dims(), spec.shape),
+                });
+            }
+        }
+        let lin = |pre: &str, bias: bool| -> Result<Linear> {
+            Ok(Linear {
+                weight: get(&format!("{pre}.weight"))?,
+                bias: if bias { Some(get(&format!("{pre}.bias"))?) } else { None },
+            })
+        };
+        let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
+        for l in 0..cfg.num_hidden_layers {
+            let pre = format!("model.layers.{l}");
+            let qwen3 = cfg.arch == Arch::Qwen3;
+            layers.push(Layer {
+                input_norm: get(&format!("{pre}.input_layernorm.weight"))?,
+                q: lin(&format!("{pre}.self_attn.q_proj"), cfg.attention_bias)?,
+                k: lin(&format!("{pre}.self_attn.k_proj"), cfg.attention_bias)?,
+                v: lin(&format!("{pre}.self_attn.v_proj"), cfg.attention_bias)?,
+                o: lin(&format!("{pre}.self_attn.o_proj"), false)?,
+                q_norm: qwen3.then(|| get(&format!("{pre}.self_attn.q_norm.weight"))).transpose()?,
+                k_norm: qwen3.then(|| get(&format!("{pre}.self_attn.k_norm.weight"))).transpose()?,
+                post_norm: get(&format!("{pre}.post_attention_layernorm.weight"))?,
+                gate: lin(&format!("{pre}.mlp.gate_proj"), false)?,
+                up: lin(&format!("{pre}.mlp.up_proj"), false)?,
+                down: lin(&format!("{pre}.mlp.down_proj"), false)?,
+            });
+        }
+        // Rotary frequencies as transformers computes them: in f32, base^(2i/d).
+        let hd = cfg.head_dim;
+        let inv: Vec<f32> = (0..hd / 2)
+            .map(|i| 1.0 / (cfg.rope_theta as f32).powf((2 * i) as f32 / hd as f32))
+            .collect();
+        Ok(Qwen {
+            embed: get("model.embed_tokens.weight")?,
+            norm: get("model.norm.weight")?,
+            lm_head: if cfg.tie_word_embeddings { None } else { Some(get("lm_head.weight")?) },
+            inv_freq: Tensor::from_vec(inv, (1, 1, hd / 2), device)?,
+            layers,
+            cfg: cfg.clone(),
+            device: device.clone(),
+            dtype,
+            varmap,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &QwenConfig {
+        &self.cfg
+    }
+
+    /// The device the weights live on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// The weights' dtype.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// The shared variables (HF names). Cloning a `VarMap` shares it.
+    pub fn varmap(&self) -> &VarMap {
+        &self.varmap
+    }
+
+    /// Every trainable variable with its HF name, sorted by name.
+    pub fn named_vars(&self) -> Vec<(String, Var)> {
+        let data = self.varmap.data().lock().expect("varmap lock");
+        let mut vars: Vec<(String, Var)> =
+            data.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        vars.sort_by(|a, b| a.0.cmp(&b.0));
+        vars
+    }
+
+    /// The lm_head matrix `[vocab, hidden]` (the embedding itself when they are tied).
+    pub fn lm_head_weight(&self) -> Tensor {
+        self.lm_head.as_ref().unwrap_or(&self.embed).clone()
+    }
+
+    /// The embedding matrix `[vocab, hidden]`.
+    pub fn embedding_weight(&self) -> Tensor {
+        self.embed.clone()
+    }
+
+    /// Final hidden states `[B, T, hidden]` (after the last RMSNorm) of full sequences, with
+    /// positions `0..T` and a causal mask. Sequences of different lengths are right-padded: a
+    /// position never sees anything after it, so padding does not change real positions.
+    pub fn forward_hidden(&self, ids: &Tensor) -> Result<Tensor> {
+        let (b, t) = ids.dims2()?;
+        let positions: Vec<f32> = (0..b).flat_map(|_| (0..t).map(|p| p as f32)).collect();
+        let positions = Tensor::from_vec(positions, (b, t, 1), &self.device)?;
+        let mask = if t > 1 {
+            let m: Vec<f32> = (0..t)
+                .flat_map(|i| (0..t).map(move |j| if j <= i { 0.0 } else { MASKED }))
+                .collect();
+            Some(Tensor::from_vec(m, (1, 1, 1, t, t), &self.device)?)
+        } else {
+            None
+        };
+        self.run(ids, &positions, mask.as_ref(), None)
+    }
+
+    /// Logits `[B, T, vocab]` of final hidden states (full vocabulary: for small cases only; the
+    /// trainer uses the chunked log-prob op instead).
+    pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
+        let lm = Linear { weight: self.lm_head_weight(), bias: None };
+        lm.forward(hidden)
+    }
+
+    /// `logits(forward_hidden(ids))`.
+    pub fn forward_logits(&self, ids: &Tensor) -> Result<Tensor> {
+        self.logits(&self.forward_hidden(ids)?)
+    }
+
+    /// Feed `ids` `[B, T]` after what `cache` holds and return their final hidden states
+    /// `[B, T, hidden]`. On the first call rows are left-padded by `cache.pads()`.
+    pub fn forward_cached(&self, ids: &Tensor, cache: &mut KvCache) -> Result<Tensor> {
+        let (b, t) = ids.dims2()?;
+        if b != cache.batch() {
+            return Err(Error::Msg(format!("cache has {} rows, input {b}", cache.batch())));
+        }
+        if cache.layers.len() != self.layers.len() {
+            return Err(Error::Msg("cache was made for another model".into()));
+        }
+        let past = cache.len;
+        let total = past + t;
+        let mut positions = Vec::with_capacity(b * t);
+        for &pad in &cache.pads {
+            for i in 0..t {
+                // Padding positions get position 0; their outputs are never used.
+                positions.push((past + i).saturating_sub(pad) as f32);
+            }
+        }
+        let positions = Tensor::from_vec(positions, (b, t, 1), &self.device)?;
+        let need_mask = t > 1 || cache.pads.iter().any(|&p| p > 0);
+        let mask = if need_mask {
+            let mut m = Vec::with_capacity(b * t * total);
+            for &pad in &cache.pads {
+                for i in 0..t {
+                    let q = past + i;
+                    for j in 0..total {
+                        let visible = j <= q && (j >= pad || q < pad);
+                        m.push(if visible { 0.0 } else { MASKED });
+                    }
+                }
+            }
+            Some(Tensor::from_vec(m, (b, 1, 1, t, total), &self.device)?)
+        } else {
+            None
+        };
+        let out = self.run(ids, &positions, mask.as_ref(), Some(cache))?;
+        cache.len = total;
+        Ok(out)
+    }
+
+    /// The decoder stack. `positions` is `[B, T, 1]` f32; `mask` is additive, broadcastable to
+    /// `[B, kv_heads, groups, T, S]`.
+    fn run(
+        &self,
+        ids: &Tensor,
+        positions: &Tensor,
+        mask: Option<&Tensor>,
+        mut cache: Option<&mut KvCache>,
+    ) -> Result<Tensor> {
+        let (b, t) = ids.dims2()?;
+        let h = self.cfg.hidden_size;
+        let mut x = self.embed.index_select(&ids.flatten_all()?, 0)?.reshape((b, t, h))?;
+        // cos/sin [B, 1, T, head_dim] in the model dtype, as transformers casts them.
+        let freqs = positions.broadcast_mul(&self.inv_freq)?;
+        let emb = Tensor::cat(&[&freqs, &freqs], D::Minus1)?.unsqueeze(1)?;
+        let cos = emb.cos()?.to_dtype(self.dtype)?;
+        let sin = emb.sin()?.to_dtype(self.dtype)?;
+        let mask = mask.map(|m| m.to_dtype(self.softmax_dtype())).transpose()?;
+        for (li, layer) in self.layers.iter().enumerate() {
+            let kv = cache.as_deref_mut().map(|c| &mut c.layers[li]);
+            let normed = rms_norm(&x, &layer.input_norm, self.cfg.rms_norm_eps)?;
+            let attn = self.attention(layer, &normed, &cos, &sin, mask.as_ref(), kv)?;
+            x = (x + attn)?;
+            let normed = rms_norm(&x, &layer.post_norm, self.cfg.rms_norm_eps)?;
+            let mlp = layer
+                .down
+                .forward(&(layer.gate.forward(&normed)?.silu()? * layer.up.forward(&normed)?)?)?;
+            x = (x + mlp)?;
+        }
+        rms_norm(&x, &self.norm, self.cfg.rms_norm_eps)
+    }
+
+    fn softmax_dtype(&self) -> DType {
+        if self.dtype == DType::F64 { DType::F64 } else { DType::F32 }
+    }
+
+    fn attention(
+        &self,
+        layer: &Layer,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        mask: Option<&Tensor>,
+        kv: Option<&mut Option<(Tensor, Tensor)>>,
+    ) -> Result<Tensor> {
+        let (b, t, _) = x.dims3()?;
+        let (nh, kvh, hd) =
+            (self.cfg.num_attention_heads, self.cfg.num_key_value_heads, self.cfg.head_dim);
+        let groups = nh / kvh;
+        let eps = self.cfg.rms_norm_eps;
+        let mut q = layer.q.forward(x)?.reshape((b, t, nh, hd))?;
+        let mut k = layer.k.forward(x)?.reshape((b, t, kvh, hd))?;
+        let v = layer.v.forward(x)?.reshape((b, t, kvh, hd))?;
+        if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
+            q = rms_norm(&q, qn, eps)?;
+            k = rms_norm(&k, kn, eps)?;
+        }
+        let q = rope(&q.transpose(1, 2)?.contiguous()?, cos, sin)?;
+        let k = rope(&k.transpose(1, 2)?.contiguous()?, cos, sin)?;
+        let v = v.transpose(1, 2)?.contiguous()?;
+        let (k, v) = match kv {
+            Some(slot) => {
+                let (k, v) = match slot.take() {
+                    Some((pk, pv)) => (Tensor::cat(&[&pk, &k], 2)?, Tensor::cat(&[&pv, &v], 2)?),
+                    None => (k, v),
+                };
+                *slot = Some((k.clone(), v.clone()));
+                (k, v)
+            }
+            None => (k, v),
+        };
+        let s = k.dim(2)?;
+        // Grouped-query attention without copying keys: the `groups` query heads that share a
+        // key/value head are stacked along the time axis of one matmul.
+        let q = (q * (1.0 / (hd as f64).sqrt()))?.reshape((b, kvh, groups * t, hd))?;
+        let scores = q.matmul(&k.t()?)?.to_dtype(self.softmax_dtype())?;
+        let mut scores = scores.reshape((b, kvh, groups, t, s))?;
+        if let Some(m) = mask {
+            scores = scores.broadcast_add(m)?;
+        }
+        let probs = softmax_last_dim(&scores)?.to_dtype(self.dtype)?;
+        let out = probs.reshape((b, kvh, groups * t, s))?.matmul(&v)?;
+        let out = out.reshape((b, nh, t, hd))?.transpose(1, 2)?.reshape((b, t, nh * hd))?;
+        layer.o.forward(&out)
+    }
+
+    /// Logits at the last position of each row: `[B, vocab]` in f32.
+    pub fn last_logits(&self, hidden: &Tensor) -> Result<Tensor> {
+        let (_, t, _) = hidden.dims3()?;
+        let last = hidden.i((.., t - 1, ..))?.contiguous()?;
+        let lm = Linear { weight: self.lm_head_weight(), bias: None };
+        Ok(lm.forward(&last)?.to_dtype(DType::F32)?)
+    }
+}
+
+/// RMSNorm over the last dim, computed in f32 (f64 for f64 models) and cast back before the
+/// weight, as transformers does. Differentiable.
+pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
+    let dtype = x.dtype();
+    let work = if dtype == DType::F64 { DType::F64 } else { DType::F32 };
+    let xf = x.to_dtype(work)?;
+    let var = xf.sqr()?.mean_keepdim(D::Minus1)?;
+    let normed = xf.broadcast_div(&(var + eps)?.sqrt()?)?.to_dtype(dtype)?;
+    Ok(normed.broadcast_mul(weight)?)
+}
+
+/// Softmax over the last dim from differentiable primitives (the max is a detached constant).
+pub fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
+    let max = x.max_keepdim(D::Minus1)?.detach();
+    let e = x.broadcast_sub(&max)?.exp()?;
+    Ok(e.broadcast_div(&e.sum_keepdim(D::Minus1)?)?)
+}
+
+/// Rotary embedding in transformers' "rotate half" layout: `x * cos + rotate_half(x) * sin` with
+/// `x` `[B, heads, T, d]` and `cos`/`sin` `[B, 1, T, d]`. Differentiable.
+pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    let d = x.dim(D::Minus1)?;
+    let x1 = x.narrow(D::Minus1, 0, d / 2)?;
+    let x2 = x.narrow(D::Minus1, d / 2, d / 2)?;
+    let rotated = Tensor::cat(&[&x2.neg()?, &x1], D::Minus1)?;
+    Ok((x.broadcast_mul(cos)? + rotated.broadcast_mul(sin)?)?)
+}
+
+/// Log-probabilities `[N]` of `targets` under `logits` `[N, vocab]` (full log-softmax; for tests and
+/// small vocabularies).
+pub fn token_logprobs(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
+    let logits = logits.to_dtype(DType::F32)?;
+    let max = logits.max_keepdim(D::Minus1)?.detach();
+    let shifted = logits.broadcast_sub(&max)?;
+    let lse = shifted.exp()?.sum_keepdim(D::Minus1)?.log()?;
+    let logp = shifted.broadcast_sub(&lse)?;
+    Ok(logp.gather(&targets.unsqueeze(1)?, 1)?.squeeze(1)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tiny(arch: Arch, tied: bool) -> QwenConfig {
+        let mut cfg = QwenConfig::tiny_qwen3(50);
+        cfg.arch = arch;
+        cfg.hidden_size = 32;
+        cfg.intermediate_size = 48;
+        cfg.num_attention_heads = 4;
+        cfg.num_key_value_heads = 2;
+        cfg.head_dim = 8;
+        cfg.tie_word_embeddings = tied;
+        cfg.attention_bias = arch == Arch::Qwen2;
+        cfg.initializer_range = 0.2;
+        cfg
+    }
+
+    fn ids(rows: &[&[u32]]) -> Tensor {
+        let t = rows[0].len();
+        let flat: Vec<u32> = rows.iter().flat_map(|r| r.iter().copied()).collect();
+        Tensor::from_vec(flat, (rows.len(), t), &Device::Cpu).unwrap()
+    }
+
+    fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
+        (a - b).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar().unwrap()
+    }
+
+    #[test]
+    fn every_parameter_gets_a_gradient() {
+        for (arch, tied) in [(Arch::Qwen3, true), (Arch::Qwen3, false), (Arch::Qwen2, false)] {
+            let mut cfg = tiny(arch, tied);
+            cfg.attention_bias = true; // exercise biases on Qwen3 too
+            let model = Qwen::new_random(&cfg, 1, DType::F32, &Device::Cpu).unwrap();
+            let input = ids(&[&[1, 5, 9, 2, 7], &[3, 3, 4, 8, 0]]);
+            let logits = model.forward_logits(&input).unwrap();
+            let targets = Tensor::new(&[5u32, 9, 2, 7, 1, 3, 4, 8, 0, 2], &Device::Cpu).unwrap();
+            let lp = token_logprobs(&logits.reshape((10, 50)).unwrap(), &targets).unwrap();
+            let loss = lp.mean_all().unwrap().neg().unwrap();
+            let grads = loss.backward().unwrap();
+            let vars = model.named_vars();
+            assert_eq!(vars.len(), param_specs(&cfg).len());
+            for (name, var) in vars {
+                let g = grads
+                    .get(var.as_tensor())
+                    .unwrap_or_else(|| panic!("{arch:?}: no gradient for {name}"));
+                let norm: f32 = g.sqr().unwrap().sum_all().unwrap().to_scalar().unwrap();
+                assert!(norm > 0.0 && norm.is_finite(), "{arch:?}: zero gradient for {name}");
+            }
+        }
+    }
+
+    #[test]
+    fn cached_decoding_matches_full_forward() {
+        for arch in [Arch::Qwen2, Arch::Qwen3] {
+            let model = Qwen::new_random(&tiny(arch, true), 2, DType::F32, &Device::Cpu).unwrap();
+            let seq: [u32; 7] = [4, 8, 15, 16, 23, 42, 7];
+            let full = model.forward_hidden(&ids(&[&seq])).unwrap();
+            let mut cache = KvCache::for_model(&model, 1);
+            let a = model.forward_cached(&ids(&[&seq[..4]]), &mut cache).unwrap();
+            let mut parts = vec![a];
+            for &tok in &seq[4..] {
+                parts.push(model.forward_cached(&ids(&[&[tok]]), &mut cache).unwrap());
+            }
+            let inc = Tensor::cat(&parts, 1).unwrap();
+            assert!(max_abs_diff(&full, &inc) < 1e-5, "{arch:?}");
+            assert_eq!(cache.len(), 7);
+        }
+    }
+
+    #[test]
+    fn left_padded_rows_match_unpadded() {
+        let model = Qwen::new_random(&tiny(Arch::Qwen3, false), 3, DType::F32, &Device::Cpu).unwrap();
+        let long: [u32; 5] = [1, 2, 3, 4, 5];
+        let short: [u32; 3] = [9, 8, 7];
+        let mut cache = KvCache::new(2, vec![0, 2]);
+        let h = model.forward_cached(&ids(&[&long, &[0, 0, 9, 8, 7]]), &mut cache).unwrap();
+        let h2 = model.forward_cached(&ids(&[&[6], &[6]]), &mut cache).unwrap();
+        let alone = model.forward_hidden(&ids(&[&[9, 8, 7, 6]])).unwrap();
+        let got = Tensor::cat(&[h.i((1..2, 2..5, ..)).unwrap(), h2.i((1..2, .., ..)).unwrap()], 1)
+            .unwrap();
+        assert!(max_abs_diff(&alone, &got) < 1e-5);
+        let alone_long = model.forward_hidden(&ids(&[&[1, 2, 3, 4, 5, 6]])).unwrap();
+        let got_long = Tensor::cat(&[h.i((0..1, .., ..)).unwrap(), h2.i((0..1, .., ..)).unwrap()], 1)
+            .unwrap();
+        assert!(max_abs_diff(&alone_long, &got_long) < 1e-5);
+        // Dropping the long row removes the shared padding columns.
+        let mut only_short = cache.select_rows(&[1]).unwrap();
+        assert_eq!((only_short.len(), only_short.pads()), (4, &[0usize][..]));
+        let h3 = model.forward_cached(&ids(&[&[5]]), &mut only_short).unwrap();
+        let alone = model.forward_hidden(&ids(&[&[9, 8, 7, 6, 5]])).unwrap();
+        assert!(max_abs_diff(&alone.i((.., 4..5, ..)).unwrap(), &h3) < 1e-5);
+        let _ = short;
+    }
+
+    /// Finite differences in f64 on a tiny model: d(loss)/d(w) for a few entries of several
+    /// weights, against autograd.
+    #[test]
+    fn finite_difference_gradient_f64() {
+        let mut cfg = tiny(Arch::Qwen3, false);
+        cfg.attention_bias = true;
+        cfg.num_hidden_layers = 1;
+        let model = Qwen::new_random(&cfg, 4, DType::F64, &Device::Cpu).unwrap();
+        let input = ids(&[&[1, 5, 9, 2], &[3, 4, 8, 6]]);
+        let targets = Tensor::new(&[5u32, 9, 2, 7, 4, 8, 6, 1], &Device::Cpu).unwrap();
+        let loss_fn = |m: &Qwen| -> Tensor {
+            let logits = m.forward_logits(&input).unwrap().reshape((8, 50)).unwrap();
+            let logits = logits.to_dtype(DType::F64).unwrap();
+            let max = logits.max_keepdim(1).unwrap().detach();
+            let sh = logits.broadcast_sub(&max).unwrap();
+            let lse = sh.exp().unwrap().sum_keepdim(1).unwrap().log().unwrap();
+            let lp = sh.broadcast_sub(&lse).unwrap().gather(&targets.unsqueeze(1).unwrap(), 1);
+            lp.unwrap().mean_all().unwrap().neg().unwrap()
+        };
+        let grads = loss_fn(&model).backward().unwrap();
+        let vars: std::collections::HashMap<String, Var> = model.named_vars().into_iter().collect();
+        let names = [
+            "model.embed_tokens.weight",
+            "model.layers.0.input_layernorm.weight",
+            "model.layers.0.self_attn.q_proj.weight",
+            "model.layers.0.self_attn.k_proj.bias",
+            "model.layers.0.self_attn.q_norm.weight",
+            "model.layers.0.self_attn.k_norm.weight",
+            "model.layers.0.self_attn.v_proj.weight",
+            "model.layers.0.self_attn.o_proj.weight",
+            "model.layers.0.mlp.gate_proj.weight",
+            "model.layers.0.mlp.down_proj.weight",
+            "model.norm.weight",
+            "lm_head.weight",
+        ];
+        let eps = 1e-6;
+        let mut worst: f64 = 0.0;
+        for name in names {
+            let var = &vars[name];
+            let g = grads.get(var.as_tensor()).unwrap().flatten_all().unwrap();
+            let g: Vec<f64> = g.to_vec1().unwrap();
+            let base: Vec<f64> = var.as_tensor().flatten_all().unwrap().to_vec1().unwrap();
+            let shape = var.as_tensor().shape().clone();
+            let mut rng = ChaCha8Rng::seed_from_u64(9);
+            for _ in 0..3 {
+                let idx = rng.gen_range(0..base.len());
+                let eval = |delta: f64| -> f64 {
+                    let mut w = base.clone();
+                    w[idx] += delta;
+                    var.set(&Tensor::from_vec(w, &shape, &Device::Cpu).unwrap()).unwrap();
+                    loss_fn(&model).to_scalar::<f64>().unwrap()
+                };
+                let fd = (eval(eps) - eval(-eps)) / (2.0 * eps);
+                var.set(&Tensor::from_vec(base.clone(), &shape, &Device::Cpu).unwrap()).unwrap();
+                let err = (fd - g[idx]).abs() / (fd.abs().max(g[idx].abs()).max(1e-6));
+                worst = worst.max(err);
+                assert!(err < 1e-5, "{name}[{idx}]: fd {fd} vs autograd {}", g[idx]);
+            }
+        }
+        eprintln!("finite-difference worst relative error: {worst:.2e}");
+    }
+}
