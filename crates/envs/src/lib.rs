@@ -1,0 +1,10 @@
+//! # harness-envs
+//!
+//! Environments of the three kinds the paper trains and evaluates on, running offline with
+//! verifiers that can be trusted. Each implements [`harness_core::Environment`], generates its
+//! own tasks from a seed with train/validation/test splits, and passes the conformance suite of
+//! `harness-testkit`. Environments never call a model.
+
+pub mod appworld;
+pub mod dbbench;
+pub mod swe;
