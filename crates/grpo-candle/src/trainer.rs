@@ -1,0 +1,816 @@
+//! The GRPO trainer: groups of trajectories in, one (or a few) AdamW updates out.
+//!
+//! Data flow of [`Trainer::step`]:
+//! 1. Every trajectory's policy turns become training sequences in their own generating context:
+//!    consecutive turns whose `context_tokens` extend the previous turn's context + tokens are
+//!    packed into one sequence; any other turn starts a new one. Only generated tokens are scored
+//!    (the loss mask); harness text and observations are context.
+//! 2. Advantages per group (Eq. 6); each token's share `1 / (|B| N_x)` of Eq. 15.
+//! 3. The groups are split into `updates_per_step` mini-batches (shuffled with the trainer's RNG
+//!    when more than one). Each mini-batch is one optimizer update, accumulated over micro-batches
+//!    that fit a padded-token budget.
+//! 4. `pi_old` is the policy before the step. The first update runs on unchanged weights, so its
+//!    old log-probs are the current ones detached and no extra pass is made; later mini-batches get
+//!    theirs from a forward-only pass before the first update.
+//! 5. Global grad-norm clipping, AdamW with decoupled weight decay, warmup + cosine/linear decay.
+//!
+//! [`Trainer::save_checkpoint`] writes the model (through a callback, e.g. the HF writer), the
+//! optimizer moments, the step and the RNG state into a folder atomically; [`Trainer::resume`]
+//! continues bit-identically on the CPU.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use candle_core::{DType, Device, Tensor, Var};
+use rand::SeedableRng;
+use rand::seq::SliceRandom;
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::logprob::{LogProbConfig, token_logprobs};
+use crate::objective::{GrpoConfig, LossStats, TokenTerms, group_advantages, grpo_loss};
+
+/// What the trainer needs from a causal language model.
+///
+/// # Design
+/// The trainer never asks for logits: it takes the final hidden states and the lm_head matrix
+/// and computes the chosen tokens' log-probs with the chunked op of [`crate::logprob`], so the
+/// `[tokens, vocab]` tensor never exists. Parameters are candle [`Var`]s the trainer updates in
+/// place; their names are the checkpoint's names (optimizer state is keyed by them).
+pub trait TrainableLm {
+    /// Final hidden states (after the last norm) for right-padded token ids `[B, T]` (u32):
+    /// `[B, T, H]`. Position `t` may only depend on positions `<= t`.
+    fn hidden_states(&self, input_ids: &Tensor) -> Result<Tensor>;
+
+    /// The `[V, H]` output projection (the embedding matrix when tied).
+    fn lm_head_weight(&self) -> Tensor;
+
+    /// Every trainable parameter, with a stable unique name.
+    fn trainable_vars(&self) -> Vec<(String, Var)>;
+}
+
+impl TrainableLm for crate::model::Qwen {
+    fn hidden_states(&self, input_ids: &Tensor) -> Result<Tensor> {
+        self.forward_hidden(input_ids)
+    }
+
+    fn lm_head_weight(&self) -> Tensor {
+        crate::model::Qwen::lm_head_weight(self)
+    }
+
+    fn trainable_vars(&self) -> Vec<(String, Var)> {
+        self.named_vars()
+    }
+}
+
+/// One policy call as the trainer needs it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TurnTokens {
+    /// The prompt (generating context).
+    pub context: Vec<u32>,
+    /// The generated tokens (the only scored tokens).
+    pub tokens: Vec<u32>,
+    /// The rollout backend's log-prob of each generated token (`q`).
+    pub logprobs: Vec<f32>,
+}
+
+/// One trajectory: its reward and its policy turns, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RolloutRecord {
+    /// R in {0, 1} (any real reward works).
+    pub reward: f32,
+    /// Policy turns.
+    pub turns: Vec<TurnTokens>,
+}
+
+/// One task's retained rollouts (a GRPO group).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct TaskRollouts {
+    /// The group's trajectories.
+    pub rollouts: Vec<RolloutRecord>,
+}
+
+impl From<&harness_core::Group> for TaskRollouts {
+    fn from(g: &harness_core::Group) -> Self {
+        TaskRollouts {
+            rollouts: g
+                .trajectories
+                .iter()
+                .map(|t| RolloutRecord {
+                    reward: t.reward(),
+                    turns: t
+                        .turns
+                        .iter()
+                        .map(|turn| TurnTokens {
+                            context: turn.context_tokens.clone(),
+                            tokens: turn.tokens.clone(),
+                            logprobs: turn.logprobs.clone(),
+                        })
+                        .collect(),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// How the learning rate moves after warmup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DecayKind {
+    /// Stay at the peak.
+    Constant,
+    /// Linear to `min_lr_ratio * lr` at `total_steps`.
+    Linear,
+    /// Half cosine to `min_lr_ratio * lr` at `total_steps`.
+    Cosine,
+}
+
+/// Learning-rate schedule: linear warmup from `lr / warmup_steps`, then the decay.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Schedule {
+    /// Peak learning rate.
+    pub lr: f64,
+    /// Updates of linear warmup.
+    pub warmup_steps: u64,
+    /// Updates over which the decay runs (warmup included).
+    pub total_steps: u64,
+    /// Decay shape.
+    pub decay: DecayKind,
+    /// Final learning rate as a fraction of the peak.
+    pub min_lr_ratio: f64,
+}
+
+impl Schedule {
+    /// Learning rate of update number `step` (0-based).
+    pub fn lr_at(&self, step: u64) -> f64 {
+        if step < self.warmup_steps {
+            return self.lr * (step + 1) as f64 / self.warmup_steps as f64;
+        }
+        let span = self.total_steps.saturating_sub(self.warmup_steps).max(1);
+        let progress = ((step - self.warmup_steps) as f64 / span as f64).clamp(0.0, 1.0);
+        let factor = match self.decay {
+            DecayKind::Constant => 1.0,
+            DecayKind::Linear => 1.0 - (1.0 - self.min_lr_ratio) * progress,
+            DecayKind::Cosine => {
+                self.min_lr_ratio
+                    + (1.0 - self.min_lr_ratio)
+                        * 0.5
+                        * (1.0 + (std::f64::consts::PI * progress).cos())
+            }
+        };
+        self.lr * factor
+    }
+}
+
+/// AdamW hyper-parameters (decoupled weight decay, as `torch.optim.AdamW`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct AdamWConfig {
+    /// First-moment decay.
+    pub beta1: f64,
+    /// Second-moment decay.
+    pub beta2: f64,
+    /// Denominator epsilon.
+    pub eps: f64,
+    /// Decoupled weight decay.
+    pub weight_decay: f64,
+    /// Also decay 1-D parameters (norm scales, biases); off by default.
+    pub decay_1d: bool,
+}
+
+impl Default for AdamWConfig {
+    fn default() -> Self {
+        Self {
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.01,
+            decay_1d: false,
+        }
+    }
+}
+
+/// Everything the trainer is configured with.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct TrainerConfig {
+    /// The objective.
+    pub grpo: GrpoConfig,
+    /// The optimizer.
+    pub adamw: AdamWConfig,
+    /// The learning-rate schedule.
+    pub schedule: Schedule,
+    /// Global gradient-norm cap (`None`: no clipping).
+    pub max_grad_norm: Option<f64>,
+    /// Padded tokens (`batch x longest`) per micro-batch; a longer sequence gets its own.
+    pub micro_batch_tokens: usize,
+    /// Optimizer updates per call to [`Trainer::step`] (mini-batches of groups). The paper's
+    /// setting is 1: the whole batch in one update against the pre-update policy.
+    pub updates_per_step: usize,
+    /// Seed of the trainer's RNG (mini-batch shuffling).
+    pub seed: u64,
+    /// Chunks of the log-prob op.
+    #[serde(skip, default)]
+    pub logprob: LogProbConfig,
+}
+
+impl Default for TrainerConfig {
+    fn default() -> Self {
+        Self {
+            grpo: GrpoConfig::default(),
+            adamw: AdamWConfig::default(),
+            schedule: Schedule {
+                lr: 1e-6,
+                warmup_steps: 0,
+                total_steps: 1,
+                decay: DecayKind::Constant,
+                min_lr_ratio: 0.0,
+            },
+            max_grad_norm: Some(1.0),
+            micro_batch_tokens: 16_384,
+            updates_per_step: 1,
+            seed: 0,
+            logprob: LogProbConfig::default(),
+        }
+    }
+}
+
+/// What one [`Trainer::step`] did.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct StepMetrics {
+    /// Optimizer updates done after this step (the trainer's step counter).
+    pub step: u64,
+    /// Learning rate of the last update.
+    pub lr: f64,
+    /// `-J` (Eq. 15), summed over this call's updates' mini-batches (averaged when several).
+    pub loss: f64,
+    /// Global gradient norm before clipping (mean over updates).
+    pub grad_norm: f64,
+    /// Updates made.
+    pub updates: usize,
+    /// Groups in the batch.
+    pub groups: usize,
+    /// Groups with both successes and failures.
+    pub effective_groups: usize,
+    /// Training sequences after packing.
+    pub sequences: usize,
+    /// Scored policy tokens.
+    pub policy_tokens: usize,
+    /// Positions run through the model (padding excluded).
+    pub sequence_tokens: usize,
+    /// Micro-batches run (training passes).
+    pub micro_batches: usize,
+    /// Whether the separate pass for `pi_old` was needed.
+    pub old_logprob_pass: bool,
+    /// Fraction of policy tokens clipped at `1 - eta_-` (with `A < 0`).
+    pub clip_frac_low: f64,
+    /// Fraction of policy tokens clipped at `1 + eta_+` (with `A > 0`).
+    pub clip_frac_high: f64,
+    /// Mean, min, max of the ratio `rho`.
+    pub ratio_mean: f64,
+    /// Smallest `rho`.
+    pub ratio_min: f64,
+    /// Largest `rho`.
+    pub ratio_max: f64,
+    /// Mean, min, max of the correction weight `w`.
+    pub weight_mean: f64,
+    /// Smallest `w`.
+    pub weight_min: f64,
+    /// Largest `w`.
+    pub weight_max: f64,
+    /// Mean entropy of the policy's next-token distribution at scored positions.
+    pub entropy_mean: f64,
+    /// Wall-clock seconds.
+    pub seconds: f64,
+}
+
+/// A training sequence: one packed run of turns of one trajectory.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Sequence {
+    /// Index of the group (task) in the batch.
+    pub task: usize,
+    /// Token ids: contexts and generated tokens, in order.
+    pub ids: Vec<u32>,
+    /// Positions `p >= 1` of generated tokens (the loss mask), ascending.
+    pub policy_pos: Vec<usize>,
+    /// `log q` of each scored token.
+    pub rollout_logp: Vec<f32>,
+    /// The trajectory's advantage.
+    pub advantage: f32,
+}
+
+/// Packs one trajectory's turns into sequences (see the module docs).
+pub(crate) fn pack_turns(
+    task: usize,
+    advantage: f32,
+    turns: &[TurnTokens],
+) -> Result<Vec<Sequence>> {
+    let mut out: Vec<Sequence> = Vec::new();
+    let mut cur: Option<Sequence> = None;
+    for (k, turn) in turns.iter().enumerate() {
+        if turn.tokens.len() != turn.logprobs.len() {
+            return Err(Error::Msg(format!(
+                "turn {k}: {} generated tokens but {} rollout log-probs",
+                turn.tokens.len(),
+                turn.logprobs.len()
+            )));
+        }
+        let extends = cur
+            .as_ref()
+            .is_some_and(|s| turn.context.len() >= s.ids.len() && turn.context.starts_with(&s.ids));
+        let seq = if extends {
+            let s = cur.as_mut().expect("checked above");
+            let n = s.ids.len();
+            s.ids.extend_from_slice(&turn.context[n..]);
+            s
+        } else {
+            if let Some(done) = cur.take() {
+                out.push(done);
+            }
+            cur.insert(Sequence {
+                task,
+                ids: turn.context.clone(),
+                policy_pos: Vec::new(),
+                rollout_logp: Vec::new(),
+                advantage,
+            })
+        };
+        for (&tok, &lq) in turn.tokens.iter().zip(&turn.logprobs) {
+            let p = seq.ids.len();
+            seq.ids.push(tok);
+            // A token with no context at all cannot be scored.
+            if p >= 1 {
+                seq.policy_pos.push(p);
+                seq.rollout_logp.push(lq);
+            }
+        }
+    }
+    out.extend(cur);
+    out.retain(|s| !s.policy_pos.is_empty());
+    Ok(out)
+}
+
+/// Splits sequence indices into micro-batches of at most `budget` padded tokens (the model sees
+/// `len - 1` positions of each sequence), longest first.
+pub(crate) fn micro_batches(seqs: &[Sequence], idx: &[usize], budget: usize) -> Vec<Vec<usize>> {
+    let mut order: Vec<usize> = idx.to_vec();
+    order.sort_by(|&a, &b| seqs[b].ids.len().cmp(&seqs[a].ids.len()).then(a.cmp(&b)));
+    let mut out: Vec<Vec<usize>> = Vec::new();
+    let mut cur: Vec<usize> = Vec::new();
+    let mut cur_max = 0usize;
+    for i in order {
+        let len = seqs[i].ids.len() - 1;
+        let new_max = cur_max.max(len);
+        if !cur.is_empty() && new_max * (cur.len() + 1) > budget {
+            out.push(std::mem::take(&mut cur));
+            cur_max = 0;
+        }
+        cur_max = cur_max.max(len);
+        cur.push(i);
+    }
+    if !cur.is_empty() {
+        out.push(cur);
+    }
+    out
+}
+
+/// Per-parameter AdamW state.
+struct Moments {
+    m: Tensor,
+    v: Tensor,
+}
+
+/// The GRPO trainer: optimizer state, step counter and RNG around a model's [`Var`]s.
+pub struct Trainer {
+    cfg: TrainerConfig,
+    vars: Vec<(String, Var)>,
+    moments: Vec<Moments>,
+    step: u64,
+    rng: ChaCha8Rng,
+}
+
+/// File names inside a checkpoint folder.
+const STATE_JSON: &str = "trainer_state.json";
+const OPTIMIZER_FILE: &str = "optimizer.safetensors";
+
+#[derive(Serialize, Deserialize)]
+struct SavedState {
+    step: u64,
+    rng_seed: [u8; 32],
+    rng_stream: u64,
+    rng_word_pos: u128,
+    config: TrainerConfig,
+    var_names: Vec<String>,
+}
+
+impl Trainer {
+    /// A fresh trainer for `model`'s parameters.
+    pub fn new(model: &impl TrainableLm, cfg: TrainerConfig) -> Result<Self> {
+        let vars = model.trainable_vars();
+        let mut seen = std::collections::HashSet::new();
+        for (name, _) in &vars {
+            if !seen.insert(name.as_str()) {
+                return Err(Error::Msg(format!(
+                    "trainable variable `{name}` appears twice"
+                )));
+            }
+        }
+        if cfg.micro_batch_tokens == 0 || cfg.updates_per_step == 0 {
+            return Err(Error::Msg(format!(
+                "trainer config: micro_batch_tokens ({}) and updates_per_step ({}) must be positive",
+                cfg.micro_batch_tokens, cfg.updates_per_step
+            )));
+        }
+        let moments = vars
+            .iter()
+            .map(|(_, v)| {
+                let z = v.as_tensor().zeros_like()?;
+                Ok(Moments { m: z.clone(), v: z })
+            })
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        Ok(Self {
+            cfg,
+            vars,
+            moments,
+            step: 0,
+            rng: ChaCha8Rng::seed_from_u64(cfg.seed),
+        })
+    }
+
+    /// Updates done so far.
+    pub fn step_count(&self) -> u64 {
+        self.step
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &TrainerConfig {
+        &self.cfg
+    }
+
+    /// One GRPO step on harness-core groups.
+    pub fn step(
+        &mut self,
+        model: &impl TrainableLm,
+        groups: &[harness_core::Group],
+    ) -> Result<StepMetrics> {
+        let tasks: Vec<TaskRollouts> = groups.iter().map(TaskRollouts::from).collect();
+        self.step_rollouts(model, &tasks)
+    }
+
+    /// One GRPO step on plain rollouts (what [`Trainer::step`] converts groups into).
+    pub fn step_rollouts(
+        &mut self,
+        model: &impl TrainableLm,
+        tasks: &[TaskRollouts],
+    ) -> Result<StepMetrics> {
+        let started = Instant::now();
+        let mut metrics = StepMetrics {
+            groups: tasks.len(),
+            ..StepMetrics::default()
+        };
+        // 1-2. Sequences, advantages, N_x.
+        let mut seqs: Vec<Sequence> = Vec::new();
+        let mut task_tokens = vec![0usize; tasks.len()];
+        for (x, task) in tasks.iter().enumerate() {
+            let rewards: Vec<f32> = task.rollouts.iter().map(|r| r.reward).collect();
+            let succ = rewards.iter().filter(|&&r| r > 0.0).count();
+            if succ > 0 && succ < rewards.len() {
+                metrics.effective_groups += 1;
+            }
+            let adv = group_advantages(&rewards, self.cfg.grpo.adv_eps);
+            for (r, &a) in task.rollouts.iter().zip(&adv) {
+                for s in pack_turns(x, a, &r.turns)? {
+                    task_tokens[x] += s.policy_pos.len();
+                    seqs.push(s);
+                }
+            }
+        }
+        metrics.sequences = seqs.len();
+        metrics.policy_tokens = task_tokens.iter().sum();
+        metrics.sequence_tokens = seqs.iter().map(|s| s.ids.len() - 1).sum();
+
+        // 3. Mini-batches of groups.
+        let n_updates = self.cfg.updates_per_step.min(tasks.len()).max(1);
+        let mut order: Vec<usize> = (0..tasks.len()).collect();
+        if n_updates > 1 {
+            order.shuffle(&mut self.rng);
+        }
+        let mut mb_of_task = vec![0usize; tasks.len()];
+        let mut mb_tasks = vec![0usize; n_updates];
+        for (k, &x) in order.iter().enumerate() {
+            let mb = k * n_updates / tasks.len().max(1);
+            mb_of_task[x] = mb;
+            mb_tasks[mb] += 1;
+        }
+        // Eq. 15 per mini-batch: coefficient 1 / (|B_mb| N_x).
+        let coef_of = |s: &Sequence| -> f32 {
+            let b = mb_tasks[mb_of_task[s.task]] as f64;
+            (1.0 / (b * task_tokens[s.task] as f64)) as f32
+        };
+        let mut mb_seqs: Vec<Vec<usize>> = vec![Vec::new(); n_updates];
+        for (i, s) in seqs.iter().enumerate() {
+            mb_seqs[mb_of_task[s.task]].push(i);
+        }
+
+        // 4. pi_old for mini-batches after the first.
+        let mut old_logp: HashMap<usize, Vec<f32>> = HashMap::new();
+        if n_updates > 1 {
+            metrics.old_logprob_pass = true;
+            let later: Vec<usize> = mb_seqs[1..].iter().flatten().copied().collect();
+            for mb in micro_batches(&seqs, &later, self.cfg.micro_batch_tokens) {
+                let (lp, _) = self.score(model, &seqs, &mb)?;
+                let lp: Vec<f32> = lp.detach().to_dtype(DType::F32)?.to_vec1()?;
+                let mut off = 0;
+                for &i in &mb {
+                    let n = seqs[i].policy_pos.len();
+                    old_logp.insert(i, lp[off..off + n].to_vec());
+                    off += n;
+                }
+            }
+        }
+
+        let mut stats = LossStats::default();
+        let mut entropy_sum = 0.0f64;
+        for (u, idx) in mb_seqs.iter().enumerate() {
+            let mut acc: Vec<Option<Tensor>> = vec![None; self.vars.len()];
+            let mut loss_total = 0.0f64;
+            for mb in micro_batches(&seqs, idx, self.cfg.micro_batch_tokens) {
+                metrics.micro_batches += 1;
+                let (logp_new, entropy) = self.score(model, &seqs, &mb)?;
+                let dev = logp_new.device().clone();
+                let logp_old = if u == 0 {
+                    logp_new.detach().to_dtype(DType::F32)?
+                } else {
+                    let v: Vec<f32> = mb
+                        .iter()
+                        .flat_map(|i| old_logp[i].iter().copied())
+                        .collect();
+                    let n = v.len();
+                    Tensor::from_vec(v, n, &dev)?
+                };
+                let mut q = Vec::new();
+                let mut a = Vec::new();
+                let mut c = Vec::new();
+                for &i in &mb {
+                    let s = &seqs[i];
+                    q.extend_from_slice(&s.rollout_logp);
+                    a.extend(std::iter::repeat_n(s.advantage, s.policy_pos.len()));
+                    c.extend(std::iter::repeat_n(coef_of(s), s.policy_pos.len()));
+                }
+                let t = q.len();
+                let terms = TokenTerms {
+                    logp_old,
+                    logp_rollout: Tensor::from_vec(q, t, &dev)?,
+                    advantage: Tensor::from_vec(a, t, &dev)?,
+                    coef: Tensor::from_vec(c, t, &dev)?,
+                };
+                let (loss, st) = grpo_loss(&logp_new, &terms, &self.cfg.grpo)?;
+                stats.merge(&st);
+                entropy_sum += entropy
+                    .to_dtype(DType::F64)?
+                    .sum_all()?
+                    .to_scalar::<f64>()?;
+                loss_total += loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+                let grads = loss.backward()?;
+                for (k, (_, var)) in self.vars.iter().enumerate() {
+                    if let Some(g) = grads.get(var.as_tensor()) {
+                        acc[k] = Some(match acc[k].take() {
+                            Some(prev) => (prev + g)?,
+                            None => g.clone(),
+                        });
+                    }
+                }
+            }
+            let (lr, gn) = self.apply_update(acc)?;
+            metrics.lr = lr;
+            metrics.grad_norm += gn / n_updates as f64;
+            metrics.loss += loss_total / n_updates as f64;
+            metrics.updates += 1;
+        }
+        let tok = stats.tokens.max(1) as f64;
+        metrics.step = self.step;
+        metrics.clip_frac_low = stats.clipped_low as f64 / tok;
+        metrics.clip_frac_high = stats.clipped_high as f64 / tok;
+        metrics.ratio_mean = stats.ratio_sum / tok;
+        metrics.ratio_min = stats.ratio_min;
+        metrics.ratio_max = stats.ratio_max;
+        metrics.weight_mean = stats.weight_sum / tok;
+        metrics.weight_min = stats.weight_min;
+        metrics.weight_max = stats.weight_max;
+        metrics.entropy_mean = entropy_sum / tok;
+        metrics.seconds = started.elapsed().as_secs_f64();
+        Ok(metrics)
+    }
+
+    /// Log-probs and entropies of the scored tokens of sequences `mb`, concatenated in order.
+    fn score(
+        &self,
+        model: &impl TrainableLm,
+        seqs: &[Sequence],
+        mb: &[usize],
+    ) -> Result<(Tensor, Tensor)> {
+        let dev = self
+            .vars
+            .first()
+            .map(|(_, v)| v.device().clone())
+            .unwrap_or(Device::Cpu);
+        let width = mb.iter().map(|&i| seqs[i].ids.len() - 1).max().unwrap_or(0);
+        let mut ids = Vec::with_capacity(mb.len() * width);
+        let mut rows = Vec::new();
+        let mut targets = Vec::new();
+        for (b, &i) in mb.iter().enumerate() {
+            let s = &seqs[i];
+            ids.extend_from_slice(&s.ids[..s.ids.len() - 1]);
+            ids.extend(std::iter::repeat_n(0u32, width - (s.ids.len() - 1)));
+            for &p in &s.policy_pos {
+                // The hidden state at p - 1 predicts the token at p.
+                rows.push((b * width + p - 1) as u32);
+                targets.push(s.ids[p]);
+            }
+        }
+        let input = Tensor::from_vec(ids, (mb.len(), width), &dev)?;
+        let hidden = model.hidden_states(&input)?;
+        let h = hidden.dim(2)?;
+        let hidden = hidden.reshape((mb.len() * width, h))?;
+        let n = rows.len();
+        let rows = Tensor::from_vec(rows, n, &dev)?;
+        let targets = Tensor::from_vec(targets, n, &dev)?;
+        let picked = hidden.index_select(&rows, 0)?;
+        let out = token_logprobs(
+            &picked,
+            &model.lm_head_weight(),
+            &targets,
+            &self.cfg.logprob,
+        )?;
+        Ok((out.logp, out.entropy))
+    }
+
+    /// Clips the accumulated gradient and applies AdamW; returns (lr, grad norm before clipping).
+    fn apply_update(&mut self, grads: Vec<Option<Tensor>>) -> Result<(f64, f64)> {
+        let mut sq = 0.0f64;
+        for g in grads.iter().flatten() {
+            sq += g
+                .to_dtype(DType::F64)?
+                .sqr()?
+                .sum_all()?
+                .to_scalar::<f64>()?;
+        }
+        let norm = sq.sqrt();
+        let scale = match self.cfg.max_grad_norm {
+            Some(max) if norm > max => max / (norm + 1e-6),
+            _ => 1.0,
+        };
+        let lr = self.cfg.schedule.lr_at(self.step);
+        self.step += 1;
+        let a = self.cfg.adamw;
+        let t = self.step as i32;
+        let bc1 = 1.0 - a.beta1.powi(t);
+        let bc2 = 1.0 - a.beta2.powi(t);
+        for (k, g) in grads.into_iter().enumerate() {
+            let Some(g) = g else { continue };
+            let (_, var) = &self.vars[k];
+            let g = if scale != 1.0 { (g * scale)? } else { g };
+            let st = &mut self.moments[k];
+            st.m = ((&st.m * a.beta1)? + (&g * (1.0 - a.beta1))?)?;
+            st.v = ((&st.v * a.beta2)? + (g.sqr()? * (1.0 - a.beta2))?)?;
+            let theta = var.as_tensor();
+            let decay = a.weight_decay != 0.0 && (a.decay_1d || theta.rank() >= 2);
+            let theta = if decay {
+                (theta * (1.0 - lr * a.weight_decay))?
+            } else {
+                theta.clone()
+            };
+            let denom = ((&st.v / bc2)?.sqrt()? + a.eps)?;
+            let update = ((&st.m / bc1)? / denom)?;
+            var.set(&(theta - (update * lr)?)?)?;
+        }
+        Ok((lr, norm))
+    }
+
+    /// Writes a checkpoint folder: the model through `save_model` (e.g. the HF writer), the
+    /// optimizer moments, the step and the RNG state. The folder appears complete or not at all:
+    /// everything is written to `<dir>.partial` and renamed into place.
+    pub fn save_checkpoint(
+        &self,
+        dir: &Path,
+        save_model: impl FnOnce(&Path) -> Result<()>,
+    ) -> Result<()> {
+        let tmp = sibling(dir, "partial");
+        if tmp.exists() {
+            std::fs::remove_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
+        }
+        std::fs::create_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
+        save_model(&tmp)?;
+        let mut tensors: HashMap<String, Tensor> = HashMap::new();
+        for ((name, _), st) in self.vars.iter().zip(&self.moments) {
+            tensors.insert(format!("m.{name}"), st.m.clone());
+            tensors.insert(format!("v.{name}"), st.v.clone());
+        }
+        let opt_path = tmp.join(OPTIMIZER_FILE);
+        candle_core::safetensors::save(&tensors, &opt_path)?;
+        let state = SavedState {
+            step: self.step,
+            rng_seed: self.rng.get_seed(),
+            rng_stream: self.rng.get_stream(),
+            rng_word_pos: self.rng.get_word_pos(),
+            config: self.cfg,
+            var_names: self.vars.iter().map(|(n, _)| n.clone()).collect(),
+        };
+        let json = serde_json::to_string_pretty(&state)
+            .map_err(|e| Error::Msg(format!("serialising trainer state: {e}")))?;
+        write_atomic(&tmp.join(STATE_JSON), json.as_bytes())?;
+        // Swap the finished folder into place.
+        let old = sibling(dir, "old");
+        if dir.exists() {
+            if old.exists() {
+                std::fs::remove_dir_all(&old).map_err(|e| Error::io(&old, e))?;
+            }
+            std::fs::rename(dir, &old).map_err(|e| Error::io(dir, e))?;
+        }
+        std::fs::rename(&tmp, dir).map_err(|e| Error::io(dir, e))?;
+        if old.exists() {
+            std::fs::remove_dir_all(&old).map_err(|e| Error::io(&old, e))?;
+        }
+        Ok(())
+    }
+
+    /// A trainer continuing from a checkpoint folder written by [`Trainer::save_checkpoint`].
+    /// `model` must already hold the checkpoint's weights (load them from the same folder).
+    /// The saved configuration is used, except the log-prob chunking from `logprob`.
+    pub fn resume(model: &impl TrainableLm, dir: &Path, logprob: LogProbConfig) -> Result<Self> {
+        let state_path = dir.join(STATE_JSON);
+        let text = std::fs::read_to_string(&state_path).map_err(|e| Error::io(&state_path, e))?;
+        let state: SavedState = serde_json::from_str(&text)
+            .map_err(|e| Error::config(&state_path, "(root)", e.to_string()))?;
+        let mut cfg = state.config;
+        cfg.logprob = logprob;
+        let mut trainer = Trainer::new(model, cfg)?;
+        let names: Vec<&String> = trainer.vars.iter().map(|(n, _)| n).collect();
+        if names.len() != state.var_names.len()
+            || names.iter().zip(&state.var_names).any(|(a, b)| *a != b)
+        {
+            return Err(Error::config(
+                &state_path,
+                "var_names",
+                "the model's trainable variables differ from the checkpoint's",
+            ));
+        }
+        let opt_path = dir.join(OPTIMIZER_FILE);
+        let dev = trainer
+            .vars
+            .first()
+            .map(|(_, v)| v.device().clone())
+            .unwrap_or(Device::Cpu);
+        let tensors = candle_core::safetensors::load(&opt_path, &dev)?;
+        for ((name, var), st) in trainer.vars.iter().zip(trainer.moments.iter_mut()) {
+            for (prefix, slot) in [("m", &mut st.m), ("v", &mut st.v)] {
+                let key = format!("{prefix}.{name}");
+                let t = tensors.get(&key).ok_or_else(|| Error::Weights {
+                    path: opt_path.clone(),
+                    name: key.clone(),
+                    message: "missing".into(),
+                })?;
+                if t.dims() != var.dims() || t.dtype() != var.dtype() {
+                    return Err(Error::Weights {
+                        path: opt_path.clone(),
+                        name: key,
+                        message: format!(
+                            "expected {:?} {:?}, found {:?} {:?}",
+                            var.dims(),
+                            var.dtype(),
+                            t.dims(),
+                            t.dtype()
+                        ),
+                    });
+                }
+                *slot = t.clone();
+            }
+        }
+        trainer.step = state.step;
+        let mut rng = ChaCha8Rng::from_seed(state.rng_seed);
+        rng.set_stream(state.rng_stream);
+        rng.set_word_pos(state.rng_word_pos);
+        trainer.rng = rng;
+        Ok(trainer)
+    }
+}
+
+fn sibling(dir: &Path, suffix: &str) -> PathBuf {
+    let mut name = dir
+        .file_name()
+        .map(|n| n.to_os_string())
+        .unwrap_or_default();
+    name.push(format!(".{suffix}"));
+    dir.with_file_name(name)
+}
+
+/// Writes `bytes` to `path` through a temporary file and a rename.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    let tmp = sibling(path, "tmp");
+    let mut f = std::fs::File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
+    f.write_all(bytes).map_err(|e| Error::io(&tmp, e))?;
+    f.sync_all().map_err(|e| Error::io(&tmp, e))?;
+    drop(f);
+    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
+}
