@@ -10,10 +10,12 @@ pub mod logprob;
 pub mod objective;
 pub mod trainer;
 
+pub mod chat_template;
 pub mod config;
 pub mod error;
 pub mod loading;
 pub mod model;
+pub mod tokenizer;
 
 pub use config::{Arch, QwenConfig};
 pub use error::{Error, Result};
