@@ -156,7 +156,11 @@ impl QwenConfig {
             ));
         }
         if self.head_dim % 2 != 0 {
-            return Err(Error::config(source, "head_dim", "must be even for rotary embeddings"));
+            return Err(Error::config(
+                source,
+                "head_dim",
+                "must be even for rotary embeddings",
+            ));
         }
         Ok(())
     }
@@ -175,7 +179,11 @@ impl QwenConfig {
             .as_object()
             .ok_or_else(|| Error::config(source, "(document)", "expected a JSON object"))?;
         let model_type = str_field(obj, "model_type", source)?.ok_or_else(|| {
-            Error::config(source, "model_type", "missing; expected \"qwen2\" or \"qwen3\"")
+            Error::config(
+                source,
+                "model_type",
+                "missing; expected \"qwen2\" or \"qwen3\"",
+            )
         })?;
         let arch = match model_type {
             "qwen2" => Arch::Qwen2,
@@ -218,7 +226,9 @@ impl QwenConfig {
                         return Err(Error::config(
                             source,
                             format!("{key}.rope_type"),
-                            format!("`{kind}` is not supported; only \"default\" rotary embeddings are"),
+                            format!(
+                                "`{kind}` is not supported; only \"default\" rotary embeddings are"
+                            ),
                         ));
                     }
                     if let Some(theta) = params.get("rope_theta") {
@@ -282,7 +292,11 @@ impl QwenConfig {
                 .map(|v| token_id(v.as_u64(), "eos_token_id", source))
                 .collect::<Result<Vec<_>>>()?,
             Some(_) => {
-                return Err(Error::config(source, "eos_token_id", "expected an id or a list of ids"));
+                return Err(Error::config(
+                    source,
+                    "eos_token_id",
+                    "expected an id or a list of ids",
+                ));
             }
         };
         let bos_token_id = match obj.get("bos_token_id") {
@@ -336,20 +350,40 @@ impl QwenConfig {
         let set = |obj: &mut Map<String, Value>, k: &str, v: Value| {
             obj.insert(k.to_string(), v);
         };
-        set(&mut obj, "architectures", json!([self.arch.hf_architecture()]));
+        set(
+            &mut obj,
+            "architectures",
+            json!([self.arch.hf_architecture()]),
+        );
         set(&mut obj, "model_type", json!(self.arch.model_type()));
         set(&mut obj, "vocab_size", json!(self.vocab_size));
         set(&mut obj, "hidden_size", json!(self.hidden_size));
         set(&mut obj, "intermediate_size", json!(self.intermediate_size));
         set(&mut obj, "num_hidden_layers", json!(self.num_hidden_layers));
-        set(&mut obj, "num_attention_heads", json!(self.num_attention_heads));
-        set(&mut obj, "num_key_value_heads", json!(self.num_key_value_heads));
+        set(
+            &mut obj,
+            "num_attention_heads",
+            json!(self.num_attention_heads),
+        );
+        set(
+            &mut obj,
+            "num_key_value_heads",
+            json!(self.num_key_value_heads),
+        );
         if self.arch == Arch::Qwen3 || obj.contains_key("head_dim") {
             set(&mut obj, "head_dim", json!(self.head_dim));
         }
-        set(&mut obj, "max_position_embeddings", json!(self.max_position_embeddings));
+        set(
+            &mut obj,
+            "max_position_embeddings",
+            json!(self.max_position_embeddings),
+        );
         set(&mut obj, "rms_norm_eps", json!(self.rms_norm_eps));
-        set(&mut obj, "tie_word_embeddings", json!(self.tie_word_embeddings));
+        set(
+            &mut obj,
+            "tie_word_embeddings",
+            json!(self.tie_word_embeddings),
+        );
         set(&mut obj, "hidden_act", json!("silu"));
         set(&mut obj, "initializer_range", json!(self.initializer_range));
         if self.arch == Arch::Qwen3 {
@@ -414,10 +448,9 @@ fn f64_field(obj: &Map<String, Value>, field: &str, source: &Path) -> Result<Opt
 fn bool_field(obj: &Map<String, Value>, field: &str, source: &Path) -> Result<Option<bool>> {
     match obj.get(field) {
         None | Some(Value::Null) => Ok(None),
-        Some(v) => v
-            .as_bool()
-            .map(Some)
-            .ok_or_else(|| Error::config(source, field, format!("expected true or false, found {v}"))),
+        Some(v) => v.as_bool().map(Some).ok_or_else(|| {
+            Error::config(source, field, format!("expected true or false, found {v}"))
+        }),
     }
 }
 
@@ -508,7 +541,12 @@ mod tests {
         assert!(with("use_sliding_window", json!(true)).contains("use_sliding_window"));
         let mut missing = base.clone();
         missing.as_object_mut().unwrap().remove("vocab_size");
-        assert!(parse(missing).unwrap_err().to_string().contains("vocab_size"));
+        assert!(
+            parse(missing)
+                .unwrap_err()
+                .to_string()
+                .contains("vocab_size")
+        );
     }
 
     #[test]

@@ -56,7 +56,10 @@ pub type Result<T> = std::result::Result<T, Error>;
 impl Error {
     /// An I/O error on `path`.
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        Error::Io { path: path.into(), source }
+        Error::Io {
+            path: path.into(),
+            source,
+        }
     }
 
     /// A configuration error.
@@ -65,6 +68,10 @@ impl Error {
         field: impl Into<String>,
         message: impl Into<String>,
     ) -> Self {
-        Error::Config { path: path.into(), field: field.into(), message: message.into() }
+        Error::Config {
+            path: path.into(),
+            field: field.into(),
+            message: message.into(),
+        }
     }
 }

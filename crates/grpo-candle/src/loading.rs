@@ -39,7 +39,10 @@ impl ModelFiles {
             } else {
                 Err(Error::io(
                     &p,
-                    std::io::Error::new(std::io::ErrorKind::NotFound, "missing from the checkpoint"),
+                    std::io::Error::new(
+                        std::io::ErrorKind::NotFound,
+                        "missing from the checkpoint",
+                    ),
                 ))
             }
         };
@@ -47,7 +50,10 @@ impl ModelFiles {
         let weights = if dir.join(SINGLE).is_file() {
             vec![dir.join(SINGLE)]
         } else if dir.join(INDEX).is_file() {
-            shard_names(&dir.join(INDEX))?.into_iter().map(|s| dir.join(s)).collect()
+            shard_names(&dir.join(INDEX))?
+                .into_iter()
+                .map(|s| dir.join(s))
+                .collect()
         } else {
             return Err(Error::io(
                 dir.join(SINGLE),
@@ -61,7 +67,10 @@ impl ModelFiles {
             if !w.is_file() {
                 return Err(Error::io(
                     w,
-                    std::io::Error::new(std::io::ErrorKind::NotFound, format!("shard named by {INDEX}")),
+                    std::io::Error::new(
+                        std::io::ErrorKind::NotFound,
+                        format!("shard named by {INDEX}"),
+                    ),
                 ));
             }
         }
@@ -118,11 +127,19 @@ impl ModelFiles {
             }
         };
         let missing = |file: &str| {
-            let mode = if offline { " (offline: looked in the local cache only)" } else { "" };
+            let mode = if offline {
+                " (offline: looked in the local cache only)"
+            } else {
+                ""
+            };
             Error::Hub(format!("{repo_id}: {file} not found{mode}"))
         };
-        let config = fetch("config.json").await?.ok_or_else(|| missing("config.json"))?;
-        let tokenizer = fetch("tokenizer.json").await?.ok_or_else(|| missing("tokenizer.json"))?;
+        let config = fetch("config.json")
+            .await?
+            .ok_or_else(|| missing("config.json"))?;
+        let tokenizer = fetch("tokenizer.json")
+            .await?
+            .ok_or_else(|| missing("tokenizer.json"))?;
         let weights = match fetch(SINGLE).await? {
             Some(p) => vec![p],
             None => {
@@ -166,7 +183,12 @@ impl ModelFiles {
 /// Whether `HF_HUB_OFFLINE` asks for offline mode.
 pub fn hub_offline() -> bool {
     std::env::var("HF_HUB_OFFLINE")
-        .map(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on"))
+        .map(|v| {
+            matches!(
+                v.trim().to_ascii_lowercase().as_str(),
+                "1" | "true" | "yes" | "on"
+            )
+        })
         .unwrap_or(false)
 }
 
@@ -182,7 +204,11 @@ fn shard_names(index: &Path) -> Result<Vec<String>> {
     let mut names = BTreeSet::new();
     for (tensor, file) in map {
         let file = file.as_str().ok_or_else(|| {
-            Error::config(index, format!("weight_map.{tensor}"), "expected a file name")
+            Error::config(
+                index,
+                format!("weight_map.{tensor}"),
+                "expected a file name",
+            )
         })?;
         if file.contains('/') || file.contains("..") {
             return Err(Error::config(
@@ -253,7 +279,10 @@ mod tests {
     fn offline_flag_values() {
         // Only checks the parser; the env var itself is exercised in the hub test.
         for v in ["1", "true", "YES", " on "] {
-            assert!(matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on"));
+            assert!(matches!(
+                v.trim().to_ascii_lowercase().as_str(),
+                "1" | "true" | "yes" | "on"
+            ));
         }
     }
 
@@ -279,10 +308,18 @@ mod tests {
         .unwrap();
         assert_eq!(
             shard_names(&index).unwrap(),
-            vec!["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+            vec![
+                "model-00001-of-00002.safetensors",
+                "model-00002-of-00002.safetensors"
+            ]
         );
         std::fs::write(&index, r#"{"weight_map":{"a":"../x.safetensors"}}"#).unwrap();
-        assert!(shard_names(&index).unwrap_err().to_string().contains("weight_map.a"));
+        assert!(
+            shard_names(&index)
+                .unwrap_err()
+                .to_string()
+                .contains("weight_map.a")
+        );
     }
 
     #[test]
