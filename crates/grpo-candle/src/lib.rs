@@ -15,6 +15,7 @@ pub mod config;
 pub mod error;
 pub mod loading;
 pub mod model;
+pub mod sampler;
 pub mod tokenizer;
 
 pub use config::{Arch, QwenConfig};

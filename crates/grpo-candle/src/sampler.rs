@@ -1,0 +1,406 @@
+//! Batched, KV-cached sampling with per-token log-probs.
+//!
+//! [`generate`] runs several requests together: prompts are left-padded into one batch, prefilled
+//! in one forward pass, then decoded one token per step for every unfinished row; a finished row
+//! leaves the batch (its cache rows are dropped). Each request has its own seed (ChaCha8), so its
+//! tokens do not depend on what it was batched with, up to floating-point reassociation in the
+//! matmuls.
+//!
+//! # Which log-probs
+//! [`Sample::logprobs`] are log-probabilities under the **processed** distribution the token was
+//! actually drawn from: logits / temperature, restricted to the top-k and then the top-p nucleus,
+//! renormalised. This is `q` of the paper's Eq. 16; the trainer's importance weight
+//! `clip(pi_old / q, 0, 2)` corrects exactly for that mismatch between the sampling distribution
+//! and the (temperature-1, untruncated) policy `pi_old`. At temperature 1 without truncation both
+//! coincide. Greedy decoding (temperature 0) samples from a point mass: its processed log-prob is 0.
+//! [`Sample::raw_logprobs`] are the untouched model's log-probs (temperature 1, full vocabulary)
+//! of the same tokens, for diagnostics and for trainers that want them.
+
+use candle_core::{DType, Tensor};
+use harness_core::{FinishReason, SamplingParams};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use tokenizers::Tokenizer;
+
+use crate::error::{Error, Result};
+use crate::model::{KvCache, Qwen};
+
+/// One generation request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SampleRequest {
+    /// Prompt token ids (non-empty).
+    pub prompt: Vec<u32>,
+    /// Upper bound on generated tokens.
+    pub max_new_tokens: usize,
+    /// Temperature, top-p, top-k, stop strings.
+    pub params: SamplingParams,
+    /// Token ids that end generation (kept as the last generated token), e.g. `<|im_end|>`.
+    pub stop_token_ids: Vec<u32>,
+    /// Seed of this request's ChaCha8 stream.
+    pub seed: u64,
+}
+
+/// What one request produced.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    /// Generated ids (a stop token, when one ended generation, is the last).
+    pub tokens: Vec<u32>,
+    /// Log-prob of each token under the processed distribution it was drawn from (`q`).
+    pub logprobs: Vec<f32>,
+    /// Log-prob of each token under the raw model (temperature 1, full vocabulary).
+    pub raw_logprobs: Vec<f32>,
+    /// `Stop` (stop token or string) or `Length` (`max_new_tokens` or the model's context).
+    pub finish: FinishReason,
+}
+
+/// Check sampling parameters.
+pub fn validate_params(p: &SamplingParams) -> Result<()> {
+    if !(p.temperature.is_finite() && p.temperature >= 0.0) {
+        return Err(Error::Request(format!("temperature {} must be >= 0", p.temperature)));
+    }
+    if !(p.top_p > 0.0 && p.top_p <= 1.0) {
+        return Err(Error::Request(format!("top_p {} must be in (0, 1]", p.top_p)));
+    }
+    if p.top_k == Some(0) {
+        return Err(Error::Request("top_k must be at least 1 when given".into()));
+    }
+    Ok(())
+}
+
+/// Draw one token from `logits` (f32, one row) with `params`; returns (token, processed log-prob,
+/// raw log-prob).
+pub fn sample_token(logits: &[f32], params: &SamplingParams, rng: &mut ChaCha8Rng) -> (u32, f32, f32) {
+    // Raw log-softmax in f64.
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let lse = max + logits.iter().map(|&l| (l as f64 - max).exp()).sum::<f64>().ln();
+    let raw = |i: usize| (logits[i] as f64 - lse) as f32;
+
+    if params.temperature <= 0.0 {
+        // Greedy: the first maximal logit.
+        let mut best = 0usize;
+        for (i, &l) in logits.iter().enumerate() {
+            if l > logits[best] {
+                best = i;
+            }
+        }
+        return (best as u32, 0.0, raw(best));
+    }
+    let inv_t = 1.0 / params.temperature as f64;
+    let scaled_max = max * inv_t;
+    let weights: Vec<f64> = logits.iter().map(|&l| (l as f64 * inv_t - scaled_max).exp()).collect();
+    let truncate = params.top_k.is_some_and(|k| k < logits.len()) || params.top_p < 1.0;
+    if !truncate {
+        let total: f64 = weights.iter().sum();
+        let u = rng.r#gen::<f64>() * total;
+        let mut acc = 0.0;
+        let mut chosen = weights.len() - 1;
+        for (i, w) in weights.iter().enumerate() {
+            acc += w;
+            if u < acc {
+                chosen = i;
+                break;
+            }
+        }
+        while weights[chosen] == 0.0 && chosen > 0 {
+            chosen -= 1;
+        }
+        let lp = (weights[chosen] / total).ln() as f32;
+        return (chosen as u32, lp, raw(chosen));
+    }
+    // Candidates by decreasing probability (ties by id): top-k, then the smallest prefix whose
+    // mass reaches top_p (at least one token).
+    let mut order: Vec<usize> = (0..weights.len()).collect();
+    let k = params.top_k.unwrap_or(weights.len()).min(weights.len());
+    let by_weight = |a: &usize, b: &usize| weights[*b].total_cmp(&weights[*a]).then(a.cmp(b));
+    if k < order.len() {
+        order.select_nth_unstable_by(k - 1, by_weight);
+        order.truncate(k);
+    }
+    order.sort_by(by_weight);
+    let total_k: f64 = order.iter().map(|&i| weights[i]).sum();
+    let mut kept = order.len();
+    if params.top_p < 1.0 {
+        let mut acc = 0.0;
+        for (n, &i) in order.iter().enumerate() {
+            acc += weights[i] / total_k;
+            if acc >= params.top_p as f64 {
+                kept = n + 1;
+                break;
+            }
+        }
+    }
+    let order = &order[..kept];
+    let total: f64 = order.iter().map(|&i| weights[i]).sum();
+    let u = rng.r#gen::<f64>() * total;
+    let mut acc = 0.0;
+    let mut chosen = order[order.len() - 1];
+    for &i in order {
+        acc += weights[i];
+        if u < acc {
+            chosen = i;
+            break;
+        }
+    }
+    let lp = (weights[chosen] / total).ln() as f32;
+    (chosen as u32, lp, raw(chosen))
+}
+
+struct Row {
+    request: usize,
+    rng: ChaCha8Rng,
+    sample: Sample,
+    done: bool,
+}
+
+/// Longest stop string in bytes (the decode window for stop-string checks is derived from it).
+fn stop_window(params: &SamplingParams) -> usize {
+    params.stop.iter().map(String::len).max().unwrap_or(0)
+}
+
+/// Whether the text of the last generated tokens contains a stop string that ends in the newest
+/// token.
+fn hits_stop_string(tokenizer: &Tokenizer, tokens: &[u32], params: &SamplingParams) -> Result<bool> {
+    let window = stop_window(params);
+    if window == 0 {
+        return Ok(false);
+    }
+    // Every token decodes to at least one byte (special tokens aside), so `window + 4` tokens
+    // cover the longest stop string plus a split UTF-8 character at the start of the window.
+    let start = tokens.len().saturating_sub(window + 4);
+    let now = crate::tokenizer::decode(tokenizer, &tokens[start..], true)?;
+    // Generation stops at the first occurrence, so any occurrence ends in the newest token.
+    Ok(params.stop.iter().any(|s| !s.is_empty() && now.contains(s.as_str())))
+}
+
+/// Generate for every request in one batch. `tokenizer` is needed only for stop strings.
+pub fn generate(model: &Qwen, tokenizer: &Tokenizer, requests: &[SampleRequest]) -> Result<Vec<Sample>> {
+    for (i, r) in requests.iter().enumerate() {
+        validate_params(&r.params).map_err(|e| Error::Request(format!("request {i}: {e}")))?;
+        if r.prompt.is_empty() {
+            return Err(Error::Request(format!("request {i}: empty prompt")));
+        }
+        if let Some(&bad) = r.prompt.iter().find(|&&t| t as usize >= model.config().vocab_size) {
+            return Err(Error::Request(format!("request {i}: token id {bad} outside the vocabulary")));
+        }
+    }
+    let mut rows: Vec<Row> = requests
+        .iter()
+        .enumerate()
+        .map(|(i, r)| Row {
+            request: i,
+            rng: ChaCha8Rng::seed_from_u64(r.seed),
+            sample: Sample {
+                tokens: Vec::new(),
+                logprobs: Vec::new(),
+                raw_logprobs: Vec::new(),
+                finish: FinishReason::Length,
+            },
+            done: r.max_new_tokens == 0
+                || r.prompt.len() >= model.config().max_position_embeddings,
+        })
+        .collect();
+    // Batch of the rows that still generate (indices into `rows`).
+    let mut active: Vec<usize> = (0..rows.len()).filter(|&i| !rows[i].done).collect();
+    if active.is_empty() {
+        return Ok(rows.into_iter().map(|r| r.sample).collect());
+    }
+    let device = model.device().clone();
+    let longest = active.iter().map(|&i| requests[i].prompt.len()).max().unwrap_or(0);
+    let mut ids = Vec::with_capacity(active.len() * longest);
+    let mut pads = Vec::with_capacity(active.len());
+    for &i in &active {
+        let p = &requests[i].prompt;
+        pads.push(longest - p.len());
+        ids.extend(std::iter::repeat_n(0u32, longest - p.len()));
+        ids.extend_from_slice(p);
+    }
+    let mut cache = KvCache::new(model.config().num_hidden_layers, pads);
+    let input = Tensor::from_vec(ids, (active.len(), longest), &device)?;
+    let hidden = model.forward_cached(&input, &mut cache)?;
+    let mut logits = model.last_logits(&hidden)?;
+    loop {
+        let table: Vec<Vec<f32>> = logits.to_dtype(DType::F32)?.to_vec2()?;
+        let mut next_tokens = Vec::with_capacity(active.len());
+        let mut keep = Vec::with_capacity(active.len());
+        for (slot, &ri) in active.iter().enumerate() {
+            let req = &requests[rows[ri].request];
+            let row = &mut rows[ri];
+            let (tok, lp, raw) = sample_token(&table[slot], &req.params, &mut row.rng);
+            row.sample.tokens.push(tok);
+            row.sample.logprobs.push(lp);
+            row.sample.raw_logprobs.push(raw);
+            let produced = row.sample.tokens.len();
+            if req.stop_token_ids.contains(&tok)
+                || hits_stop_string(tokenizer, &row.sample.tokens, &req.params)?
+            {
+                row.sample.finish = FinishReason::Stop;
+                row.done = true;
+            } else if produced >= req.max_new_tokens
+                || req.prompt.len() + produced >= model.config().max_position_embeddings
+            {
+                row.sample.finish = FinishReason::Length;
+                row.done = true;
+            } else {
+                keep.push(slot);
+                next_tokens.push(tok);
+            }
+        }
+        if keep.is_empty() {
+            break;
+        }
+        if keep.len() < active.len() {
+            cache = cache.select_rows(&keep)?;
+            active = keep.iter().map(|&s| active[s]).collect();
+        }
+        let input = Tensor::from_vec(next_tokens, (active.len(), 1), &device)?;
+        let hidden = model.forward_cached(&input, &mut cache)?;
+        logits = model.last_logits(&hidden)?;
+    }
+    Ok(rows.into_iter().map(|r| r.sample).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    fn params(t: f32, p: f32, k: Option<usize>) -> SamplingParams {
+        SamplingParams { temperature: t, top_p: p, top_k: k, stop: vec![] }
+    }
+
+    #[test]
+    fn processed_logprobs_follow_temperature_and_truncation() {
+        let logits = [2.0f32, 1.0, 0.5, -1.0, 0.0];
+        let mut rng = ChaCha8Rng::seed_from_u64(0);
+        // Greedy.
+        let (t, lp, raw) = sample_token(&logits, &params(0.0, 1.0, None), &mut rng);
+        assert_eq!((t, lp), (0, 0.0));
+        let lse = logits.iter().map(|&l| (l as f64).exp()).sum::<f64>().ln();
+        assert!((raw as f64 - (2.0 - lse)).abs() < 1e-6);
+        // top_k = 1 is greedy with log-prob 0.
+        let (t, lp, _) = sample_token(&logits, &params(1.0, 1.0, Some(1)), &mut rng);
+        assert_eq!((t, lp), (0, 0.0));
+        // top_k = 2 at temperature 0.5: probabilities over {0, 1} of exp(4) : exp(2).
+        for _ in 0..20 {
+            let (t, lp, raw) = sample_token(&logits, &params(0.5, 1.0, Some(2)), &mut rng);
+            assert!(t < 2);
+            let z = (4.0f64).exp() + (2.0f64).exp();
+            let want = (2.0 * logits[t as usize] as f64).exp() / z;
+            assert!((lp as f64 - want.ln()).abs() < 1e-6);
+            assert!((raw as f64 - (logits[t as usize] as f64 - lse)).abs() < 1e-6);
+        }
+        // top_p smaller than the top token's mass keeps only it.
+        let (t, lp, _) = sample_token(&logits, &params(1.0, 0.3, None), &mut rng);
+        assert_eq!((t, lp), (0, 0.0));
+    }
+
+    #[test]
+    fn sampling_frequencies_match_the_distribution() {
+        let logits = [0.0f32, (2.0f32).ln(), (3.0f32).ln(), f32::NEG_INFINITY];
+        let mut rng = ChaCha8Rng::seed_from_u64(7);
+        let mut counts = [0usize; 4];
+        let n = 60_000;
+        for _ in 0..n {
+            let (t, lp, raw) = sample_token(&logits, &params(1.0, 1.0, None), &mut rng);
+            counts[t as usize] += 1;
+            assert!((lp - raw).abs() < 1e-6);
+        }
+        assert_eq!(counts[3], 0);
+        for (i, want) in [1.0 / 6.0, 2.0 / 6.0, 3.0 / 6.0].iter().enumerate() {
+            let got = counts[i] as f64 / n as f64;
+            assert!((got - want).abs() < 0.01, "token {i}: {got} vs {want}");
+        }
+    }
+
+    fn tiny_model() -> (Qwen, Tokenizer) {
+        let tok = crate::tokenizer::tiny_tokenizer(40).unwrap();
+        let mut cfg = crate::config::QwenConfig::tiny_qwen3(tok.get_vocab_size(true));
+        cfg.hidden_size = 32;
+        cfg.intermediate_size = 64;
+        cfg.head_dim = 8;
+        cfg.initializer_range = 0.5;
+        (Qwen::new_random(&cfg, 11, DType::F32, &Device::Cpu).unwrap(), tok)
+    }
+
+    fn req(prompt: &[u32], seed: u64, p: SamplingParams, max: usize) -> SampleRequest {
+        SampleRequest { prompt: prompt.to_vec(), max_new_tokens: max, params: p, stop_token_ids: vec![], seed }
+    }
+
+    #[test]
+    fn batching_and_seeds_are_reproducible() {
+        let (model, tok) = tiny_model();
+        let a = req(&[5, 6, 7, 8, 9], 1, params(1.0, 0.9, Some(50)), 12);
+        let b = req(&[10, 11], 2, params(0.7, 1.0, None), 7);
+        let c = req(&[12, 13, 14], 3, params(0.0, 1.0, None), 9);
+        let together = generate(&model, &tok, &[a.clone(), b.clone(), c.clone()]).unwrap();
+        for (r, got) in [a, b, c].iter().zip(&together) {
+            let alone = generate(&model, &tok, std::slice::from_ref(r)).unwrap().remove(0);
+            assert_eq!(alone.tokens, got.tokens);
+            assert_eq!(alone.tokens.len(), r.max_new_tokens);
+            assert_eq!(alone.finish, FinishReason::Length);
+            for (x, y) in alone.raw_logprobs.iter().zip(&got.raw_logprobs) {
+                assert!((x - y).abs() < 1e-4);
+            }
+        }
+        // Different seeds give different samples.
+        let d = generate(&model, &tok, &[req(&[5, 6, 7, 8, 9], 99, params(1.0, 0.9, Some(50)), 12)])
+            .unwrap();
+        assert_ne!(d[0].tokens, together[0].tokens);
+    }
+
+    #[test]
+    fn raw_logprobs_match_a_full_forward() {
+        let (model, tok) = tiny_model();
+        let prompt = [3u32, 1, 4, 1, 5];
+        let out = generate(&model, &tok, &[req(&prompt, 5, params(1.0, 1.0, None), 6)]).unwrap();
+        let seq: Vec<u32> = prompt.iter().copied().chain(out[0].tokens.iter().copied()).collect();
+        let ids = Tensor::new(seq.as_slice(), &Device::Cpu).unwrap().unsqueeze(0).unwrap();
+        let logits = model.forward_logits(&ids).unwrap().squeeze(0).unwrap();
+        let n = seq.len();
+        let pred = logits.narrow(0, prompt.len() - 1, n - prompt.len()).unwrap();
+        let targets = Tensor::new(&seq[prompt.len()..], &Device::Cpu).unwrap();
+        let lp: Vec<f32> = crate::model::token_logprobs(&pred, &targets).unwrap().to_vec1().unwrap();
+        for (a, b) in lp.iter().zip(&out[0].raw_logprobs) {
+            assert!((a - b).abs() < 1e-4, "{a} vs {b}");
+        }
+        // At temperature 1 without truncation the processed distribution is the raw one.
+        for (a, b) in out[0].logprobs.iter().zip(&out[0].raw_logprobs) {
+            assert!((a - b).abs() < 1e-5);
+        }
+    }
+
+    #[test]
+    fn stop_tokens_and_strings_end_generation() {
+        let (model, tok) = tiny_model();
+        let free = generate(&model, &tok, &[req(&[7, 7, 7], 4, params(0.0, 1.0, None), 10)]).unwrap();
+        let greedy = &free[0].tokens;
+        // Stop token: the third greedy token.
+        let mut r = req(&[7, 7, 7], 4, params(0.0, 1.0, None), 10);
+        r.stop_token_ids = vec![greedy[2]];
+        let first_hit = greedy.iter().position(|&t| t == greedy[2]).unwrap();
+        let out = generate(&model, &tok, &[r]).unwrap();
+        assert_eq!(out[0].tokens, greedy[..=first_hit].to_vec());
+        assert_eq!(out[0].finish, FinishReason::Stop);
+        // Stop string: the text of the second and third greedy tokens.
+        let text = crate::tokenizer::decode(&tok, &greedy[1..3], true).unwrap();
+        if !text.is_empty() {
+            let mut p = params(0.0, 1.0, None);
+            p.stop = vec![text.clone()];
+            let out = generate(&model, &tok, &[req(&[7, 7, 7], 4, p, 10)]).unwrap();
+            let shown = crate::tokenizer::decode(&tok, &out[0].tokens, true).unwrap();
+            assert!(shown.contains(&text) && out[0].tokens.len() <= 3);
+            assert_eq!(out[0].finish, FinishReason::Stop);
+        }
+    }
+
+    #[test]
+    fn bad_requests_are_errors() {
+        let (model, tok) = tiny_model();
+        assert!(generate(&model, &tok, &[req(&[], 0, params(1.0, 1.0, None), 3)]).is_err());
+        assert!(generate(&model, &tok, &[req(&[1], 0, params(1.0, 0.0, None), 3)]).is_err());
+        assert!(generate(&model, &tok, &[req(&[1], 0, params(-1.0, 1.0, None), 3)]).is_err());
+        assert!(generate(&model, &tok, &[req(&[100_000], 0, params(1.0, 1.0, None), 3)]).is_err());
+        let zero = generate(&model, &tok, &[req(&[1], 0, params(1.0, 1.0, None), 0)]).unwrap();
+        assert!(zero[0].tokens.is_empty());
+    }
+}
