@@ -405,7 +405,7 @@ struct SavedState {
 
 impl Trainer {
     /// A fresh trainer for `model`'s parameters.
-    pub fn new(model: &impl TrainableLm, cfg: TrainerConfig) -> Result<Self> {
+    pub fn new(model: &dyn TrainableLm, cfg: TrainerConfig) -> Result<Self> {
         let vars = model.trainable_vars();
         let mut seen = std::collections::HashSet::new();
         for (name, _) in &vars {
@@ -450,7 +450,7 @@ impl Trainer {
     /// One GRPO step on harness-core groups.
     pub fn step(
         &mut self,
-        model: &impl TrainableLm,
+        model: &dyn TrainableLm,
         groups: &[harness_core::Group],
     ) -> Result<StepMetrics> {
         let tasks: Vec<TaskRollouts> = groups.iter().map(TaskRollouts::from).collect();
@@ -460,7 +460,7 @@ impl Trainer {
     /// One GRPO step on plain rollouts (what [`Trainer::step`] converts groups into).
     pub fn step_rollouts(
         &mut self,
-        model: &impl TrainableLm,
+        model: &dyn TrainableLm,
         tasks: &[TaskRollouts],
     ) -> Result<StepMetrics> {
         let started = Instant::now();
@@ -605,7 +605,7 @@ impl Trainer {
     /// Log-probs and entropies of the scored tokens of sequences `mb`, concatenated in order.
     fn score(
         &self,
-        model: &impl TrainableLm,
+        model: &dyn TrainableLm,
         seqs: &[Sequence],
         mb: &[usize],
     ) -> Result<(Tensor, Tensor)> {
@@ -737,7 +737,7 @@ impl Trainer {
     /// A trainer continuing from a checkpoint folder written by [`Trainer::save_checkpoint`].
     /// `model` must already hold the checkpoint's weights (load them from the same folder).
     /// The saved configuration is used, except the log-prob chunking from `logprob`.
-    pub fn resume(model: &impl TrainableLm, dir: &Path, logprob: LogProbConfig) -> Result<Self> {
+    pub fn resume(model: &dyn TrainableLm, dir: &Path, logprob: LogProbConfig) -> Result<Self> {
         let state_path = dir.join(STATE_JSON);
         let text = std::fs::read_to_string(&state_path).map_err(|e| Error::io(&state_path, e))?;
         let state: SavedState = serde_json::from_str(&text)
@@ -813,4 +813,122 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     f.sync_all().map_err(|e| Error::io(&tmp, e))?;
     drop(f);
     std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn turn(context: &[u32], tokens: &[u32]) -> TurnTokens {
+        TurnTokens {
+            context: context.to_vec(),
+            tokens: tokens.to_vec(),
+            logprobs: tokens.iter().map(|&t| -(t as f32) / 10.0).collect(),
+        }
+    }
+
+    #[test]
+    fn extending_turns_are_packed_and_only_generated_tokens_are_scored() {
+        // Turn 2's context is turn 1's context + tokens + an observation (7, 8).
+        let turns = [turn(&[1, 2], &[3, 4]), turn(&[1, 2, 3, 4, 7, 8], &[5])];
+        let seqs = pack_turns(0, 0.5, &turns).unwrap();
+        assert_eq!(seqs.len(), 1);
+        let s = &seqs[0];
+        assert_eq!(s.ids, vec![1, 2, 3, 4, 7, 8, 5]);
+        assert_eq!(s.policy_pos, vec![2, 3, 6]);
+        assert_eq!(s.rollout_logp, vec![-0.3, -0.4, -0.5]);
+        assert_eq!(s.advantage, 0.5);
+    }
+
+    #[test]
+    fn a_turn_whose_context_was_rewritten_starts_a_new_sequence() {
+        // A harness that truncates history: turn 2's context does not extend turn 1's.
+        let turns = [
+            turn(&[1, 2], &[3]),
+            turn(&[1, 9, 3], &[4, 5]),
+            turn(&[1, 9, 3, 4, 5, 6], &[7]),
+        ];
+        let seqs = pack_turns(2, -1.0, &turns).unwrap();
+        assert_eq!(seqs.len(), 2);
+        assert_eq!(seqs[0].ids, vec![1, 2, 3]);
+        assert_eq!(seqs[0].policy_pos, vec![2]);
+        assert_eq!(seqs[1].ids, vec![1, 9, 3, 4, 5, 6, 7]);
+        assert_eq!(seqs[1].policy_pos, vec![3, 4, 6]);
+        assert!(seqs.iter().all(|s| s.task == 2));
+    }
+
+    #[test]
+    fn prefix_of_previous_turn_is_not_an_extension() {
+        // Same context again (a retry): not an extension of context + tokens.
+        let turns = [turn(&[1, 2], &[3]), turn(&[1, 2], &[4])];
+        let seqs = pack_turns(0, 1.0, &turns).unwrap();
+        assert_eq!(seqs.len(), 2);
+    }
+
+    #[test]
+    fn unscorable_and_empty_turns_are_dropped_and_mismatches_rejected() {
+        let seqs = pack_turns(0, 1.0, &[turn(&[], &[5, 6])]).unwrap();
+        assert_eq!(seqs[0].policy_pos, vec![1]);
+        assert!(pack_turns(0, 1.0, &[turn(&[1], &[])]).unwrap().is_empty());
+        let mut bad = turn(&[1], &[2, 3]);
+        bad.logprobs.pop();
+        assert!(pack_turns(0, 1.0, &[bad]).is_err());
+    }
+
+    #[test]
+    fn micro_batches_respect_the_padded_token_budget() {
+        let lens = [10usize, 3, 7, 7, 2, 30];
+        let seqs: Vec<Sequence> = lens
+            .iter()
+            .map(|&n| Sequence {
+                task: 0,
+                ids: vec![1; n + 1],
+                policy_pos: vec![1],
+                rollout_logp: vec![0.0],
+                advantage: 0.0,
+            })
+            .collect();
+        let idx: Vec<usize> = (0..seqs.len()).collect();
+        let mbs = micro_batches(&seqs, &idx, 20);
+        let mut seen: Vec<usize> = mbs.iter().flatten().copied().collect();
+        seen.sort();
+        assert_eq!(seen, idx);
+        for mb in &mbs {
+            let width = mb.iter().map(|&i| lens[i]).max().unwrap();
+            assert!(mb.len() == 1 || width * mb.len() <= 20, "{mb:?}");
+        }
+        assert_eq!(mbs[0], vec![5]); // the 30-token sequence alone
+    }
+
+    #[test]
+    fn schedule_warms_up_then_decays() {
+        let s = Schedule {
+            lr: 1.0,
+            warmup_steps: 4,
+            total_steps: 14,
+            decay: DecayKind::Cosine,
+            min_lr_ratio: 0.1,
+        };
+        assert_eq!(s.lr_at(0), 0.25);
+        assert_eq!(s.lr_at(3), 1.0);
+        assert!((s.lr_at(4) - 1.0).abs() < 1e-12);
+        assert!((s.lr_at(9) - 0.55).abs() < 1e-12);
+        assert!((s.lr_at(14) - 0.1).abs() < 1e-12);
+        assert!((s.lr_at(100) - 0.1).abs() < 1e-12);
+        let lin = Schedule {
+            decay: DecayKind::Linear,
+            ..s
+        };
+        assert!((lin.lr_at(9) - 0.55).abs() < 1e-12);
+        let c = Schedule {
+            decay: DecayKind::Constant,
+            ..s
+        };
+        assert_eq!(c.lr_at(50), 1.0);
+    }
+
+    #[test]
+    fn trainable_lm_is_object_safe() {
+        fn _obj_safe(_: &dyn TrainableLm) {}
+    }
 }

@@ -1,0 +1,284 @@
+//! The GRPO trainer driving the real (tiny) Qwen3 model on the CPU.
+
+use std::path::Path;
+
+use candle_core::{DType, Device, Tensor};
+use grpo_candle::logprob::LogProbConfig;
+use grpo_candle::trainer::{
+    DecayKind, RolloutRecord, Schedule, TaskRollouts, TrainableLm, Trainer, TrainerConfig,
+    TurnTokens,
+};
+use grpo_candle::{Qwen, QwenConfig};
+use rand::{Rng, SeedableRng};
+
+const VOCAB: usize = 50;
+
+fn tiny_model(dtype: DType) -> Qwen {
+    let mut cfg = QwenConfig::tiny_qwen3(VOCAB);
+    cfg.num_hidden_layers = 1;
+    cfg.hidden_size = 32;
+    cfg.intermediate_size = 48;
+    cfg.head_dim = 8;
+    Qwen::new_random(&cfg, 7, dtype, &Device::Cpu).unwrap()
+}
+
+/// `tasks` groups of `k` trajectories with 1-2 turns each, random rewards and rollout log-probs.
+fn synthetic_groups(seed: u64, tasks: usize, k: usize) -> Vec<TaskRollouts> {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let tok = |n: usize, rng: &mut rand_chacha::ChaCha8Rng| -> Vec<u32> {
+        (0..n).map(|_| rng.gen_range(0..VOCAB as u32)).collect()
+    };
+    (0..tasks)
+        .map(|_| TaskRollouts {
+            rollouts: (0..k)
+                .map(|_| {
+                    let ctx = tok(rng.gen_range(2..6), &mut rng);
+                    let gen1 = tok(rng.gen_range(1..5), &mut rng);
+                    let mut turns = vec![TurnTokens {
+                        logprobs: gen1.iter().map(|_| -rng.gen_range(0.5f32..4.0)).collect(),
+                        context: ctx.clone(),
+                        tokens: gen1.clone(),
+                    }];
+                    if rng.gen_bool(0.5) {
+                        let mut ctx2 = ctx.clone();
+                        ctx2.extend(&gen1);
+                        ctx2.extend(tok(2, &mut rng)); // an observation
+                        let gen2 = tok(rng.gen_range(1..4), &mut rng);
+                        turns.push(TurnTokens {
+                            logprobs: gen2.iter().map(|_| -rng.gen_range(0.5f32..4.0)).collect(),
+                            context: ctx2,
+                            tokens: gen2,
+                        });
+                    }
+                    RolloutRecord {
+                        reward: if rng.gen_bool(0.5) { 1.0 } else { 0.0 },
+                        turns,
+                    }
+                })
+                .collect(),
+        })
+        .collect()
+}
+
+fn config(micro_batch_tokens: usize, updates_per_step: usize) -> TrainerConfig {
+    TrainerConfig {
+        schedule: Schedule {
+            lr: 1e-2,
+            warmup_steps: 1,
+            total_steps: 6,
+            decay: DecayKind::Cosine,
+            min_lr_ratio: 0.1,
+        },
+        micro_batch_tokens,
+        updates_per_step,
+        seed: 11,
+        logprob: LogProbConfig {
+            token_chunk: 16,
+            vocab_chunk: 16,
+            ..LogProbConfig::default()
+        },
+        ..TrainerConfig::default()
+    }
+}
+
+fn weights(model: &Qwen) -> Vec<(String, Vec<f32>)> {
+    model
+        .named_vars()
+        .into_iter()
+        .map(|(n, v)| {
+            let t = v.as_tensor().to_dtype(DType::F32).unwrap();
+            (n, t.flatten_all().unwrap().to_vec1().unwrap())
+        })
+        .collect()
+}
+
+#[test]
+fn one_on_policy_step_skips_the_old_pass_and_updates_every_weight() {
+    let model = tiny_model(DType::F32);
+    let before = weights(&model);
+    let mut trainer = Trainer::new(&model, config(64, 1)).unwrap();
+    let groups = synthetic_groups(1, 3, 4);
+    let m = trainer.step_rollouts(&model, &groups).unwrap();
+    assert!(!m.old_logprob_pass);
+    assert_eq!((m.ratio_min, m.ratio_max, m.ratio_mean), (1.0, 1.0, 1.0));
+    assert_eq!(m.clip_frac_low + m.clip_frac_high, 0.0);
+    assert_eq!(m.updates, 1);
+    assert_eq!(m.step, 1);
+    assert_eq!(m.groups, 3);
+    let eff = groups
+        .iter()
+        .filter(|g| {
+            let s = g.rollouts.iter().filter(|r| r.reward > 0.0).count();
+            s > 0 && s < g.rollouts.len()
+        })
+        .count();
+    assert_eq!(m.effective_groups, eff);
+    assert!(m.loss.is_finite() && m.grad_norm > 0.0 && m.entropy_mean > 0.0);
+    assert!(m.micro_batches > 1, "budget 64 should split the batch");
+    assert!(m.weight_min >= 0.0 && m.weight_max <= 2.0);
+    let after = weights(&model);
+    let changed = before
+        .iter()
+        .zip(&after)
+        .filter(|(a, b)| a.1 != b.1)
+        .count();
+    assert_eq!(changed, before.len(), "every parameter should move");
+}
+
+#[test]
+fn gradient_accumulation_does_not_change_the_step() {
+    // f64 so that summation order differences stay far below the tolerance.
+    let run = |budget: usize| {
+        let model = tiny_model(DType::F64);
+        let mut cfg = config(budget, 1);
+        cfg.max_grad_norm = None;
+        let mut trainer = Trainer::new(&model, cfg).unwrap();
+        let m = trainer
+            .step_rollouts(&model, &synthetic_groups(2, 3, 4))
+            .unwrap();
+        (m, weights(&model))
+    };
+    let (m_small, w_small) = run(8);
+    let (m_big, w_big) = run(100_000);
+    assert!(m_small.micro_batches > m_big.micro_batches);
+    assert_eq!(m_big.micro_batches, 1);
+    assert!((m_small.loss - m_big.loss).abs() < 1e-10 * (1.0 + m_big.loss.abs()));
+    assert!((m_small.grad_norm - m_big.grad_norm).abs() < 1e-9 * m_big.grad_norm);
+    for (a, b) in w_small.iter().zip(&w_big) {
+        for (x, y) in a.1.iter().zip(&b.1) {
+            assert!((x - y).abs() < 1e-5, "{}: {x} vs {y}", a.0);
+        }
+    }
+}
+
+#[test]
+fn several_updates_per_step_use_the_pre_update_policy_as_old() {
+    let model = tiny_model(DType::F32);
+    let mut trainer = Trainer::new(&model, config(64, 2)).unwrap();
+    let m = trainer
+        .step_rollouts(&model, &synthetic_groups(3, 4, 4))
+        .unwrap();
+    assert!(m.old_logprob_pass);
+    assert_eq!(m.updates, 2);
+    assert_eq!(trainer.step_count(), 2);
+    // The second update sees the first one's effect on the ratio.
+    assert!(m.ratio_min < 1.0 || m.ratio_max > 1.0);
+}
+
+#[test]
+fn step_on_harness_core_groups() {
+    use harness_core::trajectory::{Counts, Group, GroupOrigin, PolicyTurnRecord, Termination};
+    use harness_core::{FinishReason, HarnessId, Outcome, Split, Task, Trajectory};
+    let traj = |reward: f32| Trajectory {
+        task_id: "t".into(),
+        env: "e".into(),
+        harness_id: HarnessId("h0".into()),
+        harness_name: "H0".into(),
+        seed: 0,
+        policy: "p".into(),
+        messages: vec![],
+        turns: vec![PolicyTurnRecord {
+            message_index: Some(1),
+            context_tokens: vec![1, 2, 3],
+            tokens: vec![4, 5],
+            logprobs: vec![-1.0, -2.0],
+            finish: FinishReason::Stop,
+        }],
+        final_answer: None,
+        outcome: Outcome {
+            reward,
+            details: serde_json::Value::Null,
+        },
+        termination: Termination::PolicyFinished,
+        counts: Counts::default(),
+    };
+    let group = Group {
+        task: Task::new("t", "e", Split::Train, "do it", 0),
+        trajectories: vec![traj(1.0), traj(0.0)],
+        origin: GroupOrigin::Base,
+    };
+    let model = tiny_model(DType::F32);
+    let mut trainer = Trainer::new(&model, config(64, 1)).unwrap();
+    let m = trainer.step(&model, &[group]).unwrap();
+    assert_eq!(m.policy_tokens, 4);
+    assert_eq!(m.effective_groups, 1);
+    assert_eq!(m.sequences, 2);
+}
+
+fn save_model(model: &Qwen, dir: &Path) -> grpo_candle::Result<()> {
+    let tensors: std::collections::HashMap<String, Tensor> = model
+        .named_vars()
+        .into_iter()
+        .map(|(n, v)| (n, v.as_tensor().clone()))
+        .collect();
+    candle_core::safetensors::save(&tensors, dir.join("model.safetensors"))?;
+    Ok(())
+}
+
+#[test]
+fn resume_continues_bit_identically() {
+    let cfg = config(48, 2); // two updates per step: exercises the RNG too
+    let batches: Vec<Vec<TaskRollouts>> = (0..4).map(|s| synthetic_groups(100 + s, 4, 3)).collect();
+
+    let straight = tiny_model(DType::F32);
+    let mut t = Trainer::new(&straight, cfg).unwrap();
+    for b in &batches {
+        t.step_rollouts(&straight, b).unwrap();
+    }
+
+    let first = tiny_model(DType::F32);
+    let mut t1 = Trainer::new(&first, cfg).unwrap();
+    for b in &batches[..2] {
+        t1.step_rollouts(&first, b).unwrap();
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let ckpt = tmp.path().join("ckpt");
+    t1.save_checkpoint(&ckpt, |dir| save_model(&first, dir))
+        .unwrap();
+    // Saving again over an existing checkpoint replaces it.
+    t1.save_checkpoint(&ckpt, |dir| save_model(&first, dir))
+        .unwrap();
+    assert!(!tmp.path().join("ckpt.partial").exists());
+    drop((t1, first));
+
+    let resumed = Qwen::load_safetensors(
+        straight.config(),
+        &[ckpt.join("model.safetensors")],
+        DType::F32,
+        &Device::Cpu,
+    )
+    .unwrap();
+    let mut t2 = Trainer::resume(&resumed, &ckpt, cfg.logprob).unwrap();
+    assert_eq!(t2.step_count(), 4);
+    for b in &batches[2..] {
+        t2.step_rollouts(&resumed, b).unwrap();
+    }
+    assert_eq!(t2.step_count(), t.step_count());
+    let (a, b) = (weights(&straight), weights(&resumed));
+    assert_eq!(a.len(), b.len());
+    for (x, y) in a.iter().zip(&b) {
+        assert_eq!(x.0, y.0);
+        let same =
+            x.1.iter()
+                .zip(&y.1)
+                .all(|(p, q)| p.to_bits() == q.to_bits());
+        assert!(same, "{} differs after resume", x.0);
+    }
+}
+
+#[test]
+fn resume_rejects_a_different_model() {
+    let model = tiny_model(DType::F32);
+    let t = Trainer::new(&model, config(64, 1)).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let ckpt = tmp.path().join("c");
+    t.save_checkpoint(&ckpt, |_| Ok(())).unwrap();
+    let mut other_cfg = QwenConfig::tiny_qwen3(VOCAB);
+    other_cfg.num_hidden_layers = 2;
+    let other = Qwen::new_random(&other_cfg, 1, DType::F32, &Device::Cpu).unwrap();
+    let err = Trainer::resume(&other, &ckpt, LogProbConfig::default())
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("var_names"), "{err}");
+    let _: &dyn TrainableLm = &model;
+}
