@@ -5,6 +5,8 @@
 //!
 //! * [`ChatTemplate::Qwen25`]: a default system prompt ("You are Qwen, created by Alibaba Cloud.
 //!   You are a helpful assistant.") when the conversation has none; assistant text verbatim.
+//! * [`ChatTemplate::ChatMl`]: the same turns without a default system prompt or think handling
+//!   (the locally created tiny policy; saved with an equivalent Jinja template).
 //! * [`ChatTemplate::Qwen3`]: no default system prompt; assistant turns after the last real user
 //!   query show their reasoning as a `<think>` block (turns before it lose it); with
 //!   `enable_thinking: Some(false)` the generation prompt carries an empty think block.
@@ -30,9 +32,41 @@ pub const QWEN25_DEFAULT_SYSTEM: &str =
 const TOOLS_HEADER: &str = "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>";
 const TOOLS_FOOTER: &str = "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call>";
 
+/// Marker that identifies [`ChatTemplate::ChatMl`] in a saved `chat_template`.
+pub const CHATML_MARKER: &str = "{#- harness-s chatml -#}";
+
+/// A Jinja rendering of [`ChatTemplate::ChatMl`], saved in `tokenizer_config.json` so that
+/// `transformers` and vLLM render prompts exactly as this crate does (tool JSON aside, whose key
+/// order follows the caller's dicts there).
+pub const CHATML_JINJA: &str = concat!(
+    "{#- harness-s chatml -#}\n",
+    "{%- set sys = messages[0].content if (messages and messages[0].role == 'system') else none -%}\n",
+    "{%- if tools -%}\n",
+    "{{- '<|im_start|>system\\n' -}}\n",
+    "{%- if sys is not none -%}{{- sys + '\\n\\n' -}}{%- endif -%}\n",
+    "{{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are provided with function signatures within <tools></tools> XML tags:\\n<tools>' -}}\n",
+    "{%- for t in tools -%}{{- '\\n' -}}{{- t | tojson -}}{%- endfor -%}\n",
+    "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\\n</tool_call><|im_end|>\\n' -}}\n",
+    "{%- elif sys is not none -%}{{- '<|im_start|>system\\n' + sys + '<|im_end|>\\n' -}}\n",
+    "{%- endif -%}\n",
+    "{%- for m in messages -%}\n",
+    "{%- if m.role == 'system' and loop.first -%}\n",
+    "{%- elif m.role == 'tool' -%}\n",
+    "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' -%}{{- '<|im_start|>user' -}}{%- endif -%}\n",
+    "{{- '\\n<tool_response>\\n' + m.content + '\\n</tool_response>' -}}\n",
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' -%}{{- '<|im_end|>\\n' -}}{%- endif -%}\n",
+    "{%- else -%}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' -}}\n",
+    "{%- endif -%}\n",
+    "{%- endfor -%}\n",
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}\n",
+);
+
 /// Which Qwen chat template to render.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ChatTemplate {
+    /// Plain ChatML with Qwen's tool block and tool-response turns, no default system prompt and
+    /// no think handling: the template of the locally created tiny policy ([`CHATML_JINJA`]).
+    ChatMl,
     /// Qwen2 / Qwen2.5 instruct models.
     Qwen25,
     /// Qwen3 models. `enable_thinking: Some(false)` appends an empty think block to the
@@ -66,6 +100,7 @@ impl ChatTemplate {
     /// model type (`qwen2` -> Qwen2.5, otherwise Qwen3).
     pub fn detect(chat_template: Option<&str>, model_type: &str) -> Self {
         match chat_template {
+            Some(t) if t.contains(CHATML_MARKER) => ChatTemplate::ChatMl,
             Some(t) if t.contains("enable_thinking") || t.contains("last_query_index") => {
                 ChatTemplate::Qwen3 {
                     enable_thinking: None,
@@ -100,11 +135,11 @@ impl ChatTemplate {
                     out.push_str(QWEN25_DEFAULT_SYSTEM);
                     out.push_str("\n\n");
                 }
-                (ChatTemplate::Qwen3 { .. }, true) => {
+                (ChatTemplate::Qwen3 { .. } | ChatTemplate::ChatMl, true) => {
                     out.push_str(&messages[0].content);
                     out.push_str("\n\n");
                 }
-                (ChatTemplate::Qwen3 { .. }, false) => {}
+                (ChatTemplate::Qwen3 { .. } | ChatTemplate::ChatMl, false) => {}
             }
             out.push_str(TOOLS_HEADER);
             for tool in tools {
@@ -137,7 +172,7 @@ impl ChatTemplate {
                 Role::Assistant => {
                     out.push_str("<|im_start|>assistant\n");
                     match self {
-                        ChatTemplate::Qwen25 => out.push_str(&msg.content),
+                        ChatTemplate::Qwen25 | ChatTemplate::ChatMl => out.push_str(&msg.content),
                         ChatTemplate::Qwen3 { .. } => {
                             let (reasoning, content) = split_think(&msg.content);
                             if i > last_query && (is_last || !reasoning.is_empty()) {
@@ -445,6 +480,10 @@ mod tests {
         assert_eq!(
             ChatTemplate::detect(Some("{%- if enable_thinking is defined %}"), "qwen2"),
             ChatTemplate::default()
+        );
+        assert_eq!(
+            ChatTemplate::detect(Some(CHATML_JINJA), "qwen3"),
+            ChatTemplate::ChatMl
         );
     }
 }

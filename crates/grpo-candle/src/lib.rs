@@ -11,6 +11,7 @@ pub mod objective;
 pub mod trainer;
 
 pub mod chat_template;
+pub mod checkpoint;
 pub mod config;
 pub mod error;
 pub mod loading;

@@ -56,10 +56,16 @@ pub struct Sample {
 /// Check sampling parameters.
 pub fn validate_params(p: &SamplingParams) -> Result<()> {
     if !(p.temperature.is_finite() && p.temperature >= 0.0) {
-        return Err(Error::Request(format!("temperature {} must be >= 0", p.temperature)));
+        return Err(Error::Request(format!(
+            "temperature {} must be >= 0",
+            p.temperature
+        )));
     }
     if !(p.top_p > 0.0 && p.top_p <= 1.0) {
-        return Err(Error::Request(format!("top_p {} must be in (0, 1]", p.top_p)));
+        return Err(Error::Request(format!(
+            "top_p {} must be in (0, 1]",
+            p.top_p
+        )));
     }
     if p.top_k == Some(0) {
         return Err(Error::Request("top_k must be at least 1 when given".into()));
@@ -69,10 +75,19 @@ pub fn validate_params(p: &SamplingParams) -> Result<()> {
 
 /// Draw one token from `logits` (f32, one row) with `params`; returns (token, processed log-prob,
 /// raw log-prob).
-pub fn sample_token(logits: &[f32], params: &SamplingParams, rng: &mut ChaCha8Rng) -> (u32, f32, f32) {
+pub fn sample_token(
+    logits: &[f32],
+    params: &SamplingParams,
+    rng: &mut ChaCha8Rng,
+) -> (u32, f32, f32) {
     // Raw log-softmax in f64.
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let lse = max + logits.iter().map(|&l| (l as f64 - max).exp()).sum::<f64>().ln();
+    let lse = max
+        + logits
+            .iter()
+            .map(|&l| (l as f64 - max).exp())
+            .sum::<f64>()
+            .ln();
     let raw = |i: usize| (logits[i] as f64 - lse) as f32;
 
     if params.temperature <= 0.0 {
@@ -87,7 +102,10 @@ pub fn sample_token(logits: &[f32], params: &SamplingParams, rng: &mut ChaCha8Rn
     }
     let inv_t = 1.0 / params.temperature as f64;
     let scaled_max = max * inv_t;
-    let weights: Vec<f64> = logits.iter().map(|&l| (l as f64 * inv_t - scaled_max).exp()).collect();
+    let weights: Vec<f64> = logits
+        .iter()
+        .map(|&l| (l as f64 * inv_t - scaled_max).exp())
+        .collect();
     let truncate = params.top_k.is_some_and(|k| k < logits.len()) || params.top_p < 1.0;
     if !truncate {
         let total: f64 = weights.iter().sum();
@@ -159,7 +177,11 @@ fn stop_window(params: &SamplingParams) -> usize {
 
 /// Whether the text of the last generated tokens contains a stop string that ends in the newest
 /// token.
-fn hits_stop_string(tokenizer: &Tokenizer, tokens: &[u32], params: &SamplingParams) -> Result<bool> {
+fn hits_stop_string(
+    tokenizer: &Tokenizer,
+    tokens: &[u32],
+    params: &SamplingParams,
+) -> Result<bool> {
     let window = stop_window(params);
     if window == 0 {
         return Ok(false);
@@ -169,18 +191,31 @@ fn hits_stop_string(tokenizer: &Tokenizer, tokens: &[u32], params: &SamplingPara
     let start = tokens.len().saturating_sub(window + 4);
     let now = crate::tokenizer::decode(tokenizer, &tokens[start..], true)?;
     // Generation stops at the first occurrence, so any occurrence ends in the newest token.
-    Ok(params.stop.iter().any(|s| !s.is_empty() && now.contains(s.as_str())))
+    Ok(params
+        .stop
+        .iter()
+        .any(|s| !s.is_empty() && now.contains(s.as_str())))
 }
 
 /// Generate for every request in one batch. `tokenizer` is needed only for stop strings.
-pub fn generate(model: &Qwen, tokenizer: &Tokenizer, requests: &[SampleRequest]) -> Result<Vec<Sample>> {
+pub fn generate(
+    model: &Qwen,
+    tokenizer: &Tokenizer,
+    requests: &[SampleRequest],
+) -> Result<Vec<Sample>> {
     for (i, r) in requests.iter().enumerate() {
         validate_params(&r.params).map_err(|e| Error::Request(format!("request {i}: {e}")))?;
         if r.prompt.is_empty() {
             return Err(Error::Request(format!("request {i}: empty prompt")));
         }
-        if let Some(&bad) = r.prompt.iter().find(|&&t| t as usize >= model.config().vocab_size) {
-            return Err(Error::Request(format!("request {i}: token id {bad} outside the vocabulary")));
+        if let Some(&bad) = r
+            .prompt
+            .iter()
+            .find(|&&t| t as usize >= model.config().vocab_size)
+        {
+            return Err(Error::Request(format!(
+                "request {i}: token id {bad} outside the vocabulary"
+            )));
         }
     }
     let mut rows: Vec<Row> = requests
@@ -195,8 +230,7 @@ pub fn generate(model: &Qwen, tokenizer: &Tokenizer, requests: &[SampleRequest])
                 raw_logprobs: Vec::new(),
                 finish: FinishReason::Length,
             },
-            done: r.max_new_tokens == 0
-                || r.prompt.len() >= model.config().max_position_embeddings,
+            done: r.max_new_tokens == 0 || r.prompt.len() >= model.config().max_position_embeddings,
         })
         .collect();
     // Batch of the rows that still generate (indices into `rows`).
@@ -205,7 +239,11 @@ pub fn generate(model: &Qwen, tokenizer: &Tokenizer, requests: &[SampleRequest])
         return Ok(rows.into_iter().map(|r| r.sample).collect());
     }
     let device = model.device().clone();
-    let longest = active.iter().map(|&i| requests[i].prompt.len()).max().unwrap_or(0);
+    let longest = active
+        .iter()
+        .map(|&i| requests[i].prompt.len())
+        .max()
+        .unwrap_or(0);
     let mut ids = Vec::with_capacity(active.len() * longest);
     let mut pads = Vec::with_capacity(active.len());
     for &i in &active {
@@ -265,7 +303,12 @@ mod tests {
     use candle_core::Device;
 
     fn params(t: f32, p: f32, k: Option<usize>) -> SamplingParams {
-        SamplingParams { temperature: t, top_p: p, top_k: k, stop: vec![] }
+        SamplingParams {
+            temperature: t,
+            top_p: p,
+            top_k: k,
+            stop: vec![],
+        }
     }
 
     #[test]
@@ -319,11 +362,20 @@ mod tests {
         cfg.intermediate_size = 64;
         cfg.head_dim = 8;
         cfg.initializer_range = 0.5;
-        (Qwen::new_random(&cfg, 11, DType::F32, &Device::Cpu).unwrap(), tok)
+        (
+            Qwen::new_random(&cfg, 11, DType::F32, &Device::Cpu).unwrap(),
+            tok,
+        )
     }
 
     fn req(prompt: &[u32], seed: u64, p: SamplingParams, max: usize) -> SampleRequest {
-        SampleRequest { prompt: prompt.to_vec(), max_new_tokens: max, params: p, stop_token_ids: vec![], seed }
+        SampleRequest {
+            prompt: prompt.to_vec(),
+            max_new_tokens: max,
+            params: p,
+            stop_token_ids: vec![],
+            seed,
+        }
     }
 
     #[test]
@@ -334,7 +386,9 @@ mod tests {
         let c = req(&[12, 13, 14], 3, params(0.0, 1.0, None), 9);
         let together = generate(&model, &tok, &[a.clone(), b.clone(), c.clone()]).unwrap();
         for (r, got) in [a, b, c].iter().zip(&together) {
-            let alone = generate(&model, &tok, std::slice::from_ref(r)).unwrap().remove(0);
+            let alone = generate(&model, &tok, std::slice::from_ref(r))
+                .unwrap()
+                .remove(0);
             assert_eq!(alone.tokens, got.tokens);
             assert_eq!(alone.tokens.len(), r.max_new_tokens);
             assert_eq!(alone.finish, FinishReason::Length);
@@ -343,8 +397,12 @@ mod tests {
             }
         }
         // Different seeds give different samples.
-        let d = generate(&model, &tok, &[req(&[5, 6, 7, 8, 9], 99, params(1.0, 0.9, Some(50)), 12)])
-            .unwrap();
+        let d = generate(
+            &model,
+            &tok,
+            &[req(&[5, 6, 7, 8, 9], 99, params(1.0, 0.9, Some(50)), 12)],
+        )
+        .unwrap();
         assert_ne!(d[0].tokens, together[0].tokens);
     }
 
@@ -353,13 +411,25 @@ mod tests {
         let (model, tok) = tiny_model();
         let prompt = [3u32, 1, 4, 1, 5];
         let out = generate(&model, &tok, &[req(&prompt, 5, params(1.0, 1.0, None), 6)]).unwrap();
-        let seq: Vec<u32> = prompt.iter().copied().chain(out[0].tokens.iter().copied()).collect();
-        let ids = Tensor::new(seq.as_slice(), &Device::Cpu).unwrap().unsqueeze(0).unwrap();
+        let seq: Vec<u32> = prompt
+            .iter()
+            .copied()
+            .chain(out[0].tokens.iter().copied())
+            .collect();
+        let ids = Tensor::new(seq.as_slice(), &Device::Cpu)
+            .unwrap()
+            .unsqueeze(0)
+            .unwrap();
         let logits = model.forward_logits(&ids).unwrap().squeeze(0).unwrap();
         let n = seq.len();
-        let pred = logits.narrow(0, prompt.len() - 1, n - prompt.len()).unwrap();
+        let pred = logits
+            .narrow(0, prompt.len() - 1, n - prompt.len())
+            .unwrap();
         let targets = Tensor::new(&seq[prompt.len()..], &Device::Cpu).unwrap();
-        let lp: Vec<f32> = crate::model::token_logprobs(&pred, &targets).unwrap().to_vec1().unwrap();
+        let lp: Vec<f32> = crate::model::token_logprobs(&pred, &targets)
+            .unwrap()
+            .to_vec1()
+            .unwrap();
         for (a, b) in lp.iter().zip(&out[0].raw_logprobs) {
             assert!((a - b).abs() < 1e-4, "{a} vs {b}");
         }
@@ -372,7 +442,12 @@ mod tests {
     #[test]
     fn stop_tokens_and_strings_end_generation() {
         let (model, tok) = tiny_model();
-        let free = generate(&model, &tok, &[req(&[7, 7, 7], 4, params(0.0, 1.0, None), 10)]).unwrap();
+        let free = generate(
+            &model,
+            &tok,
+            &[req(&[7, 7, 7], 4, params(0.0, 1.0, None), 10)],
+        )
+        .unwrap();
         let greedy = &free[0].tokens;
         // Stop token: the third greedy token.
         let mut r = req(&[7, 7, 7], 4, params(0.0, 1.0, None), 10);
@@ -399,7 +474,14 @@ mod tests {
         assert!(generate(&model, &tok, &[req(&[], 0, params(1.0, 1.0, None), 3)]).is_err());
         assert!(generate(&model, &tok, &[req(&[1], 0, params(1.0, 0.0, None), 3)]).is_err());
         assert!(generate(&model, &tok, &[req(&[1], 0, params(-1.0, 1.0, None), 3)]).is_err());
-        assert!(generate(&model, &tok, &[req(&[100_000], 0, params(1.0, 1.0, None), 3)]).is_err());
+        assert!(
+            generate(
+                &model,
+                &tok,
+                &[req(&[100_000], 0, params(1.0, 1.0, None), 3)]
+            )
+            .is_err()
+        );
         let zero = generate(&model, &tok, &[req(&[1], 0, params(1.0, 1.0, None), 0)]).unwrap();
         assert!(zero[0].tokens.is_empty());
     }
