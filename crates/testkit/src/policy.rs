@@ -10,13 +10,16 @@ pub fn byte_tokens(text: &str) -> Vec<u32> {
     text.bytes().map(u32::from).collect()
 }
 
-/// The fake prompt a scripted policy "tokenises": each message as `role\ncontent\n`. Appending
-/// messages only appends bytes, so consecutive turns extend each other like a real chat template.
+/// The fake prompt a scripted policy "tokenises": each message as `role\ncontent\n`, then the
+/// generation prompt `assistant\n`. Like a real chat template, a turn's context followed by its
+/// generated text is a prefix of the next turn's context.
 pub fn render_fake_context(messages: &[ChatMessage]) -> String {
     let mut out = String::new();
     for m in messages {
-        out.push_str(&format!("{:?}\n{}\n", m.role, m.content).to_lowercase());
+        let role = format!("{:?}", m.role).to_lowercase();
+        out.push_str(&format!("{role}\n{}\n", m.content));
     }
+    out.push_str("assistant\n");
     out
 }
 

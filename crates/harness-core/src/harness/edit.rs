@@ -137,6 +137,11 @@ impl HarnessEdit {
                 path: op.path.clone(),
                 value: previous,
             });
+            // Re-read after every operation so a removed component is back at its defaults
+            // for the next one, and a bad value is reported at the operation that wrote it.
+            value = Harness::from_value(value)
+                .map_err(|e| at_op(e, i))?
+                .to_value();
         }
         inverse.reverse();
         let edited = Harness::from_value(value)?;
@@ -180,6 +185,13 @@ fn at_op(error: Error, index: usize) -> Error {
         Error::Invalid { location, message } => Error::Invalid {
             location: crate::error::Location {
                 path: format!("ops[{index}].{}", location.path),
+                ..location
+            },
+            message,
+        },
+        Error::Parse { location, message } => Error::Parse {
+            location: crate::error::Location {
+                path: format!("ops[{index}] -> {}", location.path),
                 ..location
             },
             message,

@@ -1,0 +1,238 @@
+//! Architecture invariants of docs/ARCHITECTURE.md, checked the way rust-analyzer's tidy tests
+//! check theirs: from `cargo metadata` and from the source tree.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Package name -> names of its normal (non-dev, non-build) dependencies, for every package
+/// in the resolved graph.
+fn normal_dependency_graph() -> BTreeMap<String, BTreeSet<String>> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    // Only the host's packages are needed (and downloaded); the others' manifests are not.
+    let rustc = Command::new("rustc")
+        .arg("-vV")
+        .output()
+        .expect("rustc runs");
+    let host = String::from_utf8_lossy(&rustc.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("host: ").map(str::to_string))
+        .expect("rustc reports its host");
+    let output = Command::new(cargo)
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--offline",
+            "--filter-platform",
+            &host,
+        ])
+        .current_dir(root())
+        .output()
+        .expect("cargo metadata runs");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let metadata: Value = serde_json::from_slice(&output.stdout).expect("metadata is JSON");
+    let names: BTreeMap<&str, &str> = metadata["packages"]
+        .as_array()
+        .expect("packages")
+        .iter()
+        .map(|p| {
+            (
+                p["id"].as_str().expect("id"),
+                p["name"].as_str().expect("name"),
+            )
+        })
+        .collect();
+    let mut graph = BTreeMap::new();
+    for node in metadata["resolve"]["nodes"].as_array().expect("resolve") {
+        let name = names[node["id"].as_str().expect("id")].to_string();
+        let deps: BTreeSet<String> = node["deps"]
+            .as_array()
+            .expect("deps")
+            .iter()
+            .filter(|d| {
+                d["dep_kinds"]
+                    .as_array()
+                    .is_some_and(|kinds| kinds.iter().any(|k| k["kind"].is_null()))
+            })
+            .map(|d| names[d["pkg"].as_str().expect("pkg")].to_string())
+            .collect();
+        graph.entry(name).or_insert_with(BTreeSet::new).extend(deps);
+    }
+    graph
+}
+
+fn closure(graph: &BTreeMap<String, BTreeSet<String>>, start: &str) -> BTreeSet<String> {
+    let mut seen = BTreeSet::new();
+    let mut stack = vec![start.to_string()];
+    while let Some(name) = stack.pop() {
+        for dep in graph.get(&name).into_iter().flatten() {
+            if seen.insert(dep.clone()) {
+                stack.push(dep.clone());
+            }
+        }
+    }
+    seen
+}
+
+fn assert_free_of(
+    graph: &BTreeMap<String, BTreeSet<String>>,
+    package: &str,
+    forbidden: &[&str],
+    why: &str,
+) {
+    if !graph.contains_key(package) {
+        return; // The crate has not landed in this workspace.
+    }
+    let deps = closure(graph, package);
+    let bad: Vec<&String> = deps
+        .iter()
+        .filter(|d| {
+            forbidden
+                .iter()
+                .any(|f| *d == f || d.starts_with(&format!("{f}-")))
+        })
+        .collect();
+    assert!(
+        bad.is_empty(),
+        "{package} must not depend on {bad:?}: {why}"
+    );
+}
+
+const ML: &[&str] = &[
+    "candle",
+    "candle-core",
+    "candle-nn",
+    "tokenizers",
+    "hf-hub",
+    "safetensors",
+    "tch",
+    "ort",
+];
+const HTTP: &[&str] = &["reqwest", "hyper", "axum", "ureq", "h2"];
+const RUNTIMES: &[&str] = &["tokio", "async-std", "smol"];
+
+#[test]
+fn harness_core_depends_on_no_ml_http_or_runtime_crate() {
+    let graph = normal_dependency_graph();
+    assert!(graph.contains_key("harness-core"));
+    let forbidden: Vec<&str> = ML.iter().chain(HTTP).chain(RUNTIMES).copied().collect();
+    assert_free_of(
+        &graph,
+        "harness-core",
+        &forbidden,
+        "the core is plain data and the loop",
+    );
+}
+
+#[test]
+fn envs_never_call_a_model() {
+    let graph = normal_dependency_graph();
+    let forbidden: Vec<&str> = ML
+        .iter()
+        .chain(HTTP)
+        .copied()
+        .chain(["grpo-candle", "harness-openai"])
+        .collect();
+    assert_free_of(
+        &graph,
+        "harness-envs",
+        &forbidden,
+        "environments never call a model",
+    );
+}
+
+#[test]
+fn grpo_candle_knows_nothing_about_environments() {
+    let graph = normal_dependency_graph();
+    assert_free_of(
+        &graph,
+        "grpo-candle",
+        &["harness-envs"],
+        "the trainer consumes groups, not environments",
+    );
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// Library sources of every crate (not their tests, examples or benches).
+fn library_sources() -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    rust_files(&root().join("src"), &mut files);
+    for entry in std::fs::read_dir(root().join("crates"))
+        .expect("crates")
+        .flatten()
+    {
+        rust_files(&entry.path().join("src"), &mut files);
+    }
+    files
+}
+
+#[test]
+fn only_binaries_read_flags_and_environment_variables() {
+    let patterns = [
+        "env::var(",
+        "env::var_os(",
+        "env::vars(",
+        "env::args(",
+        "env::args_os(",
+        "clap::",
+    ];
+    let mut offenders = Vec::new();
+    for file in library_sources() {
+        let text = std::fs::read_to_string(&file).expect("readable");
+        for (i, line) in text.lines().enumerate() {
+            // A line may opt out with a stated reason: `// invariant-exception: <why>`.
+            if line.contains("// invariant-exception:") {
+                continue;
+            }
+            let code = line.split("//").next().unwrap_or("");
+            if patterns.iter().any(|p| code.contains(p)) {
+                offenders.push(format!("{}:{}: {}", file.display(), i + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        offenders.is_empty(),
+        "libraries take configuration as values; read it in binaries:\n{}",
+        offenders.join("\n")
+    );
+}
+
+#[test]
+fn every_library_crate_opens_with_a_crate_doc() {
+    let mut libs = vec![root().join("src/lib.rs")];
+    for entry in std::fs::read_dir(root().join("crates"))
+        .expect("crates")
+        .flatten()
+    {
+        libs.push(entry.path().join("src/lib.rs"));
+    }
+    for lib in libs.into_iter().filter(|l| l.exists()) {
+        let text = std::fs::read_to_string(&lib).expect("readable");
+        assert!(
+            text.trim_start().starts_with("//!"),
+            "{} must open with a `//!` crate doc",
+            lib.display()
+        );
+    }
+}

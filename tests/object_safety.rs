@@ -1,0 +1,29 @@
+//! The seams used as trait objects at run time stay object safe (tower's `_obj_safe` trick):
+//! this file only compiles while they are.
+
+use std::sync::Arc;
+
+use harness_core::{ActionParser, ChatModel, EnvSession, Environment, HarnessSelector, Policy};
+
+#[allow(dead_code)]
+fn _obj_safe(
+    _: &dyn Environment,
+    _: Box<dyn EnvSession>,
+    _: Arc<dyn Policy>,
+    _: Arc<dyn ChatModel>,
+    _: Arc<dyn HarnessSelector>,
+    _: Arc<dyn ActionParser>,
+) {
+}
+
+#[test]
+fn seams_are_object_safe_and_thread_safe() {
+    fn assert_send_sync<T: Send + Sync + ?Sized>() {}
+    assert_send_sync::<dyn Environment>();
+    assert_send_sync::<dyn Policy>();
+    assert_send_sync::<dyn ChatModel>();
+    assert_send_sync::<dyn HarnessSelector>();
+    assert_send_sync::<dyn ActionParser>();
+    fn assert_send<T: Send + ?Sized>() {}
+    assert_send::<dyn EnvSession>();
+}
