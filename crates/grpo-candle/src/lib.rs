@@ -5,6 +5,37 @@
 //! sampler that returns per-token log-probs, a [`harness_core::Policy`] implementation on top of
 //! them, HF-format checkpoints, and the paper's GRPO objective and trainer. It knows nothing about
 //! environments: it consumes groups of trajectories that the rollout code produced.
+//!
+//! # Map
+//! - [`model`]: the stateless Qwen2/Qwen3 decoder ([`Qwen`]), trainable end to end, with an
+//!   explicit [`KvCache`] for sampling; [`config`] reads HF `config.json`.
+//! - [`checkpoint`]: [`PolicyModel`] = model + tokenizer + chat template + stop tokens, loaded from
+//!   a folder or the hub ([`loading`]), created fresh and tiny from a seed, saved in HF format.
+//! - [`chat_template`]: Qwen ChatML rendering; [`tokenizer`]: `tokenizer.json` helpers and the
+//!   built-in byte-level BPE.
+//! - [`sampler`]: batched KV-cached decoding with per-token log-probs;
+//!   [`policy`]: [`CandlePolicy`], harness-core's `Policy`.
+//! - [`logprob`], [`objective`], [`trainer`]: the chunked log-prob op, the GRPO loss, the trainer.
+//!
+//! # Example
+//! ```
+//! use candle_core::{DType, Device};
+//! use grpo_candle::{CandlePolicy, PolicyModel, PolicyOptions, TinySpec};
+//! use harness_core::{ChatMessage, PolicyRequest, SamplingParams};
+//!
+//! let tiny = PolicyModel::tiny(&TinySpec { num_merges: 16, ..TinySpec::default() }, DType::F32, &Device::Cpu)?;
+//! let policy = CandlePolicy::new(tiny, PolicyOptions::default());
+//! let turn = policy.generate_blocking(PolicyRequest {
+//!     messages: vec![ChatMessage::user("Hello")],
+//!     tools: vec![],
+//!     max_new_tokens: 4,
+//!     max_context_tokens: 1024,
+//!     sampling: SamplingParams::default(),
+//!     seed: 7,
+//! })?;
+//! assert_eq!(turn.tokens.len(), turn.logprobs.len());
+//! # Ok::<(), grpo_candle::Error>(())
+//! ```
 
 pub mod logprob;
 pub mod objective;
@@ -16,9 +47,15 @@ pub mod config;
 pub mod error;
 pub mod loading;
 pub mod model;
+pub mod policy;
 pub mod sampler;
 pub mod tokenizer;
 
+pub use chat_template::ChatTemplate;
+pub use checkpoint::{PolicyModel, TinySpec};
 pub use config::{Arch, QwenConfig};
 pub use error::{Error, Result};
+pub use loading::ModelFiles;
 pub use model::{KvCache, Qwen};
+pub use policy::{CandlePolicy, PolicyOptions};
+pub use sampler::{Sample, SampleRequest};

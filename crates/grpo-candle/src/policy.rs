@@ -1,0 +1,569 @@
+//! [`CandlePolicy`]: harness-core's [`Policy`] on the candle model.
+//!
+//! `generate` renders the request through the chat template, tokenizes it, enforces
+//! `max_context_tokens`, and hands the prompt to one worker thread that owns the decoding. The
+//! worker drains every request waiting in its queue into one batch (up to `max_batch`) and runs
+//! the batched sampler, so concurrent episodes share forward passes. Tensor work never runs on
+//! the async runtime's threads.
+//!
+//! A turn's prompt reuses the exact tokens of earlier turns: when an assistant message of the
+//! history is the text of a turn this policy generated (after that turn's prompt), the prompt is
+//! those context + generated tokens followed by the tokenized remainder, instead of a fresh
+//! tokenization of the whole text (which may split the generated text differently). So a turn's
+//! context extends the previous turn's context + tokens whenever the template renders history as
+//! a prefix, and the trainer can pack the turns into one sequence.
+//!
+//! The weights are the model's [`candle_nn::VarMap`], shared with whoever trains them: take
+//! [`CandlePolicy::update_guard`] while changing them so that no batch samples from half-updated
+//! weights.
+
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, RwLock, RwLockWriteGuard};
+use std::thread::JoinHandle;
+
+use async_trait::async_trait;
+use candle_nn::VarMap;
+use harness_core::{FinishReason, Policy, PolicyRequest, PolicyTurn};
+use tokenizers::Tokenizer;
+
+use crate::chat_template::ChatTemplate;
+use crate::checkpoint::PolicyModel;
+use crate::error::{Error, Result};
+use crate::model::Qwen;
+use crate::sampler::{self, Sample, SampleRequest};
+
+/// Options of a [`CandlePolicy`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct PolicyOptions {
+    /// Name reported by [`Policy::name`].
+    pub name: String,
+    /// Most requests decoded together in one batch.
+    pub max_batch: usize,
+    /// How many recent turns are remembered for reusing their exact tokens in later prompts
+    /// (0 disables the reuse: prompts are always tokenized afresh).
+    pub remembered_turns: usize,
+}
+
+impl Default for PolicyOptions {
+    fn default() -> Self {
+        PolicyOptions {
+            name: "candle-qwen".into(),
+            max_batch: 16,
+            remembered_turns: 4096,
+        }
+    }
+}
+
+/// Recent turns keyed by a hash of `prompt text + generated text`.
+#[derive(Default)]
+struct TurnMemory {
+    capacity: usize,
+    order: std::collections::VecDeque<u64>,
+    entries: std::collections::HashMap<u64, Remembered>,
+}
+
+struct Remembered {
+    text_len: usize,
+    /// Context + generated tokens.
+    tokens: Vec<u32>,
+    /// Whether the last generated token is `<|im_end|>` (the template writes it after the text).
+    ends_with_im_end: bool,
+}
+
+fn text_key(text: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    text.hash(&mut h);
+    h.finish()
+}
+
+impl TurnMemory {
+    fn insert(&mut self, text: &str, entry: Remembered) {
+        if self.capacity == 0 {
+            return;
+        }
+        let key = text_key(text);
+        if self.entries.insert(key, entry).is_none() {
+            self.order.push_back(key);
+        }
+        while self.order.len() > self.capacity {
+            if let Some(old) = self.order.pop_front() {
+                self.entries.remove(&old);
+            }
+        }
+    }
+
+    fn get(&self, text: &str) -> Option<&Remembered> {
+        self.entries
+            .get(&text_key(text))
+            .filter(|e| e.text_len == text.len())
+    }
+}
+
+struct Job {
+    request: SampleRequest,
+    reply: tokio::sync::oneshot::Sender<Result<Sample>>,
+}
+
+struct Shared {
+    model: PolicyModel,
+    memory: Mutex<TurnMemory>,
+    /// Held for reading while a batch samples, for writing while weights change.
+    weights: RwLock<()>,
+}
+
+/// A trainable Qwen policy that implements [`Policy`]. `Send + Sync`; cheap to share in an `Arc`.
+pub struct CandlePolicy {
+    name: String,
+    shared: Arc<Shared>,
+    queue: Mutex<Option<mpsc::Sender<Job>>>,
+    worker: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for CandlePolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CandlePolicy")
+            .field("name", &self.name)
+            .field("model", &self.shared.model)
+            .finish()
+    }
+}
+
+impl CandlePolicy {
+    /// Start the policy (spawns its decoding thread).
+    pub fn new(model: PolicyModel, options: PolicyOptions) -> Self {
+        let memory = Mutex::new(TurnMemory {
+            capacity: options.remembered_turns,
+            ..TurnMemory::default()
+        });
+        let shared = Arc::new(Shared {
+            model,
+            memory,
+            weights: RwLock::new(()),
+        });
+        let (tx, rx) = mpsc::channel::<Job>();
+        let worker_shared = Arc::clone(&shared);
+        let max_batch = options.max_batch.max(1);
+        let worker = std::thread::Builder::new()
+            .name("candle-policy".into())
+            .spawn(move || worker_loop(&worker_shared, &rx, max_batch))
+            .expect("spawn the policy's decoding thread");
+        CandlePolicy {
+            name: options.name,
+            shared,
+            queue: Mutex::new(Some(tx)),
+            worker: Mutex::new(Some(worker)),
+        }
+    }
+
+    /// The model, tokenizer, template and stop tokens.
+    pub fn policy_model(&self) -> &PolicyModel {
+        &self.shared.model
+    }
+
+    /// The decoder (shares its variables with [`CandlePolicy::varmap`]).
+    pub fn model(&self) -> &Qwen {
+        &self.shared.model.model
+    }
+
+    /// The weights, shared: a trainer updating these variables updates the policy.
+    pub fn varmap(&self) -> &VarMap {
+        self.shared.model.model.varmap()
+    }
+
+    /// The tokenizer.
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.shared.model.tokenizer
+    }
+
+    /// The chat template.
+    pub fn template(&self) -> &ChatTemplate {
+        &self.shared.model.template
+    }
+
+    /// Hold this while changing the weights: sampling waits until it is dropped, and it waits
+    /// for the batch in progress to finish.
+    pub fn update_guard(&self) -> RwLockWriteGuard<'_, ()> {
+        self.shared
+            .weights
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Render and tokenize a request's prompt (what `generate` feeds the model), reusing the
+    /// exact tokens of remembered earlier turns.
+    pub fn prompt_tokens(&self, request: &PolicyRequest) -> Result<Vec<u32>> {
+        let text = self.render(request);
+        self.encode_prompt(request, &text)
+    }
+
+    fn render(&self, request: &PolicyRequest) -> String {
+        self.shared
+            .model
+            .template
+            .render(&request.messages, &request.tools, true)
+    }
+
+    fn encode_prompt(&self, request: &PolicyRequest, text: &str) -> Result<Vec<u32>> {
+        let m = &self.shared.model;
+        let messages = &request.messages;
+        // The latest assistant message that continues a remembered turn wins.
+        for j in (0..messages.len()).rev() {
+            if messages[j].role != harness_core::Role::Assistant {
+                continue;
+            }
+            let mut prefix = m.template.render(&messages[..j], &request.tools, true);
+            prefix.push_str(&messages[j].content);
+            if !text.starts_with(&prefix) {
+                continue;
+            }
+            let memory = self.shared.memory.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(entry) = memory.get(&prefix) else {
+                continue;
+            };
+            let mut rest = &text[prefix.len()..];
+            if entry.ends_with_im_end {
+                match rest.strip_prefix(crate::tokenizer::IM_END) {
+                    Some(r) => rest = r,
+                    None => continue,
+                }
+            }
+            let mut tokens = entry.tokens.clone();
+            drop(memory);
+            tokens.extend(crate::tokenizer::encode(&m.tokenizer, rest)?);
+            return Ok(tokens);
+        }
+        crate::tokenizer::encode(&m.tokenizer, text)
+    }
+
+    /// Remember a finished turn so later prompts can reuse its tokens.
+    fn remember(&self, prompt_text: &str, turn: &PolicyTurn) {
+        let Some(&last) = turn.tokens.last() else {
+            return;
+        };
+        let m = &self.shared.model;
+        let im_end = m.tokenizer.token_to_id(crate::tokenizer::IM_END);
+        let ends_with_im_end = Some(last) == im_end;
+        // A turn ended by another special token (e.g. <|endoftext|>) does not continue as the
+        // template renders it; leave it to a fresh tokenization.
+        if !ends_with_im_end && m.stop_token_ids.contains(&last) {
+            return;
+        }
+        let key = format!("{prompt_text}{}", turn.text);
+        let mut tokens = turn.context_tokens.clone();
+        tokens.extend(&turn.tokens);
+        let entry = Remembered {
+            text_len: key.len(),
+            tokens,
+            ends_with_im_end,
+        };
+        self.shared
+            .memory
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(&key, entry);
+    }
+
+    /// Save the current weights (with tokenizer and config) in HF format, consistently with
+    /// respect to concurrent updates.
+    pub fn save_hf(&self, dir: impl AsRef<std::path::Path>) -> Result<()> {
+        let _read = self
+            .shared
+            .weights
+            .read()
+            .unwrap_or_else(|e| e.into_inner());
+        self.shared.model.save_hf(dir)
+    }
+
+    /// `generate` for synchronous callers (blocks the thread; do not call it on an async runtime
+    /// thread).
+    pub fn generate_blocking(&self, request: PolicyRequest) -> Result<PolicyTurn> {
+        let (turn, text, rx) = self.submit(request)?;
+        match rx {
+            None => Ok(turn),
+            Some(rx) => self.finish(turn, &text, rx.blocking_recv()),
+        }
+    }
+
+    /// Prepare a turn; returns it complete (context overflow) or with a receiver for the sample.
+    #[allow(clippy::type_complexity)]
+    fn submit(
+        &self,
+        request: PolicyRequest,
+    ) -> Result<(
+        PolicyTurn,
+        String,
+        Option<tokio::sync::oneshot::Receiver<Result<Sample>>>,
+    )> {
+        sampler::validate_params(&request.sampling)?;
+        let text = self.render(&request);
+        let context = self.encode_prompt(&request, &text)?;
+        let mut turn = PolicyTurn {
+            text: String::new(),
+            context_tokens: context,
+            tokens: Vec::new(),
+            logprobs: Vec::new(),
+            finish: FinishReason::ContextOverflow,
+        };
+        let limit = self.model().config().max_position_embeddings;
+        if turn.context_tokens.len() > request.max_context_tokens
+            || turn.context_tokens.len() >= limit
+        {
+            return Ok((turn, text, None));
+        }
+        turn.finish = FinishReason::Length;
+        let job_request = SampleRequest {
+            prompt: turn.context_tokens.clone(),
+            max_new_tokens: request.max_new_tokens,
+            params: request.sampling,
+            stop_token_ids: self.shared.model.stop_token_ids.clone(),
+            seed: request.seed,
+        };
+        let (reply, rx) = tokio::sync::oneshot::channel();
+        let queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        let sender = queue
+            .as_ref()
+            .ok_or_else(|| Error::Msg("the policy is shut down".into()))?;
+        sender
+            .send(Job {
+                request: job_request,
+                reply,
+            })
+            .map_err(|_| Error::Msg("the policy's decoding thread has stopped".into()))?;
+        Ok((turn, text, Some(rx)))
+    }
+
+    fn finish(
+        &self,
+        mut turn: PolicyTurn,
+        prompt_text: &str,
+        received: std::result::Result<Result<Sample>, tokio::sync::oneshot::error::RecvError>,
+    ) -> Result<PolicyTurn> {
+        let sample = received
+            .map_err(|_| Error::Msg("the policy's decoding thread has stopped".into()))??;
+        turn.text = crate::tokenizer::decode(&self.shared.model.tokenizer, &sample.tokens, true)?;
+        turn.tokens = sample.tokens;
+        turn.logprobs = sample.logprobs;
+        turn.finish = sample.finish;
+        self.remember(prompt_text, &turn);
+        Ok(turn)
+    }
+}
+
+impl Drop for CandlePolicy {
+    fn drop(&mut self) {
+        // Closing the queue ends the worker once it has answered what it holds.
+        self.queue.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(handle) = self.worker.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = handle.join();
+        }
+    }
+}
+
+fn worker_loop(shared: &Shared, rx: &mpsc::Receiver<Job>, max_batch: usize) {
+    while let Ok(first) = rx.recv() {
+        let mut jobs = vec![first];
+        while jobs.len() < max_batch {
+            match rx.try_recv() {
+                Ok(job) => jobs.push(job),
+                Err(_) => break,
+            }
+        }
+        let requests: Vec<SampleRequest> = jobs.iter().map(|j| j.request.clone()).collect();
+        let result = {
+            let _read = shared.weights.read().unwrap_or_else(|e| e.into_inner());
+            sampler::generate(&shared.model.model, &shared.model.tokenizer, &requests)
+        };
+        match result {
+            Ok(samples) => {
+                for (job, sample) in jobs.into_iter().zip(samples) {
+                    let _ = job.reply.send(Ok(sample));
+                }
+            }
+            Err(e) => {
+                let message = e.to_string();
+                for job in jobs {
+                    let _ = job.reply.send(Err(Error::Msg(message.clone())));
+                }
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Policy for CandlePolicy {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    async fn generate(&self, request: PolicyRequest) -> harness_core::Result<PolicyTurn> {
+        let to_core = |e: Error| harness_core::Error::Policy {
+            policy: self.name.clone(),
+            message: e.to_string(),
+        };
+        let (turn, text, rx) = self.submit(request).map_err(to_core)?;
+        match rx {
+            None => Ok(turn),
+            Some(rx) => self.finish(turn, &text, rx.await).map_err(to_core),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::TinySpec;
+    use candle_core::{DType, Device};
+    use harness_core::{ChatMessage, SamplingParams, ToolSpec};
+
+    fn policy() -> CandlePolicy {
+        let spec = TinySpec {
+            num_merges: 64,
+            hidden_size: 32,
+            intermediate_size: 64,
+            head_dim: 8,
+            ..TinySpec::default()
+        };
+        CandlePolicy::new(
+            PolicyModel::tiny(&spec, DType::F32, &Device::Cpu).unwrap(),
+            PolicyOptions::default(),
+        )
+    }
+
+    fn request(user: &str, seed: u64) -> PolicyRequest {
+        PolicyRequest {
+            messages: vec![ChatMessage::system("Be brief."), ChatMessage::user(user)],
+            tools: vec![ToolSpec::new(
+                "lookup",
+                "Look a word up.",
+                serde_json::json!({"type": "object"}),
+            )],
+            max_new_tokens: 12,
+            max_context_tokens: 4096,
+            sampling: SamplingParams::default(),
+            seed,
+        }
+    }
+
+    #[test]
+    fn policy_is_send_sync_and_object_safe() {
+        fn check<T: Send + Sync>() {}
+        check::<CandlePolicy>();
+        let _obj: Arc<dyn Policy> = Arc::new(policy());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_calls_are_batched_and_reproducible() {
+        let p = Arc::new(policy());
+        let mut handles = Vec::new();
+        for i in 0..6u64 {
+            let p = Arc::clone(&p);
+            handles.push(tokio::spawn(async move {
+                p.generate(request(&format!("question {i}"), i)).await
+            }));
+        }
+        let mut turns = Vec::new();
+        for h in handles {
+            turns.push(h.await.unwrap().unwrap());
+        }
+        for (i, turn) in turns.iter().enumerate() {
+            assert_eq!(turn.tokens.len(), turn.logprobs.len());
+            assert!(!turn.tokens.is_empty() && turn.tokens.len() <= 12);
+            assert!(turn.logprobs.iter().all(|l| l.is_finite() && *l <= 0.0));
+            let prompt = p
+                .prompt_tokens(&request(&format!("question {i}"), i as u64))
+                .unwrap();
+            assert_eq!(turn.context_tokens, prompt);
+            // The same request alone gives the same turn.
+            let again = p
+                .generate(request(&format!("question {i}"), i as u64))
+                .await
+                .unwrap();
+            assert_eq!(again.tokens, turn.tokens);
+            if turn.finish == FinishReason::Stop {
+                assert!(
+                    p.policy_model()
+                        .stop_token_ids
+                        .contains(turn.tokens.last().unwrap())
+                );
+            } else {
+                assert_eq!(turn.finish, FinishReason::Length);
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn context_overflow_returns_no_tokens() {
+        let p = policy();
+        let mut r = request("a long question", 1);
+        let n = p.prompt_tokens(&r).unwrap().len();
+        r.max_context_tokens = n - 1;
+        let turn = p.generate(r.clone()).await.unwrap();
+        assert_eq!(turn.finish, FinishReason::ContextOverflow);
+        assert!(turn.tokens.is_empty() && turn.logprobs.is_empty());
+        assert_eq!(turn.context_tokens.len(), n);
+        r.max_context_tokens = n;
+        assert_ne!(
+            p.generate(r).await.unwrap().finish,
+            FinishReason::ContextOverflow
+        );
+    }
+
+    #[tokio::test]
+    async fn next_turn_context_extends_previous_turn() {
+        let p = policy();
+        let mut r = request("go", 3);
+        r.max_new_tokens = 8;
+        let first = p.generate(r.clone()).await.unwrap();
+        let mut r2 = r.clone();
+        r2.messages.push(ChatMessage::assistant(first.text.clone()));
+        r2.messages.push(ChatMessage::tool("lookup", "nothing"));
+        let second = p.generate(r2.clone()).await.unwrap();
+        let mut prefix = first.context_tokens.clone();
+        prefix.extend(&first.tokens);
+        // Whether the turn ended with <|im_end|> or by length, the next context continues the
+        // exact tokens (a random model's output is rarely the canonical tokenization of its text).
+        let eot = p
+            .tokenizer()
+            .token_to_id(crate::tokenizer::END_OF_TEXT)
+            .unwrap();
+        if first.tokens.last() != Some(&eot) {
+            assert!(second.context_tokens.starts_with(&prefix));
+        }
+        // Without the memory, the prompt is a fresh tokenization of the rendered text.
+        let fresh = CandlePolicy::new(
+            p.policy_model().clone(),
+            PolicyOptions {
+                remembered_turns: 0,
+                ..PolicyOptions::default()
+            },
+        );
+        let text = p.template().render(&r2.messages, &r2.tools, true);
+        assert_eq!(
+            fresh.prompt_tokens(&r2).unwrap(),
+            crate::tokenizer::encode(p.tokenizer(), &text).unwrap()
+        );
+    }
+
+    #[tokio::test]
+    async fn weights_are_shared_with_the_varmap() {
+        let p = policy();
+        let mut r = request("x", 5);
+        r.sampling = SamplingParams::greedy();
+        let before = p.generate(r.clone()).await.unwrap();
+        {
+            let _guard = p.update_guard();
+            let data = p.varmap().data().lock().unwrap();
+            let w = &data["model.norm.weight"];
+            w.set(&(w.as_tensor() * 0.0).unwrap()).unwrap();
+        }
+        let after = p.generate(r).await.unwrap();
+        // A zero final norm makes every logit zero: greedy picks id 0 with log-prob 0 (point mass).
+        assert!(
+            after.tokens.iter().all(|&t| t == 0),
+            "{:?} vs {:?}",
+            after.tokens,
+            before.tokens
+        );
+    }
+}
