@@ -1,0 +1,170 @@
+//! [`ChatClient`]: a [`ChatModel`] on any OpenAI-compatible `/chat/completions` endpoint.
+
+use async_trait::async_trait;
+use harness_core::{ChatModel, ChatRequest, ChatResponse, Usage};
+use serde_json::{Map, Value};
+
+use crate::error::{Error, Result};
+use crate::protocol::{
+    ChatCompletionRequest, ChatCompletionResponse, StopField, assistant_text, to_wire_messages,
+};
+use crate::transport::{EndpointConfig, Transport};
+use crate::usage::UsageLedger;
+
+/// Configuration of a [`ChatClient`].
+#[derive(Debug, Clone)]
+pub struct ChatClientConfig {
+    /// The endpoint; `base_url` ends in `/v1` as in the OpenAI SDKs.
+    pub endpoint: EndpointConfig,
+    /// The model name sent in every request.
+    pub model: String,
+    /// Extra fields merged into every request body (provider-specific parameters such as
+    /// `{"reasoning_effort": "low"}`); fields the client sets itself win.
+    pub extra_body: Map<String, Value>,
+    /// Stop strings sent with every request.
+    pub stop: Vec<String>,
+}
+
+impl ChatClientConfig {
+    /// A client of `model` at `base_url` with the endpoint defaults.
+    pub fn new(base_url: impl Into<String>, model: impl Into<String>) -> Self {
+        ChatClientConfig {
+            endpoint: EndpointConfig::new(base_url),
+            model: model.into(),
+            extra_body: Map::new(),
+            stop: Vec::new(),
+        }
+    }
+}
+
+/// A [`ChatModel`] for any OpenAI-compatible provider or server (OpenAI, vLLM, SGLang, the local
+/// [`crate::server`], ...), with per-attempt timeouts, retries with seeded exponential backoff
+/// and jitter on 429/5xx/dropped connections (honouring `Retry-After`), a concurrency limit and
+/// token accounting per role (`ChatRequest::purpose`) in a shared [`UsageLedger`].
+///
+/// A request is retried as a whole and its answer is returned once: a retried request never
+/// yields two responses.
+#[derive(Debug)]
+pub struct ChatClient {
+    name: String,
+    config: ChatClientConfig,
+    transport: Transport,
+    ledger: UsageLedger,
+}
+
+impl ChatClient {
+    /// A client with its own, empty ledger.
+    pub fn new(config: ChatClientConfig) -> Result<Self> {
+        Self::with_ledger(config, UsageLedger::new())
+    }
+
+    /// A client that records usage in `ledger` (shared with other clients).
+    pub fn with_ledger(config: ChatClientConfig, ledger: UsageLedger) -> Result<Self> {
+        if config.model.trim().is_empty() {
+            return Err(Error::config("model", "must name the model to ask"));
+        }
+        let transport = Transport::new(config.endpoint.clone())?;
+        Ok(ChatClient {
+            name: format!("{} at {}", config.model, transport.url("")),
+            config,
+            transport,
+            ledger,
+        })
+    }
+
+    /// The usage ledger.
+    pub fn ledger(&self) -> &UsageLedger {
+        &self.ledger
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ChatClientConfig {
+        &self.config
+    }
+
+    /// Send a full chat-completion request (tools, tool calls, any extension field) on behalf
+    /// of `purpose`, with the client's retries and accounting. `request.model` is filled in when
+    /// empty.
+    pub async fn chat(
+        &self,
+        purpose: &str,
+        mut request: ChatCompletionRequest,
+    ) -> Result<ChatCompletionResponse> {
+        if request.model.is_empty() {
+            request.model = self.config.model.clone();
+        }
+        for (k, v) in &self.config.extra_body {
+            request.extra.entry(k.clone()).or_insert_with(|| v.clone());
+        }
+        match self
+            .transport
+            .post_json::<_, ChatCompletionResponse>("/chat/completions", &request, None)
+            .await
+        {
+            Ok(reply) => {
+                let usage = reply.value.usage.map(|u| Usage {
+                    prompt_tokens: u.prompt_tokens,
+                    completion_tokens: u.completion_tokens,
+                });
+                self.ledger.record_success(purpose, usage, reply.attempts);
+                if reply.value.choices.is_empty() {
+                    return Err(Error::Protocol {
+                        endpoint: self.transport.url("/chat/completions"),
+                        message: "the answer has no choices".into(),
+                    });
+                }
+                Ok(reply.value)
+            }
+            Err(e) => {
+                let attempts = match &e {
+                    Error::Request { attempts, .. } => *attempts,
+                    _ => 1,
+                };
+                self.ledger.record_failure(purpose, attempts);
+                Err(e)
+            }
+        }
+    }
+
+    /// The wire request for a harness [`ChatRequest`].
+    pub fn wire_request(&self, request: &ChatRequest) -> ChatCompletionRequest {
+        ChatCompletionRequest {
+            model: self.config.model.clone(),
+            messages: to_wire_messages(&request.messages),
+            tools: Vec::new(),
+            tool_choice: None,
+            temperature: Some(request.temperature),
+            top_p: None,
+            max_tokens: Some(request.max_tokens.min(i64::MAX as usize) as i64),
+            max_completion_tokens: None,
+            seed: request.seed,
+            stop: (!self.config.stop.is_empty()).then(|| StopField::Many(self.config.stop.clone())),
+            n: None,
+            stream: None,
+            extra: Map::new(),
+        }
+    }
+}
+
+#[async_trait]
+impl ChatModel for ChatClient {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    async fn complete(&self, request: ChatRequest) -> harness_core::Result<ChatResponse> {
+        let wire = self.wire_request(&request);
+        let answer = self
+            .chat(&request.purpose, wire)
+            .await
+            .map_err(|e| e.into_chat(&self.name))?;
+        let choice = &answer.choices[0];
+        Ok(ChatResponse {
+            text: assistant_text(&choice.message),
+            usage: answer.usage.map(|u| Usage {
+                prompt_tokens: u.prompt_tokens,
+                completion_tokens: u.completion_tokens,
+            }),
+        })
+    }
+}

@@ -1,0 +1,818 @@
+//! A local OpenAI-compatible server for any [`TokenGenerator`] + [`PromptEncoder`] (the candle
+//! policy in the `serve` example).
+//!
+//! Routes:
+//! - `GET /health`, `GET /v1/models`;
+//! - `POST /v1/chat/completions`: messages and tools rendered through the encoder's chat
+//!   template; `<tool_call>` blocks in the output come back as `tool_calls`;
+//! - `POST /v1/completions`: text or token-id prompts (one or a batch), with vLLM's
+//!   `return_token_ids` (`choices[i].token_ids`, `choices[i].prompt_token_ids`),
+//!   `return_tokens_as_token_ids` and log-probs in `choices[i].logprobs.token_logprobs`;
+//! - `POST /generate`: SGLang's native API with `input_ids` and `return_logprob`;
+//! - `POST /update_weights_from_disk` (SGLang), `POST /collective_rpc` with
+//!   `reload_weights` and `POST /reset_prefix_cache` (vLLM dev mode), when a [`WeightLoader`] is
+//!   given.
+//!
+//! Bad requests get a 4xx with an OpenAI-style `{"error": {"message", "type", "param", "code"}}`
+//! body and the server keeps serving. Every request is handled on its own task and calls the
+//! generator directly, so concurrent requests reach the generator concurrently and it batches
+//! them; the server never serialises generation.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use harness_core::{FinishReason, SamplingParams};
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use crate::engine::{PromptEncoder, TokenGenerator, TokenOutput, TokenRequest, check_output};
+use crate::error::{Error, Result};
+use crate::protocol::{
+    ChatChoice, ChatCompletionRequest, ChatCompletionResponse, CompletionChoice,
+    CompletionLogprobs, CompletionRequest, CompletionResponse, MessageContent, PromptField,
+    SglangGenerateRequest, WireMessage, WireToolCall, WireUsage, from_wire_messages,
+    split_tool_calls,
+};
+
+/// Loads new weights into the served model (for the weight-sync endpoints).
+#[async_trait]
+pub trait WeightLoader: Send + Sync {
+    /// Load the HF checkpoint in `dir`.
+    async fn load(&self, dir: &Path) -> harness_core::Result<()>;
+}
+
+/// What the server serves and its limits.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// The model name clients must send (and `/v1/models` lists).
+    pub model: String,
+    /// The context length: prompts of this many tokens or more are refused, and generation
+    /// stops when prompt plus output reach it.
+    pub max_model_len: usize,
+    /// `max_tokens` of a completion that does not say (OpenAI's default is 16).
+    pub default_completion_tokens: usize,
+    /// The most prompts one `/v1/completions` request may batch.
+    pub max_prompts_per_request: usize,
+    /// The checkpoint directory being served (vLLM-style `reload_weights` reloads it).
+    pub model_dir: Option<PathBuf>,
+}
+
+impl ServerConfig {
+    /// Serve `model` with a context of `max_model_len` tokens.
+    pub fn new(model: impl Into<String>, max_model_len: usize) -> Self {
+        ServerConfig {
+            model: model.into(),
+            max_model_len,
+            default_completion_tokens: 16,
+            max_prompts_per_request: 64,
+            model_dir: None,
+        }
+    }
+}
+
+/// Counters the server keeps (read them through [`ServerState::stats`]).
+#[derive(Debug, Default)]
+pub struct ServerStats {
+    requests: AtomicU64,
+    rejected: AtomicU64,
+    generations: AtomicU64,
+    generated_tokens: AtomicU64,
+    in_flight: AtomicU64,
+    peak_in_flight: AtomicU64,
+}
+
+/// A copy of the counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StatsSnapshot {
+    /// Requests received on the generation routes.
+    pub requests: u64,
+    /// Requests answered with a 4xx.
+    pub rejected: u64,
+    /// Generator calls made.
+    pub generations: u64,
+    /// Tokens generated.
+    pub generated_tokens: u64,
+    /// The most generator calls in flight at once.
+    pub peak_in_flight: u64,
+}
+
+struct InFlight<'a>(&'a ServerStats);
+
+impl<'a> InFlight<'a> {
+    fn enter(stats: &'a ServerStats) -> Self {
+        let now = stats.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        stats.peak_in_flight.fetch_max(now, Ordering::SeqCst);
+        InFlight(stats)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Everything the handlers share.
+pub struct ServerState {
+    config: ServerConfig,
+    encoder: Arc<dyn PromptEncoder>,
+    generator: Arc<dyn TokenGenerator>,
+    loader: Option<Arc<dyn WeightLoader>>,
+    next_id: AtomicU64,
+    stats: ServerStats,
+}
+
+impl ServerState {
+    /// Serve `generator` with `encoder`'s chat template and tokenizer.
+    pub fn new(
+        config: ServerConfig,
+        encoder: Arc<dyn PromptEncoder>,
+        generator: Arc<dyn TokenGenerator>,
+    ) -> Self {
+        ServerState {
+            config,
+            encoder,
+            generator,
+            loader: None,
+            next_id: AtomicU64::new(0),
+            stats: ServerStats::default(),
+        }
+    }
+
+    /// Also serve the weight-sync endpoints with `loader`.
+    pub fn with_loader(mut self, loader: Arc<dyn WeightLoader>) -> Self {
+        self.loader = Some(loader);
+        self
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ServerConfig {
+        &self.config
+    }
+
+    /// The counters so far.
+    pub fn stats(&self) -> StatsSnapshot {
+        let s = &self.stats;
+        StatsSnapshot {
+            requests: s.requests.load(Ordering::SeqCst),
+            rejected: s.rejected.load(Ordering::SeqCst),
+            generations: s.generations.load(Ordering::SeqCst),
+            generated_tokens: s.generated_tokens.load(Ordering::SeqCst),
+            peak_in_flight: s.peak_in_flight.load(Ordering::SeqCst),
+        }
+    }
+
+    fn id(&self, prefix: &str) -> String {
+        format!("{prefix}-{}", self.next_id.fetch_add(1, Ordering::SeqCst))
+    }
+
+    /// Run the generator with contract checks and counters.
+    async fn run(&self, request: TokenRequest) -> std::result::Result<TokenOutput, ApiError> {
+        let max = request.max_new_tokens;
+        let out = {
+            let _guard = InFlight::enter(&self.stats);
+            self.stats.generations.fetch_add(1, Ordering::SeqCst);
+            self.generator.generate(request).await
+        }
+        .map_err(|e| ApiError::internal(format!("generation failed: {e}")))?;
+        check_output(&out, max, Some(self.generator.vocab_size()))
+            .map_err(|m| ApiError::internal(format!("the generator broke its contract: {m}")))?;
+        self.stats
+            .generated_tokens
+            .fetch_add(out.tokens.len() as u64, Ordering::SeqCst);
+        Ok(out)
+    }
+}
+
+/// An OpenAI-style error answer.
+#[derive(Debug)]
+struct ApiError {
+    status: StatusCode,
+    kind: &'static str,
+    param: Option<&'static str>,
+    message: String,
+}
+
+impl ApiError {
+    fn bad(param: Option<&'static str>, message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            kind: "invalid_request_error",
+            param,
+            message: message.into(),
+        }
+    }
+
+    fn internal(message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            kind: "server_error",
+            param: None,
+            message: message.into(),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = json!({
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.status.as_u16(),
+            }
+        });
+        (self.status, axum::Json(body)).into_response()
+    }
+}
+
+type ApiResult = std::result::Result<Response, ApiError>;
+
+fn parse<T: DeserializeOwned>(body: &Bytes) -> std::result::Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| {
+        let what = if e.is_syntax() || e.is_eof() {
+            "malformed JSON"
+        } else {
+            "invalid request"
+        };
+        ApiError::bad(None, format!("{what}: {e}"))
+    })
+}
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn finish_str(f: FinishReason) -> &'static str {
+    match f {
+        FinishReason::Length => "length",
+        _ => "stop",
+    }
+}
+
+fn check_model(state: &ServerState, model: &str) -> std::result::Result<(), ApiError> {
+    if model == state.config.model {
+        Ok(())
+    } else {
+        Err(ApiError {
+            status: StatusCode::NOT_FOUND,
+            kind: "invalid_request_error",
+            param: Some("model"),
+            message: format!(
+                "The model `{model}` does not exist; this server serves `{}`.",
+                state.config.model
+            ),
+        })
+    }
+}
+
+fn check_max_tokens(
+    name: &'static str,
+    value: Option<i64>,
+) -> std::result::Result<Option<usize>, ApiError> {
+    match value {
+        None => Ok(None),
+        Some(v) if v >= 1 => Ok(Some(v as usize)),
+        Some(v) => Err(ApiError::bad(
+            Some(name),
+            format!("{name} must be at least 1, got {v}"),
+        )),
+    }
+}
+
+fn sampling(
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    top_k: Option<i64>,
+    stop: Vec<String>,
+) -> std::result::Result<SamplingParams, ApiError> {
+    let temperature = temperature.unwrap_or(1.0);
+    if !temperature.is_finite() || temperature < 0.0 {
+        return Err(ApiError::bad(
+            Some("temperature"),
+            format!("temperature must be a finite number >= 0, got {temperature}"),
+        ));
+    }
+    let top_p = top_p.unwrap_or(1.0);
+    if !(top_p > 0.0 && top_p <= 1.0) {
+        return Err(ApiError::bad(
+            Some("top_p"),
+            format!("top_p must be in (0, 1], got {top_p}"),
+        ));
+    }
+    let top_k = match top_k {
+        None | Some(-1) | Some(0) => None,
+        Some(k) if k > 0 => Some(k as usize),
+        Some(k) => {
+            return Err(ApiError::bad(
+                Some("top_k"),
+                format!("top_k must be -1 (disabled) or positive, got {k}"),
+            ));
+        }
+    };
+    Ok(SamplingParams {
+        temperature,
+        top_p,
+        top_k,
+        stop,
+    })
+}
+
+impl ServerState {
+    /// Validate a prompt and return how many tokens may be generated after it.
+    fn check_prompt(
+        &self,
+        param: &'static str,
+        prompt: &[u32],
+        max_tokens: usize,
+    ) -> std::result::Result<usize, ApiError> {
+        if prompt.is_empty() {
+            return Err(ApiError::bad(Some(param), "the prompt is empty"));
+        }
+        let vocab = self.generator.vocab_size();
+        if let Some(t) = prompt.iter().find(|t| **t as usize >= vocab) {
+            return Err(ApiError::bad(
+                Some(param),
+                format!("token id {t} is outside the vocabulary (size {vocab})"),
+            ));
+        }
+        let limit = self.config.max_model_len;
+        if prompt.len() >= limit {
+            return Err(ApiError::bad(
+                Some(param),
+                format!(
+                    "This model's maximum context length is {limit} tokens, but the prompt has {} tokens.",
+                    prompt.len()
+                ),
+            ));
+        }
+        Ok(max_tokens.min(limit - prompt.len()))
+    }
+
+    fn default_seed(&self) -> u64 {
+        // Requests without a seed still get distinct, reproducible-per-order seeds.
+        harness_core::call_seed(0x5EED, self.next_id.fetch_add(1, Ordering::SeqCst) as u32)
+    }
+}
+
+async fn health() -> Response {
+    axum::Json(json!({"status": "ok"})).into_response()
+}
+
+async fn models(State(state): State<Arc<ServerState>>) -> Response {
+    axum::Json(json!({
+        "object": "list",
+        "data": [{
+            "id": state.config.model,
+            "object": "model",
+            "created": 0,
+            "owned_by": "harness-s",
+            "max_model_len": state.config.max_model_len,
+        }]
+    }))
+    .into_response()
+}
+
+fn counted(state: &ServerState, result: ApiResult) -> Response {
+    state.stats.requests.fetch_add(1, Ordering::SeqCst);
+    match result {
+        Ok(r) => r,
+        Err(e) => {
+            if e.status.is_client_error() {
+                state.stats.rejected.fetch_add(1, Ordering::SeqCst);
+                tracing::debug!(status = %e.status, message = %e.message, "rejected request");
+            } else {
+                tracing::warn!(status = %e.status, message = %e.message, "request failed");
+            }
+            e.into_response()
+        }
+    }
+}
+
+async fn completions(State(state): State<Arc<ServerState>>, body: Bytes) -> Response {
+    let result = completions_inner(&state, &body).await;
+    counted(&state, result)
+}
+
+async fn completions_inner(state: &ServerState, body: &Bytes) -> ApiResult {
+    let req: CompletionRequest = parse(body)?;
+    check_model(state, &req.model)?;
+    if req.stream == Some(true) {
+        return Err(ApiError::bad(
+            Some("stream"),
+            "streaming is not supported by this server",
+        ));
+    }
+    if req.echo == Some(true) {
+        return Err(ApiError::bad(Some("echo"), "echo is not supported"));
+    }
+    if req.n.is_some_and(|n| n != 1) {
+        return Err(ApiError::bad(Some("n"), "only n = 1 is supported"));
+    }
+    if req.logprobs.is_some_and(|n| n > 20) {
+        return Err(ApiError::bad(Some("logprobs"), "logprobs must be at most 20"));
+    }
+    let max_tokens = check_max_tokens("max_tokens", req.max_tokens)?
+        .unwrap_or(state.config.default_completion_tokens);
+    let params = sampling(
+        req.temperature,
+        req.top_p,
+        req.top_k,
+        req.stop.clone().map(|s| s.into_vec()).unwrap_or_default(),
+    )?;
+    let prompts: Vec<Vec<u32>> = match &req.prompt {
+        PromptField::Tokens(t) => vec![t.clone()],
+        PromptField::TokenBatch(b) => b.clone(),
+        PromptField::Text(t) => vec![encode_text(state, t)?],
+        PromptField::Texts(ts) => ts
+            .iter()
+            .map(|t| encode_text(state, t))
+            .collect::<std::result::Result<_, _>>()?,
+    };
+    if prompts.is_empty() || prompts.len() > state.config.max_prompts_per_request {
+        return Err(ApiError::bad(
+            Some("prompt"),
+            format!(
+                "expected 1 to {} prompts, got {}",
+                state.config.max_prompts_per_request,
+                prompts.len()
+            ),
+        ));
+    }
+    let seed = req.seed.unwrap_or_else(|| state.default_seed());
+    let mut jobs = Vec::with_capacity(prompts.len());
+    for p in &prompts {
+        let budget = state.check_prompt("prompt", p, max_tokens)?;
+        jobs.push(state.run(TokenRequest {
+            prompt: p.clone(),
+            max_new_tokens: budget,
+            sampling: params.clone(),
+            seed,
+        }));
+    }
+    let outputs = futures::future::try_join_all(jobs).await?;
+    let as_ids = req.return_tokens_as_token_ids == Some(true);
+    let with_ids = req.return_token_ids == Some(true);
+    let mut choices = Vec::with_capacity(outputs.len());
+    let (mut prompt_total, mut completion_total) = (0, 0);
+    for (i, (out, prompt)) in outputs.into_iter().zip(prompts).enumerate() {
+        prompt_total += prompt.len();
+        completion_total += out.tokens.len();
+        let text = decode(state, &out.tokens)?;
+        let logprobs = match req.logprobs {
+            None => None,
+            Some(top) => Some(completion_logprobs(state, &out, as_ids, top)?),
+        };
+        choices.push(CompletionChoice {
+            index: i as u32,
+            text,
+            logprobs,
+            finish_reason: Some(finish_str(out.finish).into()),
+            token_ids: with_ids.then(|| out.tokens.clone()),
+            prompt_token_ids: with_ids.then_some(prompt),
+        });
+    }
+    Ok(axum::Json(CompletionResponse {
+        id: state.id("cmpl"),
+        object: "text_completion".into(),
+        created: now(),
+        model: state.config.model.clone(),
+        choices,
+        usage: Some(WireUsage::new(prompt_total, completion_total)),
+    })
+    .into_response())
+}
+
+fn encode_text(state: &ServerState, text: &str) -> std::result::Result<Vec<u32>, ApiError> {
+    state
+        .encoder
+        .encode_text(text)
+        .map_err(|e| ApiError::bad(Some("prompt"), format!("cannot tokenize the prompt: {e}")))
+}
+
+fn decode(state: &ServerState, tokens: &[u32]) -> std::result::Result<String, ApiError> {
+    state
+        .encoder
+        .decode(tokens)
+        .map_err(|e| ApiError::internal(format!("cannot decode the output: {e}")))
+}
+
+fn completion_logprobs(
+    state: &ServerState,
+    out: &TokenOutput,
+    as_ids: bool,
+    top: u32,
+) -> std::result::Result<CompletionLogprobs, ApiError> {
+    let mut tokens = Vec::with_capacity(out.tokens.len());
+    let mut text_offset = Vec::with_capacity(out.tokens.len());
+    let mut offset = 0usize;
+    for &t in &out.tokens {
+        let piece = decode(state, &[t])?;
+        text_offset.push(offset);
+        offset += piece.chars().count();
+        tokens.push(if as_ids {
+            format!("token_id:{t}")
+        } else {
+            piece
+        });
+    }
+    // Only the sampled token's log-prob is known to a plain sampler: it is reported as the
+    // single "top" alternative when alternatives are asked for.
+    let top_logprobs = (top > 0).then(|| {
+        tokens
+            .iter()
+            .zip(&out.logprobs)
+            .map(|(t, lp)| Some([(t.clone(), *lp)].into_iter().collect()))
+            .collect()
+    });
+    Ok(CompletionLogprobs {
+        tokens,
+        token_logprobs: out.logprobs.iter().map(|lp| Some(*lp)).collect(),
+        top_logprobs,
+        text_offset,
+    })
+}
+
+async fn chat_completions(State(state): State<Arc<ServerState>>, body: Bytes) -> Response {
+    let result = chat_inner(&state, &body).await;
+    counted(&state, result)
+}
+
+async fn chat_inner(state: &ServerState, body: &Bytes) -> ApiResult {
+    let req: ChatCompletionRequest = parse(body)?;
+    check_model(state, &req.model)?;
+    if req.stream == Some(true) {
+        return Err(ApiError::bad(
+            Some("stream"),
+            "streaming is not supported by this server",
+        ));
+    }
+    if req.n.is_some_and(|n| n != 1) {
+        return Err(ApiError::bad(Some("n"), "only n = 1 is supported"));
+    }
+    if req.messages.is_empty() {
+        return Err(ApiError::bad(Some("messages"), "messages must not be empty"));
+    }
+    let limit = match check_max_tokens("max_completion_tokens", req.max_completion_tokens)? {
+        Some(n) => Some(n),
+        None => check_max_tokens("max_tokens", req.max_tokens)?,
+    };
+    let params = sampling(
+        req.temperature,
+        req.top_p,
+        None,
+        req.stop.clone().map(|s| s.into_vec()).unwrap_or_default(),
+    )?;
+    let messages = from_wire_messages(&req.messages).map_err(|m| ApiError::bad(Some("messages"), m))?;
+    let tools: Vec<_> = req.tools.iter().map(|t| t.to_spec()).collect();
+    let prompt = state
+        .encoder
+        .encode(&messages, &tools)
+        .map_err(|e| ApiError::bad(Some("messages"), format!("cannot render the conversation: {e}")))?;
+    let budget = state.check_prompt("messages", &prompt, limit.unwrap_or(usize::MAX))?;
+    let out = state
+        .run(TokenRequest {
+            prompt: prompt.clone(),
+            max_new_tokens: budget,
+            sampling: params,
+            seed: req.seed.unwrap_or_else(|| state.default_seed()),
+        })
+        .await?;
+    let text = decode(state, &out.tokens)?;
+    let wants_calls = !tools.is_empty() && req.tool_choice.as_ref().and_then(Value::as_str) != Some("none");
+    let (message, finish) = match wants_calls.then(|| split_tool_calls(&text)).flatten() {
+        Some((head, calls)) => (
+            WireMessage {
+                role: "assistant".into(),
+                content: (!head.is_empty()).then_some(MessageContent::Text(head)),
+                name: None,
+                tool_calls: calls
+                    .iter()
+                    .enumerate()
+                    .map(|(k, c)| WireToolCall::from_call(format!("call_{}", state.id(&k.to_string())), c))
+                    .collect(),
+                tool_call_id: None,
+            },
+            "tool_calls",
+        ),
+        None => (WireMessage::text("assistant", text), finish_str(out.finish)),
+    };
+    Ok(axum::Json(ChatCompletionResponse {
+        id: state.id("chatcmpl"),
+        object: "chat.completion".into(),
+        created: now(),
+        model: state.config.model.clone(),
+        choices: vec![ChatChoice {
+            index: 0,
+            message,
+            finish_reason: Some(finish.into()),
+        }],
+        usage: Some(WireUsage::new(prompt.len(), out.tokens.len())),
+    })
+    .into_response())
+}
+
+async fn sglang_generate(State(state): State<Arc<ServerState>>, body: Bytes) -> Response {
+    let result = sglang_inner(&state, &body).await;
+    counted(&state, result)
+}
+
+async fn sglang_inner(state: &ServerState, body: &Bytes) -> ApiResult {
+    let req: SglangGenerateRequest = parse(body)?;
+    if req.stream {
+        return Err(ApiError::bad(Some("stream"), "streaming is not supported"));
+    }
+    let sp = &req.sampling_params;
+    let max_tokens = check_max_tokens("sampling_params.max_new_tokens", Some(sp.max_new_tokens))?
+        .unwrap_or(1);
+    let params = sampling(Some(sp.temperature), Some(sp.top_p), Some(sp.top_k), sp.stop.clone())?;
+    let budget = state.check_prompt("input_ids", &req.input_ids, max_tokens)?;
+    let out = state
+        .run(TokenRequest {
+            prompt: req.input_ids.clone(),
+            max_new_tokens: budget,
+            sampling: params,
+            seed: sp.sampling_seed.unwrap_or_else(|| state.default_seed()),
+        })
+        .await?;
+    let text = decode(state, &out.tokens)?;
+    let mut meta = json!({
+        "id": state.id("gen"),
+        "finish_reason": {"type": finish_str(out.finish)},
+        "prompt_tokens": req.input_ids.len(),
+        "completion_tokens": out.tokens.len(),
+    });
+    if req.return_logprob {
+        meta["output_token_logprobs"] = out
+            .tokens
+            .iter()
+            .zip(&out.logprobs)
+            .map(|(t, lp)| json!([lp, t, Value::Null]))
+            .collect();
+    }
+    Ok(axum::Json(json!({"text": text, "output_ids": out.tokens, "meta_info": meta})).into_response())
+}
+
+async fn load_weights(state: &ServerState, dir: &Path) -> std::result::Result<(), ApiError> {
+    let Some(loader) = &state.loader else {
+        return Err(ApiError::bad(None, "this server was started without a weight loader"));
+    };
+    loader
+        .load(dir)
+        .await
+        .map_err(|e| ApiError::bad(Some("model_path"), format!("cannot load `{}`: {e}", dir.display())))
+}
+
+async fn update_weights_from_disk(State(state): State<Arc<ServerState>>, body: Bytes) -> Response {
+    let result = async {
+        let req: Value = parse(&body)?;
+        let Some(path) = req.get("model_path").and_then(Value::as_str) else {
+            return Err(ApiError::bad(Some("model_path"), "model_path (a directory) is required"));
+        };
+        match load_weights(&state, Path::new(path)).await {
+            Ok(()) => Ok(axum::Json(json!({"success": true, "message": format!("loaded {path}")}))
+                .into_response()),
+            Err(e) => Ok((
+                e.status,
+                axum::Json(json!({"success": false, "message": e.message})),
+            )
+                .into_response()),
+        }
+    }
+    .await;
+    counted(&state, result)
+}
+
+async fn collective_rpc(State(state): State<Arc<ServerState>>, body: Bytes) -> Response {
+    let result = async {
+        let req: Value = parse(&body)?;
+        match req.get("method").and_then(Value::as_str) {
+            Some("reload_weights") => {
+                let Some(dir) = state.config.model_dir.clone() else {
+                    return Err(ApiError::bad(None, "this server does not know its model directory"));
+                };
+                load_weights(&state, &dir).await?;
+                Ok(axum::Json(json!({"results": [null]})).into_response())
+            }
+            Some(other) => Err(ApiError::bad(
+                Some("method"),
+                format!("unsupported method `{other}`; only `reload_weights` is served"),
+            )),
+            None => Err(ApiError::bad(Some("method"), "missing 'method' in request body")),
+        }
+    }
+    .await;
+    counted(&state, result)
+}
+
+async fn reset_prefix_cache() -> Response {
+    StatusCode::OK.into_response()
+}
+
+async fn not_found() -> Response {
+    ApiError {
+        status: StatusCode::NOT_FOUND,
+        kind: "invalid_request_error",
+        param: None,
+        message: "no such route".into(),
+    }
+    .into_response()
+}
+
+/// The server's routes on `state`.
+pub fn router(state: Arc<ServerState>) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route("/v1/models", get(models))
+        .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/generate", post(sglang_generate))
+        .route("/update_weights_from_disk", post(update_weights_from_disk))
+        .route("/collective_rpc", post(collective_rpc))
+        .route("/reset_prefix_cache", post(reset_prefix_cache))
+        .fallback(not_found)
+        // Long token-id prompts (65k tokens) are about 0.5 MB of JSON.
+        .layer(DefaultBodyLimit::max(32 << 20))
+        .with_state(state)
+}
+
+/// A server running on a tokio task; it stops when [`ServerHandle::shutdown`] is called or the
+/// handle is dropped.
+pub struct ServerHandle {
+    addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<std::io::Result<()>>>,
+}
+
+impl ServerHandle {
+    /// Bind `addr` (port 0 picks a free port) and serve `state`.
+    pub async fn spawn(addr: SocketAddr, state: Arc<ServerState>) -> Result<Self> {
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|e| Error::Server(format!("cannot bind {addr}: {e}")))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| Error::Server(format!("no local address: {e}")))?;
+        let (stop, stopped) = oneshot::channel::<()>();
+        let app = router(state);
+        let task = tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async move {
+                    let _ = stopped.await;
+                })
+                .await
+        });
+        Ok(ServerHandle {
+            addr,
+            stop: Some(stop),
+            task: Some(task),
+        })
+    }
+
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://<addr>` (the server root; chat clients append `/v1`).
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Stop accepting, let in-flight requests finish, and wait for the server task.
+    pub async fn shutdown(mut self) -> Result<()> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            task.await
+                .map_err(|e| Error::Server(format!("server task failed: {e}")))?
+                .map_err(|e| Error::Server(format!("server failed: {e}")))?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for ServerHandle {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
