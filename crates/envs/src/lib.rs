@@ -7,4 +7,7 @@
 
 pub mod appworld;
 pub mod dbbench;
+pub mod error;
 pub mod swe;
+
+pub use error::{Error, Result};
