@@ -126,6 +126,26 @@ impl ChatClient {
         }
     }
 
+    /// The model ids `GET /models` lists (a cheap check that the endpoint is up and serves the
+    /// configured model).
+    pub async fn models(&self) -> Result<Vec<String>> {
+        let reply = self.transport.get_json::<Value>("/models").await?;
+        let ids = reply
+            .value
+            .get("data")
+            .and_then(Value::as_array)
+            .map(|data| {
+                data.iter()
+                    .filter_map(|m| m.get("id").and_then(Value::as_str).map(str::to_string))
+                    .collect()
+            })
+            .ok_or_else(|| Error::Protocol {
+                endpoint: self.transport.url("/models"),
+                message: "expected {\"data\": [{\"id\": ...}]}".into(),
+            })?;
+        Ok(ids)
+    }
+
     /// The wire request for a harness [`ChatRequest`].
     pub fn wire_request(&self, request: &ChatRequest) -> ChatCompletionRequest {
         ChatCompletionRequest {

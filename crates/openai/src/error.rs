@@ -110,7 +110,10 @@ mod tests {
         };
         let text = e.into_chat("gpt-x").to_string();
         assert!(text.contains("chat model `gpt-x`"), "{text}");
-        assert!(text.contains("http://127.0.0.1:9/v1/chat/completions"), "{text}");
+        assert!(
+            text.contains("http://127.0.0.1:9/v1/chat/completions"),
+            "{text}"
+        );
         assert!(text.contains("3 attempts"), "{text}");
         assert!(text.contains("HTTP 503"), "{text}");
     }

@@ -610,7 +610,11 @@ pub fn from_wire_messages(messages: &[WireMessage]) -> Result<Vec<ChatMessage>, 
     let mut names: BTreeMap<String, String> = BTreeMap::new();
     let mut out = Vec::with_capacity(messages.len());
     for (i, m) in messages.iter().enumerate() {
-        let content = m.content.as_ref().map(MessageContent::text).unwrap_or_default();
+        let content = m
+            .content
+            .as_ref()
+            .map(MessageContent::text)
+            .unwrap_or_default();
         let msg = match m.role.as_str() {
             "system" | "developer" => ChatMessage::system(content),
             "user" => ChatMessage::user(content),
@@ -624,7 +628,11 @@ pub fn from_wire_messages(messages: &[WireMessage]) -> Result<Vec<ChatMessage>, 
                 let name = m
                     .name
                     .clone()
-                    .or_else(|| m.tool_call_id.as_ref().and_then(|id| names.get(id).cloned()))
+                    .or_else(|| {
+                        m.tool_call_id
+                            .as_ref()
+                            .and_then(|id| names.get(id).cloned())
+                    })
                     .unwrap_or_else(|| "tool".into());
                 ChatMessage::tool(name, content)
             }
@@ -676,14 +684,20 @@ mod tests {
         assert_eq!(wire[2].tool_calls.len(), 1);
         assert_eq!(wire[2].tool_calls[0].id, "call_2_0");
         assert_eq!(wire[3].tool_call_id.as_deref(), Some("call_2_0"));
-        assert_eq!(wire[4].role, "user", "an unanswerable tool message becomes user text");
+        assert_eq!(
+            wire[4].role, "user",
+            "an unanswerable tool message becomes user text"
+        );
         let back = from_wire_messages(&wire[..4]).unwrap();
         assert_eq!(back[3], ChatMessage::tool("search", "found"));
         assert_eq!(
             split_tool_calls(&back[2].content).unwrap().1,
             vec![call.clone()]
         );
-        assert_eq!(split_tool_calls(&back[2].content).unwrap().0, "Let me look.");
+        assert_eq!(
+            split_tool_calls(&back[2].content).unwrap().0,
+            "Let me look."
+        );
     }
 
     #[test]
@@ -699,7 +713,10 @@ mod tests {
 
     #[test]
     fn sglang_rows_parse_and_bad_rows_are_named() {
-        let rows = vec![vec![json!(-0.5), json!(7), Value::Null], vec![json!(-1.0), json!(9)]];
+        let rows = vec![
+            vec![json!(-0.5), json!(7), Value::Null],
+            vec![json!(-1.0), json!(9)],
+        ];
         assert_eq!(sglang_logprobs(&rows).unwrap(), vec![(-0.5, 7), (-1.0, 9)]);
         let bad = vec![vec![json!("x")]];
         assert!(sglang_logprobs(&bad).unwrap_err().contains("[0]"));

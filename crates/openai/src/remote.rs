@@ -295,12 +295,11 @@ impl RemotePolicy {
             .await?;
         let endpoint = self.transport.url(path);
         let meta = reply.value.meta_info;
-        let pairs = sglang_logprobs(&meta.output_token_logprobs).map_err(|message| {
-            Error::Protocol {
+        let pairs =
+            sglang_logprobs(&meta.output_token_logprobs).map_err(|message| Error::Protocol {
                 endpoint: endpoint.clone(),
                 message,
-            }
-        })?;
+            })?;
         let tokens: Vec<u32> = pairs.iter().map(|p| p.1).collect();
         if let Some(ids) = &reply.value.output_ids
             && *ids != tokens

@@ -426,7 +426,10 @@ async fn completions_inner(state: &ServerState, body: &Bytes) -> ApiResult {
         return Err(ApiError::bad(Some("n"), "only n = 1 is supported"));
     }
     if req.logprobs.is_some_and(|n| n > 20) {
-        return Err(ApiError::bad(Some("logprobs"), "logprobs must be at most 20"));
+        return Err(ApiError::bad(
+            Some("logprobs"),
+            "logprobs must be at most 20",
+        ));
     }
     let max_tokens = check_max_tokens("max_tokens", req.max_tokens)?
         .unwrap_or(state.config.default_completion_tokens);
@@ -567,7 +570,10 @@ async fn chat_inner(state: &ServerState, body: &Bytes) -> ApiResult {
         return Err(ApiError::bad(Some("n"), "only n = 1 is supported"));
     }
     if req.messages.is_empty() {
-        return Err(ApiError::bad(Some("messages"), "messages must not be empty"));
+        return Err(ApiError::bad(
+            Some("messages"),
+            "messages must not be empty",
+        ));
     }
     let limit = match check_max_tokens("max_completion_tokens", req.max_completion_tokens)? {
         Some(n) => Some(n),
@@ -579,12 +585,15 @@ async fn chat_inner(state: &ServerState, body: &Bytes) -> ApiResult {
         None,
         req.stop.clone().map(|s| s.into_vec()).unwrap_or_default(),
     )?;
-    let messages = from_wire_messages(&req.messages).map_err(|m| ApiError::bad(Some("messages"), m))?;
+    let messages =
+        from_wire_messages(&req.messages).map_err(|m| ApiError::bad(Some("messages"), m))?;
     let tools: Vec<_> = req.tools.iter().map(|t| t.to_spec()).collect();
-    let prompt = state
-        .encoder
-        .encode(&messages, &tools)
-        .map_err(|e| ApiError::bad(Some("messages"), format!("cannot render the conversation: {e}")))?;
+    let prompt = state.encoder.encode(&messages, &tools).map_err(|e| {
+        ApiError::bad(
+            Some("messages"),
+            format!("cannot render the conversation: {e}"),
+        )
+    })?;
     let budget = state.check_prompt("messages", &prompt, limit.unwrap_or(usize::MAX))?;
     let out = state
         .run(TokenRequest {
@@ -595,7 +604,8 @@ async fn chat_inner(state: &ServerState, body: &Bytes) -> ApiResult {
         })
         .await?;
     let text = decode(state, &out.tokens)?;
-    let wants_calls = !tools.is_empty() && req.tool_choice.as_ref().and_then(Value::as_str) != Some("none");
+    let wants_calls =
+        !tools.is_empty() && req.tool_choice.as_ref().and_then(Value::as_str) != Some("none");
     let (message, finish) = match wants_calls.then(|| split_tool_calls(&text)).flatten() {
         Some((head, calls)) => (
             WireMessage {
@@ -605,7 +615,9 @@ async fn chat_inner(state: &ServerState, body: &Bytes) -> ApiResult {
                 tool_calls: calls
                     .iter()
                     .enumerate()
-                    .map(|(k, c)| WireToolCall::from_call(format!("call_{}", state.id(&k.to_string())), c))
+                    .map(|(k, c)| {
+                        WireToolCall::from_call(format!("call_{}", state.id(&k.to_string())), c)
+                    })
                     .collect(),
                 tool_call_id: None,
             },
@@ -639,9 +651,14 @@ async fn sglang_inner(state: &ServerState, body: &Bytes) -> ApiResult {
         return Err(ApiError::bad(Some("stream"), "streaming is not supported"));
     }
     let sp = &req.sampling_params;
-    let max_tokens = check_max_tokens("sampling_params.max_new_tokens", Some(sp.max_new_tokens))?
-        .unwrap_or(1);
-    let params = sampling(Some(sp.temperature), Some(sp.top_p), Some(sp.top_k), sp.stop.clone())?;
+    let max_tokens =
+        check_max_tokens("sampling_params.max_new_tokens", Some(sp.max_new_tokens))?.unwrap_or(1);
+    let params = sampling(
+        Some(sp.temperature),
+        Some(sp.top_p),
+        Some(sp.top_k),
+        sp.stop.clone(),
+    )?;
     let budget = state.check_prompt("input_ids", &req.input_ids, max_tokens)?;
     let out = state
         .run(TokenRequest {
@@ -666,28 +683,41 @@ async fn sglang_inner(state: &ServerState, body: &Bytes) -> ApiResult {
             .map(|(t, lp)| json!([lp, t, Value::Null]))
             .collect();
     }
-    Ok(axum::Json(json!({"text": text, "output_ids": out.tokens, "meta_info": meta})).into_response())
+    Ok(
+        axum::Json(json!({"text": text, "output_ids": out.tokens, "meta_info": meta}))
+            .into_response(),
+    )
 }
 
 async fn load_weights(state: &ServerState, dir: &Path) -> std::result::Result<(), ApiError> {
     let Some(loader) = &state.loader else {
-        return Err(ApiError::bad(None, "this server was started without a weight loader"));
+        return Err(ApiError::bad(
+            None,
+            "this server was started without a weight loader",
+        ));
     };
-    loader
-        .load(dir)
-        .await
-        .map_err(|e| ApiError::bad(Some("model_path"), format!("cannot load `{}`: {e}", dir.display())))
+    loader.load(dir).await.map_err(|e| {
+        ApiError::bad(
+            Some("model_path"),
+            format!("cannot load `{}`: {e}", dir.display()),
+        )
+    })
 }
 
 async fn update_weights_from_disk(State(state): State<Arc<ServerState>>, body: Bytes) -> Response {
     let result = async {
         let req: Value = parse(&body)?;
         let Some(path) = req.get("model_path").and_then(Value::as_str) else {
-            return Err(ApiError::bad(Some("model_path"), "model_path (a directory) is required"));
+            return Err(ApiError::bad(
+                Some("model_path"),
+                "model_path (a directory) is required",
+            ));
         };
         match load_weights(&state, Path::new(path)).await {
-            Ok(()) => Ok(axum::Json(json!({"success": true, "message": format!("loaded {path}")}))
-                .into_response()),
+            Ok(()) => Ok(
+                axum::Json(json!({"success": true, "message": format!("loaded {path}")}))
+                    .into_response(),
+            ),
             Err(e) => Ok((
                 e.status,
                 axum::Json(json!({"success": false, "message": e.message})),
@@ -705,7 +735,10 @@ async fn collective_rpc(State(state): State<Arc<ServerState>>, body: Bytes) -> R
         match req.get("method").and_then(Value::as_str) {
             Some("reload_weights") => {
                 let Some(dir) = state.config.model_dir.clone() else {
-                    return Err(ApiError::bad(None, "this server does not know its model directory"));
+                    return Err(ApiError::bad(
+                        None,
+                        "this server does not know its model directory",
+                    ));
                 };
                 load_weights(&state, &dir).await?;
                 Ok(axum::Json(json!({"results": [null]})).into_response())
@@ -714,7 +747,10 @@ async fn collective_rpc(State(state): State<Arc<ServerState>>, body: Bytes) -> R
                 Some("method"),
                 format!("unsupported method `{other}`; only `reload_weights` is served"),
             )),
-            None => Err(ApiError::bad(Some("method"), "missing 'method' in request body")),
+            None => Err(ApiError::bad(
+                Some("method"),
+                "missing 'method' in request body",
+            )),
         }
     }
     .await;

@@ -143,7 +143,10 @@ impl EndpointConfig {
         if !(url.starts_with("http://") || url.starts_with("https://")) {
             return Err(Error::config(
                 "base_url",
-                format!("expected an http:// or https:// URL, got `{}`", self.base_url),
+                format!(
+                    "expected an http:// or https:// URL, got `{}`",
+                    self.base_url
+                ),
             ));
         }
         if self.max_concurrency == 0 {
@@ -167,10 +170,7 @@ impl EndpointConfig {
         if let Some(key) = &self.api_key
             && (key.is_empty() || key.chars().any(|c| c.is_control()))
         {
-            return Err(Error::config(
-                "api_key",
-                "must be non-empty printable text",
-            ));
+            return Err(Error::config("api_key", "must be non-empty printable text"));
         }
         Ok(())
     }
@@ -228,10 +228,6 @@ impl Transport {
             rng: Mutex::new(ChaCha8Rng::seed_from_u64(config.retry.seed)),
             config,
         })
-    }
-
-    pub fn config(&self) -> &EndpointConfig {
-        &self.config
     }
 
     /// The full URL of `path` (which starts with `/`).
@@ -478,7 +474,11 @@ pub(crate) fn error_message(bytes: &[u8]) -> String {
         }
     }
     let s = snippet(bytes);
-    if s.is_empty() { "(empty body)".into() } else { s }
+    if s.is_empty() {
+        "(empty body)".into()
+    } else {
+        s
+    }
 }
 
 /// `Retry-After` as delta-seconds (decimals accepted) or an IMF-fixdate HTTP date.
@@ -540,7 +540,10 @@ mod tests {
         assert_eq!(parse_retry_after(&h), Some(Duration::from_secs(2)));
         h.insert(RETRY_AFTER, "0.25".parse().unwrap());
         assert_eq!(parse_retry_after(&h), Some(Duration::from_millis(250)));
-        h.insert(RETRY_AFTER, "Sun, 06 Nov 1994 08:49:37 GMT".parse().unwrap());
+        h.insert(
+            RETRY_AFTER,
+            "Sun, 06 Nov 1994 08:49:37 GMT".parse().unwrap(),
+        );
         assert_eq!(parse_retry_after(&h), Some(Duration::ZERO));
     }
 
@@ -586,7 +589,10 @@ mod tests {
                 .to_string()
                 .contains("max_concurrency")
         );
-        let dbg = format!("{:?}", EndpointConfig::new("http://x").with_api_key("sk-secret"));
+        let dbg = format!(
+            "{:?}",
+            EndpointConfig::new("http://x").with_api_key("sk-secret")
+        );
         assert!(!dbg.contains("sk-secret"), "{dbg}");
     }
 }
