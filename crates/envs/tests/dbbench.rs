@@ -1,0 +1,566 @@
+//! DBBench: the conformance suite on generated tasks and on AgentBench's dev split, MySQL
+//! behaviours, safety limits, concurrency and fuzzing of the action parser and the SQL tool.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use harness_core::{
+    ActionParser, EnvSession, Environment, Harness, ParsedAction, Policy, Split, Task, ToolCall,
+    run_episode,
+};
+use harness_envs::dbbench::{
+    self, COMMIT_TOOL, DbBench, DbBenchTextParser, DbLimits, DbSession, GeneratorConfig,
+    MAX_ROUNDS, OBSERVATION_CHARS, QuestionType, SQL_TOOL, base_harness, text_harness,
+};
+use harness_testkit::ScriptedPolicy;
+use harness_testkit::conformance::{ConformanceConfig, check_environment};
+use proptest::prelude::*;
+use serde_json::json;
+
+fn dev_split() -> Option<PathBuf> {
+    let path =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/dbbench/dev.jsonl");
+    if path.exists() {
+        Some(path)
+    } else {
+        println!(
+            "skipping: the DBBench dev split is not at {} (it is test data outside the repository)",
+            path.display()
+        );
+        None
+    }
+}
+
+fn small_env() -> DbBench {
+    DbBench::generated(&GeneratorConfig {
+        seed: 11,
+        train: 11,
+        validation: 11,
+        test: 11,
+    })
+}
+
+fn all_tasks(env: &DbBench) -> Vec<Task> {
+    env.all_tasks().to_vec()
+}
+
+/// The oracle's turns: the gold SQL (when there is one), then the committed answer.
+fn oracle_turns(task: &Task, text_format: bool) -> Vec<String> {
+    let db_task = dbbench::db_task(task).expect("a DBBench task");
+    let answers: Vec<String> = if db_task.is_modification() {
+        Vec::new()
+    } else {
+        db_task.label.clone()
+    };
+    let mut turns = Vec::new();
+    if let Some(sql) = &db_task.gold_sql {
+        turns.push(if text_format {
+            format!("I will run the query.\nAction: Operation\n```sql\n{sql}\n```")
+        } else {
+            ToolCall::new(SQL_TOOL, json!({ "query": sql })).to_tool_call_block()
+        });
+    }
+    turns.push(if text_format {
+        format!(
+            "Done.\nAction: Answer\nFinal Answer: {}",
+            serde_json::to_string(&answers).unwrap()
+        )
+    } else {
+        ToolCall::new(COMMIT_TOOL, json!({ "answers": answers })).to_tool_call_block()
+    });
+    turns
+}
+
+fn oracle(task: &Task) -> Box<dyn Policy> {
+    Box::new(ScriptedPolicy::new(oracle_turns(task, false)))
+}
+
+fn text_oracle(task: &Task) -> Box<dyn Policy> {
+    Box::new(ScriptedPolicy::new(oracle_turns(task, true)))
+}
+
+fn config(harness: Harness) -> ConformanceConfig {
+    ConformanceConfig {
+        harness,
+        ..ConformanceConfig::default()
+    }
+}
+
+#[tokio::test]
+async fn conformance_on_generated_tasks() {
+    let env = small_env();
+    let tasks = all_tasks(&env);
+    assert_eq!(tasks.len(), 33);
+    let report = check_environment(&env, &tasks, &oracle, &config(base_harness())).await;
+    assert!(report.failures.is_empty(), "{:#?}", report.failures);
+    assert!(report.episodes > 100);
+}
+
+#[tokio::test]
+async fn conformance_on_generated_tasks_in_the_text_format() {
+    let env = small_env();
+    let tasks: Vec<Task> = env.tasks(Split::Validation).unwrap();
+    let report = check_environment(&env, &tasks, &text_oracle, &config(text_harness())).await;
+    assert!(report.failures.is_empty(), "{:#?}", report.failures);
+}
+
+#[tokio::test]
+async fn conformance_on_the_dev_split() {
+    let Some(path) = dev_split() else { return };
+    let env = DbBench::from_jsonl(&path, Split::Test).unwrap();
+    let tasks = env.tasks(Split::Test).unwrap();
+    assert_eq!(tasks.len(), 60);
+    let report = check_environment(&env, &tasks, &oracle, &config(base_harness())).await;
+    assert!(report.failures.is_empty(), "{:#?}", report.failures);
+}
+
+#[tokio::test]
+async fn text_format_oracle_solves_the_dev_split() {
+    let Some(path) = dev_split() else { return };
+    let env = DbBench::from_jsonl(&path, Split::Test).unwrap();
+    let harness = text_harness();
+    for task in env.tasks(Split::Test).unwrap() {
+        let policy = text_oracle(&task);
+        let trajectory = run_episode(policy.as_ref(), &harness, &env, &task, 1)
+            .await
+            .unwrap();
+        assert!(
+            trajectory.is_success(),
+            "{}: {}",
+            task.id,
+            trajectory.outcome.details
+        );
+    }
+}
+
+#[test]
+fn every_split_has_every_type_and_the_default_has_no_downloads() {
+    let env = DbBench::new();
+    for split in Split::ALL {
+        let tasks = env.tasks(split).unwrap();
+        assert!(!tasks.is_empty());
+        for kind in QuestionType::ALL {
+            assert!(
+                tasks
+                    .iter()
+                    .any(|t| dbbench::db_task(t).unwrap().kind == kind.as_str()),
+                "{split} lacks {}",
+                kind.as_str()
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn immediate_submission_scores_zero() {
+    let env = small_env();
+    for task in all_tasks(&env) {
+        for turn in [
+            ToolCall::new(COMMIT_TOOL, json!({"answers": []})).to_tool_call_block(),
+            ToolCall::new(COMMIT_TOOL, json!({"answers": ["0"]})).to_tool_call_block(),
+            "I do not know.".to_string(),
+        ] {
+            let policy = ScriptedPolicy::new(vec![turn.clone()]);
+            let t = run_episode(&policy, &base_harness(), &env, &task, 3)
+                .await
+                .unwrap();
+            assert_eq!(t.reward(), 0.0, "{} with {turn}", task.id);
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_episode_without_a_commit_scores_zero_even_after_the_right_change() {
+    let env = small_env();
+    let task = all_tasks(&env)
+        .into_iter()
+        .find(|t| dbbench::db_task(t).unwrap().is_modification())
+        .unwrap();
+    let gold = dbbench::db_task(&task).unwrap().gold_sql.unwrap();
+    let sql = ToolCall::new(SQL_TOOL, json!({ "query": gold })).to_tool_call_block();
+    let mut harness = base_harness();
+    harness.limits.max_model_calls = 1;
+    let t = run_episode(&ScriptedPolicy::new(vec![sql]), &harness, &env, &task, 0)
+        .await
+        .unwrap();
+    assert_eq!(t.reward(), 0.0);
+}
+
+#[test]
+fn sixteen_episodes_on_a_multi_thread_runtime_do_not_interfere() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .build()
+        .unwrap();
+    let env = Arc::new(small_env());
+    let tasks = all_tasks(&env);
+    let harness = Arc::new(base_harness());
+    runtime.block_on(async {
+        let mut handles = Vec::new();
+        for i in 0..16 {
+            let env = Arc::clone(&env);
+            let harness = Arc::clone(&harness);
+            let task = tasks[i % tasks.len()].clone();
+            handles.push(tokio::spawn(async move {
+                let policy = oracle(&task);
+                run_episode(policy.as_ref(), &harness, env.as_ref(), &task, 5).await
+            }));
+        }
+        for (i, handle) in handles.into_iter().enumerate() {
+            let concurrent = handle.await.unwrap().unwrap();
+            let task = &tasks[i % tasks.len()];
+            let policy = oracle(task);
+            let sequential = run_episode(policy.as_ref(), &harness, env.as_ref(), task, 5)
+                .await
+                .unwrap();
+            assert!(concurrent.is_success(), "{}", task.id);
+            assert_eq!(concurrent.messages, sequential.messages, "{}", task.id);
+        }
+    });
+}
+
+#[test]
+fn base_harness_limits_follow_agentbench() {
+    let harness = base_harness();
+    assert_eq!(MAX_ROUNDS, 15);
+    assert_eq!(harness.limits.max_model_calls, MAX_ROUNDS);
+    assert_eq!(harness.limits.max_env_actions, MAX_ROUNDS);
+    assert_eq!(text_harness().tool_view.format, dbbench::TEXT_FORMAT);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The SQL tool: MySQL behaviours and safety.
+
+const PEOPLE: &str = r#"{"description": "q", "label": ["x"], "type": ["other"], "table": {"table_name": "People List", "table_info": {"columns": [{"name": "Name", "type": "TEXT"}, {"name": "Goals", "type": "INT"}, {"name": "2nd leg", "type": "TEXT"}], "rows": [["José Müller", "17", "a"], ["anna", "9", "b"], ["Bob", "120", "c"], ["O'Neil", "abc", "d"]]}}}"#;
+
+fn session_with(limits: DbLimits) -> DbSession {
+    let tasks = dbbench::parse_jsonl(PEOPLE, std::path::Path::new("people.jsonl")).unwrap();
+    let env = DbBench::from_tasks("people", Split::Test, tasks);
+    DbSession::new(&env.all_tasks()[0], limits).unwrap()
+}
+
+fn session() -> DbSession {
+    session_with(DbLimits::default())
+}
+
+fn run(session: &DbSession, sql: &str) -> String {
+    let observation = session.execute_sql(sql);
+    assert!(!observation.error, "{sql}: {}", observation.text);
+    observation.text
+}
+
+fn fails(session: &DbSession, sql: &str) -> String {
+    let observation = session.execute_sql(sql);
+    assert!(observation.error, "{sql} should fail: {}", observation.text);
+    observation.text
+}
+
+#[test]
+fn mysql_string_literals_and_identifiers() {
+    let s = session();
+    assert_eq!(
+        run(&s, r"SELECT Name FROM `People List` WHERE Name = 'O\'Neil'"),
+        "[(\"O'Neil\",)]"
+    );
+    assert_eq!(
+        run(
+            &s,
+            r#"SELECT "Name" FROM "People List" WHERE Name = "Bob";"#
+        ),
+        "[('Bob',)]"
+    );
+    assert_eq!(
+        run(&s, "SELECT `2nd leg` FROM `People List` WHERE Name = 'Bob'"),
+        "[('c',)]"
+    );
+    assert_eq!(run(&s, r"SELECT 'a\tb', 'c\\d'"), r"[('a\tb', 'c\\d')]");
+}
+
+#[test]
+fn text_comparison_ignores_case_and_accents() {
+    let s = session();
+    assert_eq!(
+        run(
+            &s,
+            "SELECT Name FROM `People List` WHERE Name = 'jose muller'"
+        ),
+        "[('José Müller',)]"
+    );
+    assert_eq!(
+        run(
+            &s,
+            "SELECT Name FROM `People List` WHERE Name LIKE '%MULL%'"
+        ),
+        "[('José Müller',)]"
+    );
+    assert_eq!(
+        run(&s, "SELECT Name FROM `People List` ORDER BY Name"),
+        "[('anna',), ('Bob',), ('José Müller',), (\"O'Neil\",)]"
+    );
+    assert_eq!(
+        run(
+            &s,
+            "SELECT COUNT(*) FROM `People List` WHERE Name IN ('ANNA', 'bob')"
+        ),
+        "[(2,)]"
+    );
+}
+
+#[test]
+fn numbers_compare_with_text_columns_as_in_mysql() {
+    let s = session();
+    // As strings '9' > '17' and '120' < '17'; MySQL compares numbers.
+    assert_eq!(
+        run(
+            &s,
+            "SELECT Name FROM `People List` WHERE Goals < 17 ORDER BY Name"
+        ),
+        "[('anna',), (\"O'Neil\",)]"
+    );
+    assert_eq!(
+        run(&s, "SELECT Name FROM `People List` WHERE Goals > 17"),
+        "[('Bob',)]"
+    );
+    assert_eq!(
+        run(
+            &s,
+            "SELECT COUNT(*) FROM `People List` WHERE Goals IN (9, 120)"
+        ),
+        "[(2,)]"
+    );
+    assert_eq!(
+        run(
+            &s,
+            "SELECT Name FROM `People List` WHERE Goals BETWEEN 10 AND 20"
+        ),
+        "[('José Müller',)]"
+    );
+    assert_eq!(
+        run(&s, "SELECT SUM(Goals) FROM `People List`"),
+        "[(146.0,)]"
+    );
+}
+
+#[test]
+fn changes_and_inspection_commands() {
+    let s = session();
+    assert_eq!(
+        run(
+            &s,
+            "UPDATE `People List` SET Goals = 18 WHERE Name = 'ANNA'"
+        ),
+        "Query OK, 1 row affected"
+    );
+    assert_eq!(
+        run(&s, "SELECT Goals FROM `People List` WHERE Name = 'anna'"),
+        "[('18',)]"
+    );
+    assert_eq!(run(&s, "SHOW TABLES"), "[('People List',)]");
+    assert!(run(&s, "DESCRIBE `People List`").starts_with("[('Name', 'text'"));
+    fails(&s, "DESCRIBE nothing_here");
+    fails(&s, "SELEC 1");
+    fails(&s, "SELECT 1; SELECT 2");
+}
+
+#[test]
+fn attach_extensions_and_pragmas_are_refused() {
+    let s = session();
+    fails(&s, "ATTACH DATABASE '/tmp/x.db' AS other");
+    fails(&s, "ATTACH 'file:other?mode=memory' AS other");
+    fails(&s, "SELECT load_extension('/tmp/evil')");
+    fails(&s, "PRAGMA writable_schema = 1");
+    fails(&s, "VACUUM INTO '/tmp/copy.db'");
+    fails(&s, "CREATE VIRTUAL TABLE v USING fts5(x)");
+    assert!(run(&s, "PRAGMA table_info(`People List`)").contains("Name"));
+}
+
+#[test]
+fn a_runaway_statement_is_stopped() {
+    let s = session_with(DbLimits {
+        statement_time: Duration::from_millis(300),
+        ..DbLimits::default()
+    });
+    let started = std::time::Instant::now();
+    let text = fails(
+        &s,
+        "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT COUNT(*) FROM c",
+    );
+    assert!(text.contains("stopped"), "{text}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    // The instruction budget stops it deterministically too.
+    let s = session_with(DbLimits {
+        statement_ops: 2_000_000,
+        ..DbLimits::default()
+    });
+    let text = fails(
+        &s,
+        "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT COUNT(*) FROM c",
+    );
+    assert!(text.contains("steps"), "{text}");
+    // The session still works afterwards.
+    assert_eq!(run(&s, "SELECT COUNT(*) FROM `People List`"), "[(4,)]");
+}
+
+#[test]
+fn huge_results_are_capped() {
+    let s = session();
+    let text = run(
+        &s,
+        "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 1000000) SELECT x FROM c",
+    );
+    assert!(
+        text.chars().count() < OBSERVATION_CHARS + 100,
+        "{}",
+        text.len()
+    );
+    assert!(text.contains("characters cut"));
+    let text = fails(&s, "SELECT hex(zeroblob(800000))");
+    assert!(text.contains("too big"), "{text}");
+    fails(&s, "SELECT zeroblob(100000000)");
+}
+
+#[tokio::test]
+async fn malformed_tool_calls_are_error_observations() {
+    let mut s = session();
+    for call in [
+        ToolCall::new(SQL_TOOL, json!({})),
+        ToolCall::new(SQL_TOOL, json!({"query": 5})),
+        ToolCall::new(SQL_TOOL, json!({"query": "x".repeat(2_000_000)})),
+        ToolCall::new(COMMIT_TOOL, json!("nope")),
+        ToolCall::new(COMMIT_TOOL, json!({"answers": {"a": 1}})),
+        ToolCall::new("drop_everything", json!({})),
+    ] {
+        let observation = s.step(&call).await.unwrap();
+        assert!(observation.error, "{call:?}");
+        assert!(!observation.done);
+    }
+    let done = s
+        .step(&ToolCall::new(COMMIT_TOOL, json!({"answers": ["x"]})))
+        .await
+        .unwrap();
+    assert!(done.done);
+    let after = s
+        .step(&ToolCall::new(SQL_TOOL, json!({"query": "SELECT 1"})))
+        .await
+        .unwrap();
+    assert!(after.error);
+    assert!(s.verify(None).await.unwrap().is_success());
+}
+
+#[test]
+fn loader_errors_name_the_file_line_and_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("broken.jsonl");
+    let broken = PEOPLE.replace("\"type\": [\"other\"], ", "");
+    std::fs::write(&path, format!("{PEOPLE}\n{broken}\n")).unwrap();
+    let message = DbBench::from_jsonl(&path, Split::Test)
+        .unwrap_err()
+        .to_string();
+    assert!(message.contains("broken.jsonl:2"), "{message}");
+    assert!(message.contains("`type`"), "{message}");
+    let missing = DbBench::from_jsonl(dir.path().join("nope.jsonl"), Split::Test)
+        .unwrap_err()
+        .to_string();
+    assert!(missing.contains("nope.jsonl"), "{missing}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fuzzing.
+
+fn turn_fragment() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just("Action: Operation\n".to_string()),
+        Just("Action: Answer\n".to_string()),
+        Just("Final Answer: ".to_string()),
+        Just("```sql\n".to_string()),
+        Just("```".to_string()),
+        Just("[\"".to_string()),
+        Just("']".to_string()),
+        Just("<think>".to_string()),
+        Just("</think>".to_string()),
+        Just("\\".to_string()),
+        "[ -~]{0,12}",
+        "\\PC{0,6}",
+    ]
+}
+
+fn sql_fragment() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just("SELECT ".to_string()),
+        Just("* FROM `People List` ".to_string()),
+        Just("WHERE Goals < ".to_string()),
+        Just("17 ".to_string()),
+        Just("'it\\'s' ".to_string()),
+        Just("\"Name\" ".to_string()),
+        Just("; ".to_string()),
+        Just("-- c\n".to_string()),
+        Just("/* ".to_string()),
+        Just("` ".to_string()),
+        Just("( ".to_string()),
+        Just("IN (1, -2) ".to_string()),
+        Just("BETWEEN ".to_string()),
+        Just("UPDATE `People List` SET Goals = ".to_string()),
+        Just("2nd.x ".to_string()),
+        Just("1e+ ".to_string()),
+        "[ -~]{0,10}",
+        "\\PC{0,4}",
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn the_text_parser_never_panics(parts in proptest::collection::vec(turn_fragment(), 0..12)) {
+        let text = parts.concat();
+        match DbBenchTextParser.parse(&text, &dbbench::tool_specs()) {
+            ParsedAction::Calls(calls) => {
+                prop_assert_eq!(calls.len(), 1);
+                prop_assert!(calls[0].name == SQL_TOOL || calls[0].name == COMMIT_TOOL);
+            }
+            ParsedAction::Invalid(reason) => prop_assert!(!reason.is_empty()),
+            ParsedAction::Final(_) => {}
+        }
+    }
+
+    #[test]
+    fn execute_sql_never_panics(parts in proptest::collection::vec(sql_fragment(), 0..10)) {
+        let query = parts.concat();
+        let mut s = session();
+        let observation = futures::executor::block_on(
+            s.step(&ToolCall::new(SQL_TOOL, json!({ "query": query }))),
+        ).unwrap();
+        prop_assert!(observation.text.chars().count() <= OBSERVATION_CHARS + 60);
+        prop_assert!(!observation.done);
+    }
+
+    #[test]
+    fn execute_sql_arguments_of_any_shape_never_panic(value in any_json()) {
+        let mut s = session();
+        let observation = futures::executor::block_on(
+            s.step(&ToolCall::new(SQL_TOOL, value)),
+        ).unwrap();
+        prop_assert!(!observation.done);
+    }
+}
+
+fn any_json() -> impl Strategy<Value = serde_json::Value> {
+    let leaf = prop_oneof![
+        Just(serde_json::Value::Null),
+        any::<bool>().prop_map(serde_json::Value::from),
+        any::<i64>().prop_map(serde_json::Value::from),
+        "\\PC{0,20}".prop_map(serde_json::Value::from),
+    ];
+    leaf.prop_recursive(3, 16, 4, |inner| {
+        prop_oneof![
+            proptest::collection::vec(inner.clone(), 0..4).prop_map(serde_json::Value::from),
+            proptest::collection::btree_map(
+                prop_oneof![Just("query".to_string()), "[a-z]{1,5}"],
+                inner,
+                0..3
+            )
+            .prop_map(|m| serde_json::Value::Object(m.into_iter().collect())),
+        ]
+    })
+}
