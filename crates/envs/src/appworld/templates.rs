@@ -298,9 +298,10 @@ fn gen_mail_count(gen_: &mut Gen, world: &mut World, d: u8) -> (Spec, String) {
             first_name: sender.first_name.clone(),
             last_name: last.clone(),
             email: format!(
-                "{}.{}@namesake.example",
+                "{}.{}@{}",
                 sender.first_name.to_lowercase(),
-                last.to_lowercase()
+                last.to_lowercase(),
+                sender.email.rsplit('@').next().unwrap_or("mailbox.example")
             ),
             phone: "555-010-0101".into(),
         };
@@ -318,8 +319,7 @@ fn gen_mail_count(gen_: &mut Gen, world: &mut World, d: u8) -> (Spec, String) {
             "Count the emails {name} sent me that are in my inbox or my spam folder, both folders together. Answer with just the number."
         ),
         _ => format!(
-            "How many emails from {name} ({}) do I have across my inbox, spam and archive folders combined? Answer with just the number.",
-            sender.email
+            "How many emails from {name} do I have across my inbox, spam and archive folders combined? Answer with just the number."
         ),
     };
     (
@@ -1253,4 +1253,175 @@ pub fn verify(
         "failed": checks.items.iter().filter(|c| c["ok"] == json!(false)).map(|c| c["check"].clone()).collect::<Vec<_>>(),
     });
     (checks.ok, details)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::appworld::apps::DEFAULT_PAGE_SIZE;
+
+    fn all_generated() -> Vec<(Template, u8, Generated)> {
+        let mut out = Vec::new();
+        for template in Template::ALL {
+            for difficulty in 1..=3 {
+                for seed in 0..40u64 {
+                    out.push((
+                        template,
+                        difficulty,
+                        generate(template, difficulty, seed * 7919 + 13),
+                    ));
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn generation_is_deterministic() {
+        for template in Template::ALL {
+            let a = generate(template, 3, 99);
+            let b = generate(template, 3, 99);
+            assert_eq!(a.world, b.world);
+            assert_eq!(a.spec, b.spec);
+            assert_eq!(a.instruction, b.instruction);
+            assert_ne!(generate(template, 3, 100).world, a.world);
+        }
+    }
+
+    /// Every task needs the behaviour its template is about: more than one page, a non-empty
+    /// answer that a union or a looser filter would get wrong.
+    #[test]
+    fn tasks_need_their_behaviour() {
+        for (template, d, g) in all_generated() {
+            let w = &g.world;
+            let label = format!("{template:?} d{d}: {}", g.instruction);
+            match (&g.spec, expected(&g.spec, w)) {
+                (
+                    Spec::MailCount {
+                        folders,
+                        sender_email,
+                        ..
+                    },
+                    Expected::Count(n),
+                ) => {
+                    assert!(n >= folders.len() as i64, "{label}");
+                    for f in folders {
+                        let listing = mail::folder_listing(w, *f);
+                        assert!(listing.len() > DEFAULT_PAGE_SIZE, "{label}");
+                        // A target sits beyond the first page of every folder.
+                        assert!(
+                            listing[DEFAULT_PAGE_SIZE..]
+                                .iter()
+                                .any(|(_, e)| e.from == *sender_email),
+                            "{label}"
+                        );
+                    }
+                    // A reader of only some folders, or of every folder, gets another count.
+                    let everywhere = w
+                        .mail
+                        .emails
+                        .values()
+                        .filter(|e| e.from == *sender_email)
+                        .count() as i64;
+                    assert!(everywhere > n || folders.len() == 3, "{label}");
+                }
+                (
+                    Spec::LikedIntersection {
+                        playlist_id, genre, ..
+                    },
+                    Expected::Titles(titles),
+                ) => {
+                    assert!(titles.len() >= 2, "{label}");
+                    let playlist = &w.music.playlists[playlist_id].song_ids;
+                    let union = w
+                        .music
+                        .liked
+                        .iter()
+                        .chain(playlist)
+                        .collect::<BTreeSet<_>>()
+                        .len();
+                    assert!(union > titles.len() + 4, "{label}");
+                    assert!(w.music.liked.len() > DEFAULT_PAGE_SIZE, "{label}");
+                    if genre.is_some() {
+                        let both = w
+                            .music
+                            .liked
+                            .iter()
+                            .filter(|id| playlist.contains(id))
+                            .count();
+                        assert!(both > titles.len(), "{label}");
+                    }
+                }
+                (Spec::PlaylistBuild { artist, .. }, Expected::PlaylistSongs(ids)) => {
+                    assert!((2..=6).contains(&ids.len()), "{label}");
+                    let by_artist = w
+                        .music
+                        .liked
+                        .iter()
+                        .filter(|id| w.music.songs[id].artist == *artist)
+                        .count();
+                    assert!(by_artist > ids.len() || d == 1, "{label}");
+                    assert!(w.music.liked.len() > DEFAULT_PAGE_SIZE, "{label}");
+                }
+                (Spec::ReturnsWindow { keyword, .. }, Expected::Cents(c)) => {
+                    assert!(c > 0, "{label}");
+                    assert!(w.shopping.returns.len() > DEFAULT_PAGE_SIZE, "{label}");
+                    let any_time: i64 = w
+                        .shopping
+                        .returns
+                        .values()
+                        .filter(|r| r.product_name.contains(keyword.as_str()))
+                        .map(|r| r.refund_cents)
+                        .sum();
+                    assert!(any_time > c, "{label}");
+                }
+                (Spec::AccountRecovery { app, .. }, Expected::Recovery) => {
+                    let saved = &w.supervisor.passwords[app];
+                    let real = if app == "payments" {
+                        &w.payments.account.password
+                    } else {
+                        &w.shopping.account.password
+                    };
+                    assert_ne!(saved, real, "{label}");
+                }
+                (Spec::TransferReadback { transfer, .. }, Expected::Transfers(list)) => {
+                    assert!(!list.is_empty(), "{label}");
+                    if let TransferKind::PayBack { .. } = transfer {
+                        assert_eq!(list.len(), 1, "{label}");
+                    }
+                    assert!(w.payments.fee_bps > 0, "{label}");
+                    let total: i64 = list.iter().map(|(_, c)| c).sum();
+                    assert!(w.payments.balance_cents > 2 * total, "{label}");
+                }
+                (spec, e) => panic!("{spec:?} has ground truth {e:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn answers_are_read_leniently_but_exactly() {
+        assert_eq!(single_number("$1,234.50"), Some(1234.5));
+        assert_eq!(single_number("The total is 12.30 dollars"), Some(12.3));
+        assert_eq!(single_number("between 3 and 4"), None);
+        assert_eq!(single_number(""), None);
+        let items = list_items("\"Golden River\", and Neon Parade.\n- Wild Canyon");
+        assert_eq!(
+            items,
+            ["golden river", "neon parade", "wild canyon"]
+                .map(String::from)
+                .into()
+        );
+    }
+
+    #[test]
+    fn periods_are_inclusive_windows() {
+        let now = Date::parse("2024-03-15").unwrap_or(Date(0));
+        let show = |p: Period| {
+            let (a, b) = p.window(now);
+            format!("{a}..{b}")
+        };
+        assert_eq!(show(Period::ThisMonth), "2024-03-01..2024-03-15");
+        assert_eq!(show(Period::LastMonth), "2024-02-01..2024-02-29");
+        assert_eq!(show(Period::PastDays(7)), "2024-03-09..2024-03-15");
+    }
 }
