@@ -145,7 +145,7 @@ impl QwenConfig {
                 return Err(Error::config(source, field, "must be a positive integer"));
             }
         }
-        if self.num_attention_heads % self.num_key_value_heads != 0 {
+        if !self.num_attention_heads.is_multiple_of(self.num_key_value_heads) {
             return Err(Error::config(
                 source,
                 "num_key_value_heads",
@@ -155,7 +155,7 @@ impl QwenConfig {
                 ),
             ));
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return Err(Error::config(
                 source,
                 "head_dim",
