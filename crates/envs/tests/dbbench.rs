@@ -343,6 +343,37 @@ fn numbers_compare_with_text_columns_as_in_mysql() {
 }
 
 #[test]
+fn mysql_functions_and_casts() {
+    let s = session();
+    assert_eq!(
+        run(
+            &s,
+            "SELECT Name FROM `People List` ORDER BY CAST(Goals AS UNSIGNED) DESC LIMIT 1"
+        ),
+        "[('Bob',)]"
+    );
+    assert_eq!(
+        run(
+            &s,
+            "SELECT COUNT(*) FROM `People List` WHERE Name REGEXP '^(an|bo)'"
+        ),
+        "[(2,)]"
+    );
+    assert_eq!(
+        run(
+            &s,
+            "SELECT LEFT(Name, 2), RIGHT(Name, 2), LOCATE('b', Name) FROM `People List` WHERE Name RLIKE 'bob'"
+        ),
+        "[('Bo', 'ob', 1)]"
+    );
+    assert_eq!(
+        run(&s, "SELECT MD5('abc')"),
+        "[('900150983cd24fb0d6963f7d28e17f72',)]"
+    );
+    assert_eq!(run(&s, "USE whatever"), "Database changed");
+}
+
+#[test]
 fn changes_and_inspection_commands() {
     let s = session();
     assert_eq!(

@@ -456,7 +456,6 @@ pub fn base_harness() -> Harness {
     );
     harness.limits.max_model_calls = MAX_ROUNDS;
     harness.limits.max_env_actions = MAX_ROUNDS;
-    harness.tool_view.max_observation_chars = Some(OBSERVATION_CHARS as u32);
     harness
 }
 

@@ -34,24 +34,48 @@ fn strip_think(text: &str) -> &str {
     }
 }
 
-/// Byte offset of `needle` in `hay`, ignoring ASCII case.
+/// Byte offset of the marker `needle` in `hay`, ignoring ASCII case; the marker must not
+/// continue a word (`Action:` is found in "Action:" and "**Action:**", not in "transaction:").
 fn find_ci(hay: &str, needle: &str) -> Option<usize> {
     let hay_lower = hay.to_ascii_lowercase();
-    hay_lower.find(&needle.to_ascii_lowercase())
+    let needle = needle.to_ascii_lowercase();
+    let mut from = 0;
+    while let Some(offset) = hay_lower[from..].find(&needle) {
+        let at = from + offset;
+        let starts_word = hay_lower[..at]
+            .chars()
+            .next_back()
+            .is_none_or(|c| !c.is_alphanumeric());
+        if starts_word {
+            return Some(at);
+        }
+        from = at + needle.len();
+    }
+    None
 }
 
-/// The first fenced code block at or after `from`: its body, without the language tag.
+/// The first fenced code block: its body, without the language tag.
 fn code_block(text: &str) -> Option<&str> {
     let open = text.find("```")?;
     let after = &text[open + 3..];
     // The info string (`sql`, `SQL`, `mysql`) runs to the end of the line.
-    let body_start = after.find('\n').map(|i| i + 1)?;
-    let info = after[..body_start].trim();
-    if !info.is_empty() && !info.chars().all(|c| c.is_ascii_alphanumeric()) {
-        // ```SELECT 1``` on one line: the whole thing is the body.
+    let line_end = after.find('\n');
+    let info = after[..line_end.unwrap_or(after.len())].trim();
+    if line_end.is_none() || !info.chars().all(|c| c.is_ascii_alphanumeric()) {
+        // ```SELECT 1``` on one line: everything up to the closing fence is the body.
         let close = after.find("```")?;
-        return Some(&after[..close]);
+        let body = after[..close].trim_start();
+        for tag in ["sql", "mysql", "sqlite"] {
+            if let (Some(head), Some(rest)) = (body.get(..tag.len()), body.get(tag.len()..))
+                && head.eq_ignore_ascii_case(tag)
+                && rest.starts_with(char::is_whitespace)
+            {
+                return Some(rest);
+            }
+        }
+        return Some(body);
     }
+    let body_start = line_end? + 1;
     let body = &after[body_start..];
     let close = body.find("```")?;
     Some(&body[..close])
@@ -180,6 +204,22 @@ mod tests {
     }
 
     #[test]
+    fn one_line_blocks() {
+        assert_eq!(
+            parse("Action: Operation\n```SELECT 1```"),
+            ParsedAction::Calls(vec![ToolCall::new(SQL_TOOL, json!({"query": "SELECT 1"}))])
+        );
+        assert_eq!(
+            parse("**Action:** Operation\n```sql SELECT 2 ```\n"),
+            ParsedAction::Calls(vec![ToolCall::new(SQL_TOOL, json!({"query": "SELECT 2"}))])
+        );
+        assert_eq!(
+            parse("Action: Operation\n```sqé x ```"),
+            ParsedAction::Calls(vec![ToolCall::new(SQL_TOOL, json!({"query": "sqé x"}))])
+        );
+    }
+
+    #[test]
     fn answers() {
         assert_eq!(
             parse("Done.\nAction: Answer\nFinal Answer: [\"a\", \"b\"]"),
@@ -203,7 +243,12 @@ mod tests {
 
     #[test]
     fn malformed_turns_are_invalid() {
-        for bad in ["hello", "Action: Dance", "Action: Answer\nno answer here"] {
+        for bad in [
+            "hello",
+            "Action: Dance",
+            "Action: Answer\nno answer here",
+            "The transaction: Operation",
+        ] {
             assert!(matches!(parse(bad), ParsedAction::Invalid(_)), "{bad}");
         }
     }
