@@ -1,1 +1,392 @@
-//! The `swe` environment.
+//! A SWE-style repository-repair world.
+//!
+//! Each task is an instance in the SWE-Gym shape ([`SweInstance`]: an issue text, the files of
+//! a Python repository, a gold patch, FAIL_TO_PASS and PASS_TO_PASS test ids). An episode gets
+//! its own temporary copy of the repository and these tools:
+//!
+//! | tool | what it does |
+//! |---|---|
+//! | `view_file{path, start_line?, end_line?}` | a file with line numbers, or a directory listing |
+//! | `search{pattern, path?}` | regex search over the copy, capped |
+//! | `replace{path, old, new}` | replace a string that occurs exactly once |
+//! | `create_file{path, content}` | create or overwrite a file |
+//! | `run_tests{tests}` | run unittest ids with `python3` (empty list: all tests) |
+//! | `run_shell{command}` | `sh -c` in the copy; **only offered when enabled**, see below |
+//! | `submit{}` | end the episode ([`harness_core::ToolKind::Submit`]) |
+//!
+//! The verifier restores the instance's own test files (the policy may have edited them),
+//! applies the instance's hidden `test_patch` if it has one, and runs every FAIL_TO_PASS and
+//! PASS_TO_PASS test with `python3` on the final state of the copy: R = 1 when all pass. The
+//! final state is judged whether or not the policy called `submit` (like SWE-agent's
+//! auto-submission); the details say whether it did.
+//!
+//! # Shell access
+//! Two switches must both be on for the policy to run arbitrary commands. The environment
+//! offers `run_shell` only when it is built with [`SweConfig::shell`] set (off by default);
+//! and [`base_harness`] lists the tools it shows in `tool_view.include` without `run_shell`,
+//! so a harness enables the shell by adding it there (a harness that names `run_shell` for an
+//! environment without it fails validation with a clear error). A harness with no `include`
+//! list shows every tool the environment offers.
+//!
+//! # Not a security sandbox
+//! Commands (tests and shell) run as the calling user, with its file-system and network
+//! access. What is enforced: a time limit per command (the whole process group is killed),
+//! an output cap, a cleared environment, the working directory set to the copy, and every
+//! path a tool takes checked to stay inside the copy (no absolute paths, no `..`, no symlink
+//! leading out). A shell command or a test can still read or write anywhere the user can, and
+//! code under test can tamper with the test runner. Run untrusted policies inside a container
+//! or VM if that matters.
+//!
+//! ```no_run
+//! use harness_envs::swe::{self, SweEnv};
+//! use harness_core::{Environment, Split, run_episode};
+//!
+//! # async fn demo() -> harness_core::Result<()> {
+//! let env = SweEnv::builtin();
+//! let task = env.tasks(Split::Train)?.remove(0);
+//! let oracle = env.oracle(&task)?;
+//! let trajectory = run_episode(&oracle, &swe::base_harness(), &env, &task, 0).await?;
+//! assert!(trajectory.is_success());
+//! # Ok(()) }
+//! ```
+
+mod builtin;
+pub mod diff;
+pub mod exec;
+mod instance;
+mod oracle;
+mod session;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use harness_core::{EnvSession, Environment, Error, Harness, Result, Split, Task};
+use serde_json::json;
+
+pub use builtin::{PAIR_SEED, builtin_instances, discover_test_ids};
+pub use exec::{CommandOutput, TestRun, TestStatus};
+pub use instance::{SweInstance, check_relative_path, is_test_id, load_jsonl};
+pub use oracle::{OraclePolicy, oracle_calls};
+pub use session::{SweSession, is_test_path, tools};
+
+/// The environment's name ([`Task::env`] of its tasks).
+pub const ENV_NAME: &str = "swe";
+
+/// Settings of the environment.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SweConfig {
+    /// The Python interpreter (`python3`).
+    pub python: String,
+    /// Offer the `run_shell` tool (off by default; see the module docs).
+    pub shell: bool,
+    /// Time limit of a `run_tests` or `run_shell` call.
+    pub command_timeout: Duration,
+    /// Time limit of the verifier's test run.
+    pub verify_timeout: Duration,
+    /// Bytes of command output kept (the rest is dropped and counted).
+    pub output_cap: usize,
+    /// Lines shown by one `view_file` call.
+    pub max_view_lines: usize,
+    /// Matches shown by one `search` call.
+    pub max_search_results: usize,
+    /// The largest file the tools read or write, in bytes.
+    pub max_file_bytes: usize,
+    /// Start Python without the `site` module (`-S`): no site-packages, about 30 ms faster
+    /// per run. Right for repositories that need only the standard library (the built-in
+    /// ones); leave it off for repositories with third-party dependencies.
+    pub no_site: bool,
+}
+
+impl Default for SweConfig {
+    fn default() -> Self {
+        SweConfig {
+            python: "python3".to_string(),
+            shell: false,
+            command_timeout: Duration::from_secs(20),
+            verify_timeout: Duration::from_secs(60),
+            output_cap: 12_000,
+            max_view_lines: 300,
+            max_search_results: 50,
+            max_file_bytes: 512 * 1024,
+            no_site: false,
+        }
+    }
+}
+
+/// The repository-repair environment: a set of instances with splits, served as tasks.
+#[derive(Debug, Clone)]
+pub struct SweEnv {
+    instances: BTreeMap<String, Arc<SweInstance>>,
+    config: Arc<SweConfig>,
+}
+
+impl SweEnv {
+    /// The built-in instances ([`builtin_instances`]) with the default configuration, except
+    /// that Python starts without `site` (the built-in repositories need only the standard
+    /// library).
+    pub fn builtin() -> Self {
+        Self::from_instances(builtin_instances())
+            .unwrap_or_else(|e| unreachable!("built-in instances are valid: {e}"))
+            .with_config(SweConfig {
+                no_site: true,
+                ..SweConfig::default()
+            })
+    }
+
+    /// An environment serving `instances` (ids must be unique and each instance well formed).
+    pub fn from_instances(instances: Vec<SweInstance>) -> Result<Self> {
+        let mut map = BTreeMap::new();
+        for (i, instance) in instances.into_iter().enumerate() {
+            instance.check().map_err(|(field, message)| {
+                Error::invalid(format!("instances[{i}].{field}"), message)
+            })?;
+            let id = instance.instance_id.clone();
+            if map.insert(id.clone(), Arc::new(instance)).is_some() {
+                return Err(Error::invalid(
+                    format!("instances[{i}].instance_id"),
+                    format!("`{id}` is used twice; expected unique ids"),
+                ));
+            }
+        }
+        Ok(SweEnv {
+            instances: map,
+            config: Arc::new(SweConfig::default()),
+        })
+    }
+
+    /// Instances from a JSONL file in the SWE-Gym shape (see [`load_jsonl`]); those without
+    /// a `split` field go to `default_split`.
+    pub fn load(path: impl AsRef<Path>, default_split: Split) -> Result<Self> {
+        let path = path.as_ref();
+        Self::from_instances(load_jsonl(path, default_split)?).map_err(|e| e.in_file(path))
+    }
+
+    /// The same environment with another configuration.
+    pub fn with_config(mut self, config: SweConfig) -> Self {
+        self.config = Arc::new(config);
+        self
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &SweConfig {
+        &self.config
+    }
+
+    /// Every instance, by id.
+    pub fn instances(&self) -> impl Iterator<Item = &SweInstance> {
+        self.instances.values().map(Arc::as_ref)
+    }
+
+    /// One instance.
+    pub fn instance(&self, instance_id: &str) -> Option<&SweInstance> {
+        self.instances.get(instance_id).map(Arc::as_ref)
+    }
+
+    /// The task of an instance: id `swe/<instance_id>`, the problem statement as instruction,
+    /// and in the metadata (never shown to the policy) the test lists and the gold patch.
+    pub fn task_for(instance: &SweInstance) -> Task {
+        let seed = instance
+            .instance_id
+            .bytes()
+            .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+                (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+            });
+        let mut task = Task::new(
+            format!("{ENV_NAME}/{}", instance.instance_id),
+            ENV_NAME,
+            instance.split,
+            instance.problem_statement.clone(),
+            seed,
+        );
+        task.metadata = json!({
+            "instance_id": instance.instance_id,
+            "repo": instance.repo,
+            "FAIL_TO_PASS": instance.fail_to_pass,
+            "PASS_TO_PASS": instance.pass_to_pass,
+            "patch": instance.patch,
+        });
+        task
+    }
+
+    fn lookup(&self, task: &Task) -> Result<Arc<SweInstance>> {
+        let id = task
+            .metadata
+            .get("instance_id")
+            .and_then(|v| v.as_str())
+            .or_else(|| task.id.strip_prefix("swe/"))
+            .unwrap_or(&task.id);
+        self.instances
+            .get(id)
+            .cloned()
+            .ok_or_else(|| Error::Environment {
+                env: ENV_NAME.to_string(),
+                message: format!(
+                    "task `{}` names instance `{id}`, which this environment does not have",
+                    task.id
+                ),
+            })
+    }
+
+    /// Start an episode as a concrete [`SweSession`] (what [`Environment::reset`] boxes).
+    /// The seed does not change the initial state: an instance has one repository.
+    pub fn start(&self, task: &Task) -> Result<SweSession> {
+        SweSession::create(self.lookup(task)?, Arc::clone(&self.config))
+    }
+
+    /// The oracle policy of a task (replays the gold patch through the tools, then submits).
+    pub fn oracle(&self, task: &Task) -> Result<OraclePolicy> {
+        let instance = self.lookup(task)?;
+        OraclePolicy::new(&instance).map_err(|message| Error::Environment {
+            env: ENV_NAME.to_string(),
+            message: format!("instance `{}`: {message}", instance.instance_id),
+        })
+    }
+
+    /// Check an instance against `python3`: before the gold patch every FAIL_TO_PASS test must
+    /// fail and every PASS_TO_PASS test pass; after it (and the test patch) all must pass.
+    pub fn validate_instance(&self, instance_id: &str) -> Result<InstanceReport> {
+        let instance =
+            self.instances.get(instance_id).cloned().ok_or_else(|| {
+                Error::invalid("instance_id", format!("no instance `{instance_id}`"))
+            })?;
+        let io = |e: std::io::Error| Error::Environment {
+            env: ENV_NAME.to_string(),
+            message: format!("cannot run `{}`: {e}", self.config.python),
+        };
+        let run = |files: &BTreeMap<String, String>| -> Result<TestRun> {
+            let dir = tempfile::tempdir().map_err(|e| Error::io(std::env::temp_dir(), e))?;
+            for (path, text) in files {
+                let target = dir.path().join(path);
+                if let Some(parent) = target.parent() {
+                    std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
+                }
+                std::fs::write(&target, text).map_err(|e| Error::io(&target, e))?;
+            }
+            exec::run_tests(
+                &self.config,
+                dir.path(),
+                &instance.all_tests(),
+                self.config.verify_timeout,
+                self.config.output_cap,
+            )
+            .map_err(io)
+        };
+        let invalid = |message: String| Error::invalid(format!("{instance_id}.patch"), message);
+        let mut before_files = instance.files.clone();
+        if !instance.test_patch.trim().is_empty() {
+            diff::apply_to_files(&mut before_files, &instance.test_patch).map_err(invalid)?;
+        }
+        let after_files = instance.fixed_files(true).map_err(invalid)?;
+        let before = run(&before_files)?;
+        let after = run(&after_files)?;
+        let status = |run: &TestRun, id: &String| {
+            run.statuses.get(id).copied().unwrap_or(TestStatus::NotRun)
+        };
+        let mut problems = Vec::new();
+        for id in &instance.fail_to_pass {
+            if status(&before, id) == TestStatus::Pass {
+                problems.push(format!("FAIL_TO_PASS {id} passes before the patch"));
+            }
+        }
+        for id in &instance.pass_to_pass {
+            let s = status(&before, id);
+            if s != TestStatus::Pass {
+                problems.push(format!(
+                    "PASS_TO_PASS {id} is {} before the patch",
+                    s.as_str()
+                ));
+            }
+        }
+        for id in instance.all_tests() {
+            let s = status(&after, &id);
+            if s != TestStatus::Pass {
+                problems.push(format!("{id} is {} after the patch", s.as_str()));
+            }
+        }
+        Ok(InstanceReport {
+            instance_id: instance_id.to_string(),
+            problems,
+            before,
+            after,
+        })
+    }
+}
+
+/// What [`SweEnv::validate_instance`] found.
+#[derive(Debug, Clone)]
+pub struct InstanceReport {
+    /// The instance.
+    pub instance_id: String,
+    /// Every violation (empty when the instance is sound).
+    pub problems: Vec<String>,
+    /// The test run on the original repository.
+    pub before: TestRun,
+    /// The test run after the gold patch.
+    pub after: TestRun,
+}
+
+#[async_trait]
+impl Environment for SweEnv {
+    fn name(&self) -> &str {
+        ENV_NAME
+    }
+
+    async fn reset(&self, task: &Task, _seed: u64) -> Result<Box<dyn EnvSession>> {
+        Ok(Box::new(self.start(task)?))
+    }
+
+    fn tasks(&self, split: Split) -> Result<Vec<Task>> {
+        Ok(self
+            .instances
+            .values()
+            .filter(|i| i.split == split)
+            .map(|i| Self::task_for(i))
+            .collect())
+    }
+}
+
+/// The tools [`base_harness`] shows: every tool except `run_shell`.
+pub const BASE_TOOLS: &[&str] = &[
+    tools::VIEW,
+    tools::SEARCH,
+    tools::REPLACE,
+    tools::CREATE,
+    tools::RUN_TESTS,
+    tools::SUBMIT,
+];
+
+/// The base harness H0 of the repair world: a system prompt describing the job and the
+/// workflow (slots `workflow` and `editing` for sibling edits to extend), the default limits,
+/// and a tool view without `run_shell`.
+pub fn base_harness() -> Harness {
+    let mut harness = Harness::new(
+        "swe-H0",
+        "You are a software engineer fixing an issue in a Python repository. The repository is \
+         checked out in a working directory that only you use; the issue text comes next.\n\n\
+         How to work:\n{workflow}\n\nEditing files:\n{editing}\n\n\
+         You may take at most {max_env_actions} tool actions. Call one tool per message with \
+         <tool_call>{{\"name\": ..., \"arguments\": {{...}}}}</tool_call>. When the fix is \
+         in place, call `submit`.",
+    );
+    harness.description =
+        "Base harness for SWE-style repository repair: read, edit, test, submit.".to_string();
+    harness.prompt.slots.insert(
+        "workflow".to_string(),
+        "1. Find the code the issue is about (search, view_file).\n\
+         2. Understand why it misbehaves; the existing tests show what is expected.\n\
+         3. Change the code, not the tests, with the smallest edit that fixes the issue.\n\
+         4. Run the relevant tests with run_tests and make sure nothing else broke."
+            .to_string(),
+    );
+    harness.prompt.slots.insert(
+        "editing".to_string(),
+        "`replace` needs the exact text to change, including indentation, and it must occur \
+         once in the file; view the lines first and copy them."
+            .to_string(),
+    );
+    harness.tool_view.include = Some(BASE_TOOLS.iter().map(|t| t.to_string()).collect());
+    harness
+}

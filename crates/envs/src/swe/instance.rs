@@ -1,0 +1,448 @@
+//! Repository-repair instances in the SWE-Gym shape and the JSONL loader for user-supplied ones.
+//!
+//! A line of an instance file is one JSON object:
+//!
+//! | field | type | meaning |
+//! |---|---|---|
+//! | `instance_id` | string | unique id |
+//! | `repo` | string, optional | a name for the repository |
+//! | `problem_statement` | string | the issue text shown to the policy |
+//! | `hints_text` | string, optional | kept, never shown |
+//! | `files` | object path -> text | the repository's files at the base commit, or: |
+//! | `repo_path` | string | a directory with those files, relative to the JSONL file |
+//! | `patch` | string | the gold patch (unified diff) |
+//! | `test_patch` | string, optional | applied before verification, never shown |
+//! | `FAIL_TO_PASS` | list of test ids, or a string holding a JSON list (SWE-bench style) | tests the fix must make pass |
+//! | `PASS_TO_PASS` | same | tests that must keep passing |
+//! | `split` | `train`, `validation` or `test`, optional | the instance's split |
+//!
+//! Other fields of SWE-Gym records (`base_commit`, `version`, `created_at`, ...) are accepted
+//! and ignored. Test ids are `unittest` names (`tests.test_core.TestSlug.test_digits`).
+
+use std::collections::BTreeMap;
+use std::path::{Component, Path};
+
+use harness_core::{Error, Location, Result, Split};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::diff;
+
+/// One repository-repair instance.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SweInstance {
+    /// Unique id, e.g. `textkit__truncate-exact-width`.
+    pub instance_id: String,
+    /// A name for the repository.
+    #[serde(default)]
+    pub repo: String,
+    /// The issue the policy must fix.
+    pub problem_statement: String,
+    /// Extra hints (never shown by the environment).
+    #[serde(default)]
+    pub hints_text: String,
+    /// The repository's files (relative path -> UTF-8 text) before the fix.
+    pub files: BTreeMap<String, String>,
+    /// The gold patch (unified diff).
+    pub patch: String,
+    /// A patch applied to the final state before verification (hidden tests); may be empty.
+    #[serde(default)]
+    pub test_patch: String,
+    /// Tests that fail before the fix and must pass after it.
+    #[serde(rename = "FAIL_TO_PASS")]
+    pub fail_to_pass: Vec<String>,
+    /// Tests that pass before the fix and must keep passing.
+    #[serde(rename = "PASS_TO_PASS")]
+    pub pass_to_pass: Vec<String>,
+    /// The split the instance belongs to.
+    pub split: Split,
+}
+
+impl SweInstance {
+    /// The repository after the gold patch (and the test patch, when `with_tests`).
+    pub fn fixed_files(
+        &self,
+        with_tests: bool,
+    ) -> std::result::Result<BTreeMap<String, String>, String> {
+        let mut files = self.files.clone();
+        diff::apply_to_files(&mut files, &self.patch).map_err(|e| format!("patch: {e}"))?;
+        if with_tests && !self.test_patch.trim().is_empty() {
+            diff::apply_to_files(&mut files, &self.test_patch)
+                .map_err(|e| format!("test_patch: {e}"))?;
+        }
+        Ok(files)
+    }
+
+    /// Every test the verifier runs: FAIL_TO_PASS then PASS_TO_PASS.
+    pub fn all_tests(&self) -> Vec<String> {
+        self.fail_to_pass
+            .iter()
+            .chain(&self.pass_to_pass)
+            .cloned()
+            .collect()
+    }
+
+    /// Check the instance's shape: a non-empty id and statement, safe file paths, valid test
+    /// ids, at least one FAIL_TO_PASS test, and patches that parse and apply. Returns the
+    /// offending field and what was expected.
+    pub fn check(&self) -> std::result::Result<(), (&'static str, String)> {
+        if self.instance_id.trim().is_empty() {
+            return Err(("instance_id", "expected a non-empty string".into()));
+        }
+        if self.problem_statement.trim().is_empty() {
+            return Err(("problem_statement", "expected a non-empty string".into()));
+        }
+        if self.files.is_empty() {
+            return Err(("files", "expected at least one file".into()));
+        }
+        for path in self.files.keys() {
+            if let Err(why) = check_relative_path(path) {
+                return Err(("files", format!("path `{path}`: {why}")));
+            }
+        }
+        if self.fail_to_pass.is_empty() {
+            return Err(("FAIL_TO_PASS", "expected at least one test id".into()));
+        }
+        for (field, ids) in [
+            ("FAIL_TO_PASS", &self.fail_to_pass),
+            ("PASS_TO_PASS", &self.pass_to_pass),
+        ] {
+            if let Some(bad) = ids.iter().find(|id| !is_test_id(id)) {
+                return Err((
+                    field,
+                    format!(
+                        "`{bad}` is not a unittest id (dotted Python names such as `tests.test_mod.TestCase.test_name`)"
+                    ),
+                ));
+            }
+        }
+        let touched = diff::parse_patch(&self.patch).map_err(|e| ("patch", e))?;
+        if touched.is_empty() {
+            return Err((
+                "patch",
+                "expected a unified diff with at least one file".into(),
+            ));
+        }
+        for fp in &touched {
+            check_relative_path(fp.path())
+                .map_err(|e| ("patch", format!("`{}`: {e}", fp.path())))?;
+        }
+        let mut files = self.files.clone();
+        diff::apply_to_files(&mut files, &self.patch)
+            .map_err(|e| ("patch", format!("does not apply: {e}")))?;
+        if !self.test_patch.trim().is_empty() {
+            for fp in diff::parse_patch(&self.test_patch).map_err(|e| ("test_patch", e))? {
+                check_relative_path(fp.path())
+                    .map_err(|e| ("test_patch", format!("`{}`: {e}", fp.path())))?;
+            }
+            let mut files = self.files.clone();
+            diff::apply_to_files(&mut files, &self.test_patch)
+                .map_err(|e| ("test_patch", format!("does not apply: {e}")))?;
+        }
+        Ok(())
+    }
+}
+
+/// Whether `id` looks like a unittest name: dot-separated Python identifiers.
+pub fn is_test_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 500
+        && id.split('.').all(|part| {
+            let mut chars = part.chars();
+            chars
+                .next()
+                .is_some_and(|c| c == '_' || c.is_ascii_alphabetic())
+                && chars.all(|c| c == '_' || c.is_ascii_alphanumeric())
+        })
+}
+
+/// Check that `path` is relative, non-empty and never climbs out (`..`).
+pub fn check_relative_path(path: &str) -> std::result::Result<(), String> {
+    if path.is_empty() {
+        return Err("the path is empty".into());
+    }
+    if path.contains('\0') {
+        return Err("the path contains a NUL byte".into());
+    }
+    let p = Path::new(path);
+    for component in p.components() {
+        match component {
+            Component::Normal(_) | Component::CurDir => {}
+            Component::ParentDir => return Err("`..` is not allowed".into()),
+            Component::RootDir | Component::Prefix(_) => {
+                return Err(
+                    "absolute paths are not allowed; give a path relative to the repository root"
+                        .into(),
+                );
+            }
+        }
+    }
+    if p.components().all(|c| matches!(c, Component::CurDir)) {
+        return Err("the path names the repository root, not a file".into());
+    }
+    Ok(())
+}
+
+fn parse_error(file: &Path, line: usize, field: &str, message: String) -> Error {
+    Error::Parse {
+        location: Location::at(field).in_file(file),
+        message: format!("line {line}: {message}"),
+    }
+}
+
+/// Load instances from a JSONL file (one object per line; blank lines and lines starting with
+/// `#` are skipped). Instances without a `split` field get `default_split`. Errors name the
+/// file, the line, the field and what was expected.
+pub fn load_jsonl(path: impl AsRef<Path>, default_split: Split) -> Result<Vec<SweInstance>> {
+    let path = path.as_ref();
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let base = path.parent().unwrap_or(Path::new("."));
+    let mut instances = Vec::new();
+    let mut seen = BTreeMap::new();
+    for (index, line) in text.lines().enumerate() {
+        let line_no = index + 1;
+        let trimmed = line.trim();
+        if trimmed.is_empty() || trimmed.starts_with('#') {
+            continue;
+        }
+        let value: Value = serde_json::from_str(trimmed)
+            .map_err(|e| parse_error(path, line_no, "", format!("expected a JSON object ({e})")))?;
+        let instance = instance_from_value(&value, base, default_split)
+            .map_err(|(field, message)| parse_error(path, line_no, &field, message))?;
+        instance
+            .check()
+            .map_err(|(field, message)| parse_error(path, line_no, field, message))?;
+        if let Some(first) = seen.insert(instance.instance_id.clone(), line_no) {
+            return Err(parse_error(
+                path,
+                line_no,
+                "instance_id",
+                format!(
+                    "`{}` was already used on line {first}; expected unique ids",
+                    instance.instance_id
+                ),
+            ));
+        }
+        instances.push(instance);
+    }
+    Ok(instances)
+}
+
+type FieldError = (String, String);
+
+fn instance_from_value(
+    value: &Value,
+    base: &Path,
+    default_split: Split,
+) -> std::result::Result<SweInstance, FieldError> {
+    let Value::Object(obj) = value else {
+        return Err((String::new(), "expected a JSON object".into()));
+    };
+    let string = |field: &str, required: bool| -> std::result::Result<String, FieldError> {
+        match obj.get(field) {
+            Some(Value::String(s)) => Ok(s.clone()),
+            None | Some(Value::Null) if !required => Ok(String::new()),
+            None => Err((field.to_string(), "missing; expected a string".into())),
+            Some(other) => Err((
+                field.to_string(),
+                format!("expected a string, found {}", kind(other)),
+            )),
+        }
+    };
+    let instance_id = string("instance_id", true)?;
+    let repo = string("repo", false)?;
+    let problem_statement = string("problem_statement", true)?;
+    let files = match (obj.get("files"), obj.get("repo_path")) {
+        (Some(Value::Object(map)), None) => {
+            let mut files = BTreeMap::new();
+            for (name, content) in map {
+                let Value::String(content) = content else {
+                    return Err((
+                        format!("files.{name}"),
+                        format!(
+                            "expected the file's text as a string, found {}",
+                            kind(content)
+                        ),
+                    ));
+                };
+                files.insert(name.clone(), content.clone());
+            }
+            files
+        }
+        (None, Some(Value::String(dir))) => {
+            read_tree(&base.join(dir)).map_err(|e| ("repo_path".to_string(), e))?
+        }
+        (Some(_), Some(_)) => {
+            return Err((
+                "files".into(),
+                "give either `files` or `repo_path`, not both".into(),
+            ));
+        }
+        (Some(other), None) => {
+            return Err((
+                "files".into(),
+                format!(
+                    "expected an object mapping paths to text, found {}",
+                    kind(other)
+                ),
+            ));
+        }
+        (None, Some(other)) => {
+            return Err((
+                "repo_path".into(),
+                format!(
+                    "expected a directory path as a string, found {}",
+                    kind(other)
+                ),
+            ));
+        }
+        (None, None) => {
+            return Err((
+                "files".into(),
+                "missing; expected `files` (an object mapping paths to text) or `repo_path` (a directory)"
+                    .into(),
+            ));
+        }
+    };
+    let split = match obj.get("split") {
+        None | Some(Value::Null) => default_split,
+        Some(Value::String(s)) => match s.as_str() {
+            "train" => Split::Train,
+            "validation" | "valid" | "dev" => Split::Validation,
+            "test" => Split::Test,
+            other => {
+                return Err((
+                    "split".into(),
+                    format!("`{other}` is not a split; expected train, validation or test"),
+                ));
+            }
+        },
+        Some(other) => {
+            return Err((
+                "split".into(),
+                format!("expected a string, found {}", kind(other)),
+            ));
+        }
+    };
+    Ok(SweInstance {
+        instance_id,
+        repo,
+        problem_statement,
+        hints_text: string("hints_text", false)?,
+        files,
+        patch: string("patch", true)?,
+        test_patch: string("test_patch", false)?,
+        fail_to_pass: test_list(obj.get("FAIL_TO_PASS"), "FAIL_TO_PASS", true)?,
+        pass_to_pass: test_list(obj.get("PASS_TO_PASS"), "PASS_TO_PASS", false)?,
+        split,
+    })
+}
+
+fn test_list(
+    value: Option<&Value>,
+    field: &str,
+    required: bool,
+) -> std::result::Result<Vec<String>, FieldError> {
+    let expected = "expected a list of test ids, or a string holding a JSON list of them";
+    let list = match value {
+        None | Some(Value::Null) if !required => return Ok(Vec::new()),
+        None => return Err((field.to_string(), format!("missing; {expected}"))),
+        // SWE-bench and SWE-Gym store the lists as JSON text.
+        Some(Value::String(text)) => serde_json::from_str::<Value>(text).map_err(|_| {
+            (
+                field.to_string(),
+                format!("{expected}; the string is not JSON"),
+            )
+        })?,
+        Some(other) => other.clone(),
+    };
+    let Value::Array(items) = list else {
+        return Err((
+            field.to_string(),
+            format!("{expected}, found {}", kind(&list)),
+        ));
+    };
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| match item {
+            Value::String(s) => Ok(s.clone()),
+            other => Err((
+                format!("{field}[{i}]"),
+                format!("expected a test id string, found {}", kind(other)),
+            )),
+        })
+        .collect()
+}
+
+fn kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// Directories never read into an instance.
+const SKIPPED_DIRS: &[&str] = &[".git", "__pycache__", ".hg", ".svn", ".tox", ".venv"];
+
+/// Read a directory's UTF-8 text files (symlinks, binary files and files over 1 MiB are
+/// skipped; version-control and cache directories too).
+fn read_tree(root: &Path) -> std::result::Result<BTreeMap<String, String>, String> {
+    let mut files = BTreeMap::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let entries = std::fs::read_dir(&dir)
+            .map_err(|e| format!("cannot read directory {}: {e}", dir.display()))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| format!("{}: {e}", dir.display()))?;
+            let path = entry.path();
+            let meta =
+                std::fs::symlink_metadata(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if meta.is_dir() {
+                if !SKIPPED_DIRS.contains(&name.as_str()) {
+                    stack.push(path);
+                }
+            } else if meta.is_file() && meta.len() <= 1 << 20 {
+                let Ok(text) = String::from_utf8(
+                    std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?,
+                ) else {
+                    continue;
+                };
+                let rel = path
+                    .strip_prefix(root)
+                    .map_err(|_| format!("{} is outside {}", path.display(), root.display()))?;
+                let rel: Vec<String> = rel
+                    .components()
+                    .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                    .collect();
+                files.insert(rel.join("/"), text);
+            }
+        }
+    }
+    if files.is_empty() {
+        return Err(format!("no text files found under {}", root.display()));
+    }
+    Ok(files)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_ids_and_paths() {
+        assert!(is_test_id("tests.test_core.TestX.test_y"));
+        for bad in ["", "a..b", "1abc", "a b", "a/b", "tests.test-x"] {
+            assert!(!is_test_id(bad), "{bad}");
+        }
+        assert!(check_relative_path("pkg/mod.py").is_ok());
+        for bad in ["", "/etc/passwd", "../x", "a/../../b", ".", "a\0b"] {
+            assert!(check_relative_path(bad).is_err(), "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,908 @@
+//! One episode: a private copy of the repository and the tools that act on it.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use harness_core::{EnvSession, Error, Observation, Outcome, Result, ToolCall, ToolKind, ToolSpec};
+use regex::RegexBuilder;
+use serde_json::{Map, Value, json};
+
+use super::exec::{self, TestStatus};
+use super::instance::{SweInstance, check_relative_path, is_test_id};
+use super::{ENV_NAME, SweConfig, diff};
+
+/// Tool names.
+pub mod tools {
+    /// View a file or list a directory.
+    pub const VIEW: &str = "view_file";
+    /// Search the repository with a regular expression.
+    pub const SEARCH: &str = "search";
+    /// Replace a unique string in a file.
+    pub const REPLACE: &str = "replace";
+    /// Create or overwrite a file.
+    pub const CREATE: &str = "create_file";
+    /// Run selected tests.
+    pub const RUN_TESTS: &str = "run_tests";
+    /// Run a shell command (only when the environment enables it).
+    pub const SHELL: &str = "run_shell";
+    /// End the episode.
+    pub const SUBMIT: &str = "submit";
+}
+
+/// Directories hidden from listings and searches.
+const HIDDEN_DIRS: &[&str] = &[".git", "__pycache__"];
+
+/// The most test ids one `run_tests` call may name.
+const MAX_TEST_IDS: usize = 200;
+
+/// One running episode of [`super::SweEnv`]: a temporary copy of the repository (removed when
+/// the session is dropped) and the tools that read and change it.
+pub struct SweSession {
+    instance: Arc<SweInstance>,
+    config: Arc<SweConfig>,
+    dir: tempfile::TempDir,
+    root: PathBuf,
+    submitted: bool,
+}
+
+impl std::fmt::Debug for SweSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SweSession")
+            .field("instance", &self.instance.instance_id)
+            .field("root", &self.root)
+            .field("submitted", &self.submitted)
+            .finish()
+    }
+}
+
+fn env_error(message: String) -> Error {
+    Error::Environment {
+        env: ENV_NAME.to_string(),
+        message,
+    }
+}
+
+impl SweSession {
+    /// Copy the instance's repository into a fresh temporary directory.
+    pub(crate) fn create(instance: Arc<SweInstance>, config: Arc<SweConfig>) -> Result<Self> {
+        let dir = tempfile::Builder::new()
+            .prefix("harness-swe-")
+            .tempdir()
+            .map_err(|e| env_error(format!("cannot create a temporary directory: {e}")))?;
+        let root = dir
+            .path()
+            .canonicalize()
+            .map_err(|e| Error::io(dir.path(), e))?;
+        write_tree(&root, &instance.files)?;
+        Ok(SweSession {
+            instance,
+            config,
+            dir,
+            root,
+            submitted: false,
+        })
+    }
+
+    /// The repository copy's root directory (canonical).
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The instance this episode works on.
+    pub fn instance(&self) -> &SweInstance {
+        &self.instance
+    }
+
+    /// Whether `submit` was called.
+    pub fn submitted(&self) -> bool {
+        self.submitted
+    }
+
+    /// The tools of this episode (`run_shell` only when the environment enables the shell).
+    pub fn tool_specs(shell: bool) -> Vec<ToolSpec> {
+        let object = |props: Value, required: &[&str]| json!({"type": "object", "properties": props, "required": required, "additionalProperties": false});
+        let mut specs = vec![
+            ToolSpec::new(
+                tools::VIEW,
+                "Show a file with line numbers (optionally only lines start_line..=end_line), or list a directory.",
+                object(
+                    json!({
+                        "path": {"type": "string", "description": "Path relative to the repository root."},
+                        "start_line": {"type": "integer", "minimum": 1},
+                        "end_line": {"type": "integer", "minimum": 1}
+                    }),
+                    &["path"],
+                ),
+            ),
+            ToolSpec::new(
+                tools::SEARCH,
+                "Search the repository's text files with a regular expression (Rust regex syntax); prints path:line: text for each match, up to a cap.",
+                object(
+                    json!({
+                        "pattern": {"type": "string"},
+                        "path": {"type": "string", "description": "Only search this file or directory."}
+                    }),
+                    &["pattern"],
+                ),
+            ),
+            ToolSpec::new(
+                tools::REPLACE,
+                "Replace the text `old` by `new` in a file. `old` must occur exactly once; include surrounding lines to make it unique.",
+                object(
+                    json!({
+                        "path": {"type": "string"},
+                        "old": {"type": "string"},
+                        "new": {"type": "string"}
+                    }),
+                    &["path", "old", "new"],
+                ),
+            ),
+            ToolSpec::new(
+                tools::CREATE,
+                "Create a file with the given content (parent directories are created; an existing file is overwritten).",
+                object(
+                    json!({"path": {"type": "string"}, "content": {"type": "string"}}),
+                    &["path", "content"],
+                ),
+            ),
+            ToolSpec::new(
+                tools::RUN_TESTS,
+                "Run tests with Python's unittest. `tests` lists ids such as `tests.test_mod`, `tests.test_mod.TestCase` or `tests.test_mod.TestCase.test_name`; an empty list runs every test found under tests/.",
+                object(
+                    json!({"tests": {"type": "array", "items": {"type": "string"}}}),
+                    &["tests"],
+                ),
+            ),
+        ];
+        if shell {
+            specs.push(ToolSpec::new(
+                tools::SHELL,
+                "Run a shell command (sh -c) in the repository root, with a time limit and an output cap.",
+                object(json!({"command": {"type": "string"}}), &["command"]),
+            ));
+        }
+        specs.push(
+            ToolSpec::new(
+                tools::SUBMIT,
+                "Submit the repository in its current state as the fix and end the episode.",
+                object(json!({}), &[]),
+            )
+            .with_kind(ToolKind::Submit),
+        );
+        specs
+    }
+
+    /// Apply one tool call; misuse is an error observation. `Err` only when the machine fails
+    /// (the temporary directory vanished, a process could not be started).
+    pub fn step_sync(&mut self, call: &ToolCall) -> Result<Observation> {
+        if self.submitted {
+            return Ok(Observation::error(
+                "The episode has ended: the fix was already submitted.",
+            ));
+        }
+        let Some(args) = call.arguments.as_object() else {
+            return Ok(Observation::error(format!(
+                "The arguments of `{}` must be a JSON object.",
+                call.name
+            )));
+        };
+        let result = match call.name.as_str() {
+            tools::VIEW => self.view(args),
+            tools::SEARCH => self.search(args),
+            tools::REPLACE => self.replace(args),
+            tools::CREATE => self.create_file(args),
+            tools::RUN_TESTS => self.run_tests(args),
+            tools::SHELL if self.config.shell => self.shell(args),
+            tools::SUBMIT => check_keys(args, &[]).map(|()| {
+                self.submitted = true;
+                Observation::ok("Submitted. The repository in its current state will be tested.")
+                    .finished()
+            }),
+            other => {
+                let names: Vec<String> = Self::tool_specs(self.config.shell)
+                    .into_iter()
+                    .map(|t| t.name)
+                    .collect();
+                Err(format!(
+                    "There is no tool `{other}`. Available tools: {}.",
+                    names.join(", ")
+                ))
+            }
+        };
+        match result {
+            Ok(observation) => Ok(observation),
+            Err(message) => Ok(Observation::error(message)),
+        }
+    }
+
+    /// Judge the final state: restore the original test files, apply the test patch, run every
+    /// FAIL_TO_PASS and PASS_TO_PASS test; success when all pass.
+    pub fn verify_sync(&mut self) -> Result<Outcome> {
+        let instance = Arc::clone(&self.instance);
+        // The policy may have edited tests; the verdict uses the instance's own.
+        for (path, text) in &instance.files {
+            if is_test_path(path) {
+                let target = clear_way(&self.root, path)?;
+                std::fs::write(&target, text).map_err(|e| Error::io(&target, e))?;
+            }
+        }
+        let mut details = json!({
+            "instance_id": instance.instance_id,
+            "submitted": self.submitted,
+        });
+        if !instance.test_patch.trim().is_empty()
+            && let Err(message) = self.apply_patch_in_place(&instance.test_patch)
+        {
+            details["error"] = json!(format!("the test patch does not apply: {message}"));
+            return Ok(Outcome::failure(details));
+        }
+        let ids = instance.all_tests();
+        let run = exec::run_tests(
+            &self.config,
+            &self.root,
+            &ids,
+            self.config.verify_timeout,
+            self.config.output_cap,
+        )
+        .map_err(|e| env_error(format!("cannot run `{}`: {e}", self.config.python)))?;
+        let pick = |list: &[String]| -> BTreeMap<String, &'static str> {
+            list.iter()
+                .map(|id| {
+                    let status = run.statuses.get(id).copied().unwrap_or(TestStatus::NotRun);
+                    (id.clone(), status.as_str())
+                })
+                .collect()
+        };
+        details["FAIL_TO_PASS"] = json!(pick(&instance.fail_to_pass));
+        details["PASS_TO_PASS"] = json!(pick(&instance.pass_to_pass));
+        let failed: Vec<&String> = run
+            .statuses
+            .iter()
+            .filter(|(_, s)| **s != TestStatus::Pass)
+            .map(|(id, _)| id)
+            .collect();
+        details["failed"] = json!(failed);
+        if run.command.timed_out {
+            details["timed_out"] = json!(true);
+        }
+        Ok(if run.all_pass() && !ids.is_empty() {
+            Outcome::success(details)
+        } else {
+            details["output"] = json!(exec_tail(&run.command.describe(), 2000));
+            Outcome::failure(details)
+        })
+    }
+
+    fn apply_patch_in_place(&self, patch: &str) -> std::result::Result<(), String> {
+        let mut files = BTreeMap::new();
+        for fp in diff::parse_patch(patch)? {
+            for path in [&fp.old_path, &fp.new_path].into_iter().flatten() {
+                let target = self.resolve(path)?;
+                if let Ok(text) = std::fs::read_to_string(&target) {
+                    files.insert(path.clone(), text);
+                }
+            }
+        }
+        let before = files.clone();
+        diff::apply_to_files(&mut files, patch)?;
+        for path in before.keys() {
+            if !files.contains_key(path) {
+                let _ = std::fs::remove_file(self.resolve(path)?);
+            }
+        }
+        write_tree(&self.root, &files).map_err(|e| e.to_string())
+    }
+
+    /// Resolve a policy-given path inside the copy: relative, no `..`, and (following any
+    /// symlinks along the way) still inside the root.
+    fn resolve(&self, path: &str) -> std::result::Result<PathBuf, String> {
+        if path.len() > 4096 {
+            return Err("The path is too long.".into());
+        }
+        let trimmed = path.trim();
+        if trimmed == "." || trimmed == "./" || trimmed.is_empty() {
+            return Ok(self.root.clone());
+        }
+        check_relative_path(trimmed).map_err(|e| format!("Invalid path `{path}`: {e}."))?;
+        let joined = self.root.join(trimmed);
+        // Canonicalise the longest existing prefix: symlinks there must not lead outside.
+        let mut existing = joined.as_path();
+        let mut rest = Vec::new();
+        loop {
+            match std::fs::symlink_metadata(existing) {
+                Ok(_) => break,
+                Err(_) => {
+                    rest.push(existing.file_name().map(|n| n.to_os_string()));
+                    existing = existing.parent().unwrap_or(&self.root);
+                }
+            }
+        }
+        let canonical = existing.canonicalize().map_err(|_| {
+            format!("Invalid path `{path}`: it cannot be resolved (a dangling link?).")
+        })?;
+        if !canonical.starts_with(&self.root) {
+            return Err(format!(
+                "Invalid path `{path}`: it leads outside the repository."
+            ));
+        }
+        let mut resolved = canonical;
+        for part in rest.into_iter().rev().flatten() {
+            resolved.push(part);
+        }
+        Ok(resolved)
+    }
+
+    fn display(&self, path: &Path) -> String {
+        path.strip_prefix(&self.root)
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|_| path.display().to_string())
+    }
+
+    fn view(&self, args: &Map<String, Value>) -> std::result::Result<Observation, String> {
+        check_keys(args, &["path", "start_line", "end_line"])?;
+        let path = string_arg(args, "path")?;
+        let start = optional_line(args, "start_line")?;
+        let end = optional_line(args, "end_line")?;
+        let target = self.resolve(path)?;
+        let meta = std::fs::metadata(&target).map_err(|_| format!("`{path}` does not exist."))?;
+        if meta.is_dir() {
+            return Ok(Observation::ok(self.listing(&target)));
+        }
+        if meta.len() > self.config.max_file_bytes as u64 {
+            return Err(format!(
+                "`{path}` is {} bytes, over the {}-byte limit for viewing; use search instead.",
+                meta.len(),
+                self.config.max_file_bytes
+            ));
+        }
+        let bytes = std::fs::read(&target).map_err(|e| format!("Cannot read `{path}`: {e}."))?;
+        let Ok(text) = String::from_utf8(bytes) else {
+            return Err(format!("`{path}` is not a UTF-8 text file."));
+        };
+        let lines: Vec<&str> = text.lines().collect();
+        let total = lines.len();
+        if total == 0 {
+            return Ok(Observation::ok(format!("{path} is empty.")));
+        }
+        let first = start.unwrap_or(1);
+        if first > total {
+            return Err(format!(
+                "`start_line` {first} is past the end of `{path}` ({total} lines)."
+            ));
+        }
+        let requested_last = end.unwrap_or(total).min(total);
+        if requested_last < first {
+            return Err(format!(
+                "`end_line` ({requested_last}) is before `start_line` ({first})."
+            ));
+        }
+        let last = requested_last.min(first + self.config.max_view_lines - 1);
+        let width = total.to_string().len();
+        let mut out = format!("{path} (lines {first}-{last} of {total})\n");
+        for (i, line) in lines[first - 1..last].iter().enumerate() {
+            out.push_str(&format!("{:>width$} | {line}\n", first + i));
+        }
+        if last < requested_last {
+            out.push_str(&format!(
+                "[... showing at most {} lines; ask for start_line {} to continue]\n",
+                self.config.max_view_lines,
+                last + 1
+            ));
+        }
+        Ok(Observation::ok(cut(&out, self.config.output_cap)))
+    }
+
+    fn listing(&self, dir: &Path) -> String {
+        let mut entries = Vec::new();
+        walk(dir, &mut |path, is_dir| {
+            let shown = self.display(path);
+            entries.push(if is_dir { format!("{shown}/") } else { shown });
+            entries.len() < 1000
+        });
+        let name = self.display(dir);
+        let name = if name.is_empty() {
+            ".".to_string()
+        } else {
+            name
+        };
+        if entries.is_empty() {
+            format!("{name}/ is empty.")
+        } else {
+            cut(
+                &format!("{name}/ contains:\n{}\n", entries.join("\n")),
+                self.config.output_cap,
+            )
+        }
+    }
+
+    fn search(&self, args: &Map<String, Value>) -> std::result::Result<Observation, String> {
+        check_keys(args, &["pattern", "path"])?;
+        let pattern = string_arg(args, "pattern")?;
+        if pattern.is_empty() || pattern.len() > 1000 {
+            return Err("`pattern` must be a regular expression of 1 to 1000 bytes.".into());
+        }
+        let scope = match args.get("path") {
+            None | Some(Value::Null) => self.root.clone(),
+            Some(Value::String(p)) => self.resolve(p)?,
+            Some(_) => return Err("`path` must be a string.".into()),
+        };
+        let regex = RegexBuilder::new(pattern)
+            .size_limit(1 << 20)
+            .dfa_size_limit(1 << 20)
+            .build()
+            .map_err(|e| format!("Invalid regular expression: {e}"))?;
+        let mut files = Vec::new();
+        if scope.is_file() {
+            files.push(scope);
+        } else if scope.is_dir() {
+            walk(&scope, &mut |path, is_dir| {
+                if !is_dir {
+                    files.push(path.to_path_buf());
+                }
+                files.len() < 10_000
+            });
+        } else {
+            return Err("The search path does not exist.".into());
+        }
+        let cap = self.config.max_search_results;
+        let mut hits = Vec::new();
+        let mut more = 0usize;
+        for file in files {
+            let Ok(meta) = std::fs::metadata(&file) else {
+                continue;
+            };
+            if meta.len() > self.config.max_file_bytes as u64 {
+                continue;
+            }
+            let Ok(text) = std::fs::read_to_string(&file) else {
+                continue;
+            };
+            for (i, line) in text.lines().enumerate() {
+                if regex.is_match(line) {
+                    if hits.len() < cap {
+                        let shown: String = line.chars().take(200).collect();
+                        hits.push(format!("{}:{}: {shown}", self.display(&file), i + 1));
+                    } else {
+                        more += 1;
+                    }
+                }
+            }
+        }
+        if hits.is_empty() {
+            return Ok(Observation::ok(format!("No matches for `{pattern}`.")));
+        }
+        let mut out = hits.join("\n");
+        if more > 0 {
+            out.push_str(&format!(
+                "\n[... {more} more matches not shown; narrow the pattern or the path]"
+            ));
+        }
+        Ok(Observation::ok(cut(&out, self.config.output_cap)))
+    }
+
+    fn replace(&self, args: &Map<String, Value>) -> std::result::Result<Observation, String> {
+        check_keys(args, &["path", "old", "new"])?;
+        let path = string_arg(args, "path")?;
+        let old = string_arg(args, "old")?;
+        let new = string_arg(args, "new")?;
+        if old.is_empty() {
+            return Err("`old` must not be empty; to write a whole file use create_file.".into());
+        }
+        if old.len() > self.config.max_file_bytes || new.len() > self.config.max_file_bytes {
+            return Err(format!(
+                "`old` and `new` may hold at most {} bytes.",
+                self.config.max_file_bytes
+            ));
+        }
+        let target = self.resolve(path)?;
+        if !target.is_file() {
+            return Err(format!("`{path}` is not an existing file."));
+        }
+        let text = std::fs::read_to_string(&target)
+            .map_err(|_| format!("`{path}` is not a UTF-8 text file."))?;
+        let positions = occurrences(&text, old);
+        match positions.len() {
+            0 => {
+                return Err(format!(
+                    "`old` was not found in `{path}`. Copy it exactly, including indentation and line breaks (view the file first)."
+                ));
+            }
+            1 => {}
+            n => {
+                let lines: Vec<String> = positions
+                    .iter()
+                    .take(10)
+                    .map(|&p| (text[..p].matches('\n').count() + 1).to_string())
+                    .collect();
+                return Err(format!(
+                    "`old` occurs {n} times in `{path}` (starting on lines {}); include more surrounding text so it is unique.",
+                    lines.join(", ")
+                ));
+            }
+        }
+        let at = positions[0];
+        let updated = format!("{}{new}{}", &text[..at], &text[at + old.len()..]);
+        if updated.len() > self.config.max_file_bytes {
+            return Err(format!(
+                "The file would exceed {} bytes.",
+                self.config.max_file_bytes
+            ));
+        }
+        std::fs::write(&target, &updated).map_err(|e| format!("Cannot write `{path}`: {e}."))?;
+        // Show the edited region with a little context.
+        let first_line = text[..at].matches('\n').count() + 1;
+        let new_lines = new.matches('\n').count() + 1;
+        let lines: Vec<&str> = updated.lines().collect();
+        let from = first_line.saturating_sub(3).max(1);
+        let to = (first_line + new_lines + 2).min(lines.len());
+        let mut out = format!("Replaced 1 occurrence in {path}. Lines {from}-{to} now read:\n");
+        for n in from..=to {
+            if let Some(line) = lines.get(n - 1) {
+                out.push_str(&format!("{n:>4} | {line}\n"));
+            }
+        }
+        Ok(Observation::ok(cut(&out, self.config.output_cap)))
+    }
+
+    fn create_file(&self, args: &Map<String, Value>) -> std::result::Result<Observation, String> {
+        check_keys(args, &["path", "content"])?;
+        let path = string_arg(args, "path")?;
+        let content = string_arg(args, "content")?;
+        if content.len() > self.config.max_file_bytes {
+            return Err(format!(
+                "`content` may hold at most {} bytes.",
+                self.config.max_file_bytes
+            ));
+        }
+        let target = self.resolve(path)?;
+        if target == self.root || target.is_dir() {
+            return Err(format!("`{path}` is a directory."));
+        }
+        if std::fs::symlink_metadata(&target).is_ok_and(|m| m.file_type().is_symlink()) {
+            return Err(format!(
+                "`{path}` is a symbolic link; it is not overwritten."
+            ));
+        }
+        let existed = target.exists();
+        if let Some(parent) = target.parent() {
+            std::fs::create_dir_all(parent)
+                .map_err(|e| format!("Cannot create the directories of `{path}`: {e}."))?;
+            // A directory created just now cannot be a link, but re-check the final location.
+            let parent = parent
+                .canonicalize()
+                .map_err(|e| format!("Cannot resolve `{path}`: {e}."))?;
+            if !parent.starts_with(&self.root) {
+                return Err(format!(
+                    "Invalid path `{path}`: it leads outside the repository."
+                ));
+            }
+        }
+        std::fs::write(&target, content).map_err(|e| format!("Cannot write `{path}`: {e}."))?;
+        let lines = content.lines().count();
+        Ok(Observation::ok(format!(
+            "{} {path} ({lines} lines).",
+            if existed { "Overwrote" } else { "Created" }
+        )))
+    }
+
+    fn run_tests(&self, args: &Map<String, Value>) -> std::result::Result<Observation, String> {
+        check_keys(args, &["tests"])?;
+        let Some(Value::Array(items)) = args.get("tests") else {
+            return Err(
+                "`tests` must be a list of test ids (an empty list runs all tests).".into(),
+            );
+        };
+        if items.len() > MAX_TEST_IDS {
+            return Err(format!("`tests` may name at most {MAX_TEST_IDS} ids."));
+        }
+        let mut ids = Vec::with_capacity(items.len());
+        for item in items {
+            match item.as_str() {
+                Some(id) if is_test_id(id) => ids.push(id.to_string()),
+                Some(id) => {
+                    let shown: String = id.chars().take(100).collect();
+                    return Err(format!(
+                        "`{shown}` is not a test id; use dotted names such as `tests.test_mod.TestCase.test_name`."
+                    ));
+                }
+                None => return Err("Every entry of `tests` must be a string.".into()),
+            }
+        }
+        let run = exec::run_tests(
+            &self.config,
+            &self.root,
+            &ids,
+            self.config.command_timeout,
+            self.config.output_cap,
+        )
+        .map_err(|e| format!("Cannot run `{}`: {e}.", self.config.python))?;
+        let count = |s: TestStatus| run.statuses.values().filter(|v| **v == s).count();
+        let summary = format!(
+            "{} passed, {} failed, {} errors, {} not run, {} skipped",
+            count(TestStatus::Pass),
+            count(TestStatus::Fail),
+            count(TestStatus::Error),
+            count(TestStatus::NotRun),
+            count(TestStatus::Skipped)
+        );
+        Ok(Observation::ok(format!(
+            "{}{summary}\n",
+            run.command.describe()
+        )))
+    }
+
+    fn shell(&self, args: &Map<String, Value>) -> std::result::Result<Observation, String> {
+        check_keys(args, &["command"])?;
+        let command = string_arg(args, "command")?;
+        if command.trim().is_empty() || command.len() > 10_000 {
+            return Err("`command` must be a non-empty string of at most 10000 bytes.".into());
+        }
+        let out = exec::run_limited(
+            "sh",
+            &["-c", command],
+            &self.root,
+            &exec::command_env(&self.root),
+            self.config.command_timeout,
+            self.config.output_cap,
+        )
+        .map_err(|e| format!("Cannot run the command: {e}."))?;
+        let observation = Observation::ok(out.describe());
+        Ok(if out.timed_out || out.status != Some(0) {
+            Observation {
+                error: true,
+                ..observation
+            }
+        } else {
+            observation
+        })
+    }
+
+    /// Keeps the temporary directory alive for as long as the session (and names it for
+    /// debugging).
+    pub fn temp_dir(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+#[async_trait]
+impl EnvSession for SweSession {
+    fn tools(&self) -> Vec<ToolSpec> {
+        Self::tool_specs(self.config.shell)
+    }
+
+    fn initial_observation(&self) -> String {
+        let mut out = format!(
+            "Repository `{}` is checked out in your working directory. Files:\n",
+            if self.instance.repo.is_empty() {
+                &self.instance.instance_id
+            } else {
+                &self.instance.repo
+            }
+        );
+        for (shown, (path, text)) in self.instance.files.iter().enumerate() {
+            if shown == 200 {
+                out.push_str(&format!(
+                    "[... {} more files]\n",
+                    self.instance.files.len() - shown
+                ));
+                break;
+            }
+            out.push_str(&format!("  {path} ({} lines)\n", text.lines().count()));
+        }
+        out.push_str(
+            "Tests use Python's unittest; run them with run_tests (ids like `tests.test_mod.TestCase.test_name`).",
+        );
+        out
+    }
+
+    async fn step(&mut self, call: &ToolCall) -> Result<Observation> {
+        self.step_sync(call)
+    }
+
+    async fn verify(&mut self, _final_answer: Option<&str>) -> Result<Outcome> {
+        self.verify_sync()
+    }
+}
+
+/// Whether a repository path is a test file (restored before verification): anything under a
+/// `tests`/`test` directory, `test_*.py`, `*_test.py` and `conftest.py`.
+pub fn is_test_path(path: &str) -> bool {
+    let parts: Vec<&str> = path.split('/').collect();
+    let file = parts.last().copied().unwrap_or_default();
+    parts[..parts.len().saturating_sub(1)]
+        .iter()
+        .any(|d| *d == "tests" || *d == "test")
+        || (file.starts_with("test_") && file.ends_with(".py"))
+        || file.ends_with("_test.py")
+        || file == "conftest.py"
+}
+
+/// Make `root/rel` writable as a plain file without leaving the root: every ancestor that is
+/// a symlink or a file is removed and replaced by a directory, and so is a directory or link
+/// at the target itself.
+fn clear_way(root: &Path, rel: &str) -> Result<PathBuf> {
+    let mut current = root.to_path_buf();
+    let parts: Vec<&str> = rel
+        .split('/')
+        .filter(|p| !p.is_empty() && *p != ".")
+        .collect();
+    for (i, part) in parts.iter().enumerate() {
+        current.push(part);
+        let last = i + 1 == parts.len();
+        if let Ok(meta) = std::fs::symlink_metadata(&current) {
+            let wrong = if last {
+                !meta.is_file()
+            } else {
+                !meta.is_dir()
+            };
+            if wrong {
+                if meta.is_dir() {
+                    std::fs::remove_dir_all(&current).map_err(|e| Error::io(&current, e))?;
+                } else {
+                    std::fs::remove_file(&current).map_err(|e| Error::io(&current, e))?;
+                }
+            }
+        }
+        if !last && !current.exists() {
+            std::fs::create_dir(&current).map_err(|e| Error::io(&current, e))?;
+        }
+    }
+    Ok(current)
+}
+
+fn write_tree(root: &Path, files: &BTreeMap<String, String>) -> Result<()> {
+    for (path, text) in files {
+        check_relative_path(path).map_err(|e| env_error(format!("instance file `{path}`: {e}")))?;
+        let target = root.join(path);
+        if let Some(parent) = target.parent() {
+            std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
+        }
+        std::fs::write(&target, text).map_err(|e| Error::io(&target, e))?;
+    }
+    Ok(())
+}
+
+/// Visit files and directories under `dir` in sorted order, without following symlinks and
+/// skipping hidden/cache directories; stop when `visit` returns false.
+fn walk(dir: &Path, visit: &mut dyn FnMut(&Path, bool) -> bool) -> bool {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return true;
+    };
+    let mut entries: Vec<_> = entries.filter_map(|e| e.ok()).collect();
+    entries.sort_by_key(|e| e.file_name());
+    for entry in entries {
+        let path = entry.path();
+        let Ok(meta) = std::fs::symlink_metadata(&path) else {
+            continue;
+        };
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if meta.is_dir() {
+            if HIDDEN_DIRS.contains(&name.as_str()) {
+                continue;
+            }
+            if !visit(&path, true) || !walk(&path, visit) {
+                return false;
+            }
+        } else if meta.is_file() && !visit(&path, false) {
+            return false;
+        }
+    }
+    true
+}
+
+fn check_keys(args: &Map<String, Value>, allowed: &[&str]) -> std::result::Result<(), String> {
+    match args.keys().find(|k| !allowed.contains(&k.as_str())) {
+        None => Ok(()),
+        Some(key) => {
+            let shown: String = key.chars().take(50).collect();
+            Err(if allowed.is_empty() {
+                format!("Unexpected argument `{shown}`; this tool takes no arguments.")
+            } else {
+                format!(
+                    "Unexpected argument `{shown}`; expected only {}.",
+                    allowed.join(", ")
+                )
+            })
+        }
+    }
+}
+
+fn string_arg<'a>(
+    args: &'a Map<String, Value>,
+    name: &str,
+) -> std::result::Result<&'a str, String> {
+    match args.get(name) {
+        Some(Value::String(s)) => Ok(s),
+        Some(_) => Err(format!("`{name}` must be a string.")),
+        None => Err(format!("Missing required argument `{name}`.")),
+    }
+}
+
+fn optional_line(
+    args: &Map<String, Value>,
+    name: &str,
+) -> std::result::Result<Option<usize>, String> {
+    match args.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => match v.as_u64() {
+            Some(n) if n >= 1 && n <= u32::MAX as u64 => Ok(Some(n as usize)),
+            _ => Err(format!("`{name}` must be a positive integer.")),
+        },
+    }
+}
+
+/// Every start position of `needle` in `haystack`, overlapping ones included (so that "unique"
+/// really means one place).
+pub(crate) fn occurrences(haystack: &str, needle: &str) -> Vec<usize> {
+    let mut found = Vec::new();
+    if needle.is_empty() {
+        return found;
+    }
+    let mut start = 0;
+    while let Some(i) = haystack[start..].find(needle) {
+        let at = start + i;
+        found.push(at);
+        let step = haystack[at..].chars().next().map_or(1, char::len_utf8);
+        start = at + step;
+    }
+    found
+}
+
+/// Cut text to `max` bytes at a character boundary, saying how much was cut.
+fn cut(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!(
+        "{}\n[... {} more bytes cut]\n",
+        &text[..end],
+        text.len() - end
+    )
+}
+
+fn exec_tail(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    let mut start = text.len() - max;
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    format!("[...]{}", &text[start..])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_paths() {
+        for yes in [
+            "tests/test_x.py",
+            "pkg/tests/helpers.py",
+            "test_a.py",
+            "a/b_test.py",
+            "conftest.py",
+        ] {
+            assert!(is_test_path(yes), "{yes}");
+        }
+        for no in ["pkg/core.py", "testing.py", "README.md", "pkg/tests.py"] {
+            assert!(!is_test_path(no), "{no}");
+        }
+    }
+
+    #[test]
+    fn cut_respects_char_boundaries() {
+        let text = "ééééé";
+        let out = cut(text, 3);
+        assert!(out.starts_with('é'));
+        assert!(out.contains("more bytes cut"));
+        assert_eq!(exec_tail("abcdef", 3), "[...]def");
+    }
+}
