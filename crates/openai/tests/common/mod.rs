@@ -200,6 +200,8 @@ pub enum Fault {
 pub struct FaultServer {
     pub addr: SocketAddr,
     pub requests: Arc<std::sync::Mutex<Vec<String>>>,
+    /// The lower-cased request heads, in order.
+    pub heads: Arc<std::sync::Mutex<Vec<String>>>,
     task: JoinHandle<()>,
 }
 
@@ -209,6 +211,8 @@ impl FaultServer {
         let addr = listener.local_addr().unwrap();
         let requests = Arc::new(std::sync::Mutex::new(Vec::new()));
         let seen = requests.clone();
+        let heads = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen_heads = heads.clone();
         let task = tokio::spawn(async move {
             // Bounded: a test never sends more than a few dozen requests.
             for _ in 0..64 {
@@ -216,13 +220,15 @@ impl FaultServer {
                     return;
                 };
                 let seen = seen.clone();
+                let seen_heads = seen_heads.clone();
                 let script = script.clone();
                 tokio::spawn(async move {
                     // Keep-alive: serve several requests on one connection.
                     loop {
-                        let Some(body) = read_request(&mut sock).await else {
+                        let Some((head, body)) = read_request(&mut sock).await else {
                             return;
                         };
+                        seen_heads.lock().unwrap().push(head);
                         let n = {
                             let mut s = seen.lock().unwrap();
                             s.push(body);
@@ -264,6 +270,7 @@ impl FaultServer {
         FaultServer {
             addr,
             requests,
+            heads,
             task,
         }
     }
@@ -283,8 +290,8 @@ impl Drop for FaultServer {
     }
 }
 
-/// Read one request (headers and a content-length body); `None` when the peer closed.
-async fn read_request(sock: &mut tokio::net::TcpStream) -> Option<String> {
+/// Read one request (head and content-length body); `None` when the peer closed.
+async fn read_request(sock: &mut tokio::net::TcpStream) -> Option<(String, String)> {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 4096];
     let header_end = loop {
@@ -310,5 +317,6 @@ async fn read_request(sock: &mut tokio::net::TcpStream) -> Option<String> {
         }
         buf.extend_from_slice(&chunk[..n]);
     }
-    Some(String::from_utf8_lossy(&buf[header_end..header_end + len]).into_owned())
+    let body = String::from_utf8_lossy(&buf[header_end..header_end + len]).into_owned();
+    Some((head, body))
 }
