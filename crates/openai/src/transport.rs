@@ -466,11 +466,11 @@ pub(crate) fn error_message(bytes: &[u8]) -> String {
             v.get("message"),
             v.get("detail"),
         ];
-        for c in candidates.into_iter().flatten() {
-            match c {
-                serde_json::Value::String(s) => return s.clone(),
-                other => return other.to_string(),
-            }
+        if let Some(c) = candidates.into_iter().flatten().next() {
+            return match c {
+                serde_json::Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
         }
     }
     let s = snippet(bytes);

@@ -235,7 +235,7 @@ impl TokenGenerator for Flaky {
     }
 
     async fn generate(&self, request: TokenRequest) -> harness_core::Result<TokenOutput> {
-        if self.calls.fetch_add(1, Ordering::SeqCst) % 2 == 0 {
+        if self.calls.fetch_add(1, Ordering::SeqCst).is_multiple_of(2) {
             return Err(harness_core::Error::Policy {
                 policy: "flaky".into(),
                 message: "injected failure".into(),

@@ -85,8 +85,8 @@ impl ScriptedGenerator {
     fn text_for(prompt: &str, rng: &mut ChaCha8Rng) -> String {
         let last_user = prompt.rfind("<|user|>");
         let last_tool = prompt.rfind("<|tool|>");
-        if last_tool.is_some() && last_tool > last_user {
-            let tool_text = &prompt[last_tool.unwrap() + "<|tool|>".len()..];
+        if let Some(at) = last_tool.filter(|_| last_tool > last_user) {
+            let tool_text = &prompt[at + "<|tool|>".len()..];
             let result = tool_text.lines().next().unwrap_or("");
             return format!("The answer is {result}.");
         }
