@@ -152,6 +152,44 @@ fn every_split_has_every_type_and_the_default_has_no_downloads() {
     }
 }
 
+/// Every built-in task (all splits of the default generator): the gold SQL and label score 1,
+/// committing nothing, "0" or "none" right away scores 0.
+#[tokio::test]
+async fn every_default_task_is_solved_by_its_oracle_and_not_by_a_guess() {
+    let env = DbBench::new();
+    assert_eq!(env.all_tasks().len(), 308);
+    for task in env.all_tasks() {
+        let db_task = dbbench::db_task(task).unwrap();
+        let mut session = env.reset(task, 0).await.unwrap();
+        let gold = db_task.gold_sql.clone().unwrap();
+        let observation = session
+            .step(&ToolCall::new(SQL_TOOL, json!({ "query": gold })))
+            .await
+            .unwrap();
+        assert!(!observation.error, "{}: {}", task.id, observation.text);
+        let answers = if db_task.is_modification() {
+            json!([])
+        } else {
+            json!(db_task.label)
+        };
+        session
+            .step(&ToolCall::new(COMMIT_TOOL, json!({ "answers": answers })))
+            .await
+            .unwrap();
+        let outcome = session.verify(None).await.unwrap();
+        assert!(outcome.is_success(), "{}: {}", task.id, outcome.details);
+        for guess in [json!([]), json!(["0"]), json!(["none"])] {
+            let mut session = env.reset(task, 0).await.unwrap();
+            session
+                .step(&ToolCall::new(COMMIT_TOOL, json!({ "answers": guess })))
+                .await
+                .unwrap();
+            let outcome = session.verify(None).await.unwrap();
+            assert!(!outcome.is_success(), "{} with {guess}", task.id);
+        }
+    }
+}
+
 #[tokio::test]
 async fn immediate_submission_scores_zero() {
     let env = small_env();

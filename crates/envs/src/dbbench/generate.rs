@@ -483,7 +483,8 @@ fn try_task(kind: QuestionType, rng: &mut ChaCha8Rng) -> Option<DbTask> {
             return None;
         }
         let after = db.tables_hash(std::slice::from_ref(&built.table)).ok()?;
-        if after == before {
+        // The change must change something, and must not empty the table.
+        if after == before || after == "None" {
             return None;
         }
         (Vec::new(), Some(after))
@@ -494,7 +495,13 @@ fn try_task(kind: QuestionType, rng: &mut ChaCha8Rng) -> Option<DbTask> {
             .filter_map(|r| r.first())
             .map(value_text)
             .collect();
-        if values.is_empty() || values.iter().any(|v| v == "None") {
+        // No empty results, and no answer a guess of "0" or "none" would match.
+        if values.is_empty()
+            || values.iter().any(|v| super::answer::normalize(v) == "0")
+            || values
+                .iter()
+                .any(|v| super::answer::as_number(v) == Some(0.0))
+        {
             return None;
         }
         if let Some(check) = &d.tie_check {
