@@ -109,6 +109,8 @@ pub fn run_limited(
     let mut pause = Duration::from_millis(1);
     let status = loop {
         if let Some(status) = child.try_wait()? {
+            // Whatever the command left running in its group goes with it.
+            kill_group(pid);
             break status;
         }
         if start.elapsed() >= timeout {
@@ -121,12 +123,12 @@ pub fn run_limited(
         pause = (pause * 2).min(Duration::from_millis(20));
     };
     // Background processes the command left behind may still hold the pipe open.
-    let (kept, dropped) = match done_rx.recv_timeout(Duration::from_millis(200)) {
+    let (kept, dropped) = match done_rx.recv_timeout(Duration::from_secs(2)) {
         Ok(result) => result,
         Err(_) => {
             kill_group(pid);
             done_rx
-                .recv_timeout(Duration::from_secs(2))
+                .recv_timeout(Duration::from_secs(1))
                 .unwrap_or_else(|_| {
                     (
                         b"[output unavailable: a process outside the command's group kept it open]"
@@ -207,6 +209,8 @@ impl TestStatus {
 pub struct TestRun {
     /// The status of each requested id (every requested id appears).
     pub statuses: BTreeMap<String, TestStatus>,
+    /// The status of each individual test that ran (a module or class id expands to many).
+    pub tests: BTreeMap<String, TestStatus>,
     /// The runner's report and the tests' own output, capped.
     pub command: CommandOutput,
 }
@@ -220,20 +224,53 @@ impl TestRun {
 
 /// The runner: loads each id with `unittest`, runs it, prints a line per id with the failures'
 /// tracebacks, and writes `{id: status}` as JSON to the file named by its first argument. With
-/// no ids it discovers `test*.py` under `tests/` (or the root) and runs each test found. The
-/// interpreter runs isolated (`-I`), so modules in the repository cannot shadow `unittest`.
+/// no ids it discovers `test*.py` under `tests/` (or the root) and runs each test found. It
+/// drops the working directory from `sys.path` until its own imports are done, so modules in
+/// the repository cannot shadow `unittest` or `json`.
 const RUNNER: &str = r#"
-import io, json, os, sys, traceback, unittest
+import sys
+sys.path[:] = [p for p in sys.path if p not in ("", ".")]
+import json, os, traceback, unittest
 out_path, ids = sys.argv[1], sys.argv[2:]
 root = os.getcwd()
 sys.path.insert(0, root)
 loader = unittest.TestLoader()
+tests = {}
+
+class Recorder(unittest.TestResult):
+    def note(self, test, status):
+        if tests.get(test.id()) in (None, "pass", "skipped"):
+            tests[test.id()] = status
+    def addSuccess(self, test):
+        super().addSuccess(test)
+        self.note(test, "pass")
+    def addFailure(self, test, err):
+        super().addFailure(test, err)
+        self.note(test, "fail")
+    def addError(self, test, err):
+        super().addError(test, err)
+        self.note(test, "error")
+    def addSkip(self, test, reason):
+        super().addSkip(test, reason)
+        self.note(test, "skipped")
+    def addExpectedFailure(self, test, err):
+        super().addExpectedFailure(test, err)
+        self.note(test, "pass")
+    def addUnexpectedSuccess(self, test):
+        super().addUnexpectedSuccess(test)
+        self.note(test, "fail")
+    def addSubTest(self, test, subtest, err):
+        super().addSubTest(test, subtest, err)
+        if err is not None:
+            self.note(test, "fail" if issubclass(err[0], test.failureException) else "error")
+
 def flatten(suite):
     for item in suite:
         if isinstance(item, unittest.TestSuite):
             yield from flatten(item)
         else:
             yield item
+
 if not ids:
     start = "tests" if os.path.isdir("tests") else "."
     try:
@@ -249,15 +286,17 @@ for test_id in ids:
         suite = loader.loadTestsFromName(test_id)
     except Exception:
         statuses[test_id] = "error"
+        tests[test_id] = "error"
         print("ERROR %s\n%s" % (test_id, traceback.format_exc(limit=3)))
         continue
-    result = unittest.TestResult()
+    result = Recorder()
     result.buffer = True
     suite.run(result)
     problems = [("FAIL", t, tb) for t, tb in result.failures] + [("ERROR", t, tb) for t, tb in result.errors]
     problems += [("FAIL", t, "unexpected success\n") for t in result.unexpectedSuccesses]
     if result.testsRun == 0:
         status = "error"
+        tests[test_id] = "error"
         print("ERROR %s\nno test found under this id\n" % test_id)
     elif result.errors:
         status = "error"
@@ -275,7 +314,7 @@ for test_id in ids:
         print("%s %s" % (status.upper(), test_id))
     sys.stdout.flush()
 with open(out_path, "w") as handle:
-    json.dump(statuses, handle)
+    json.dump({"ids": statuses, "tests": tests}, handle)
 "#;
 
 /// Run the test `ids` (all discovered tests when empty) with the configured Python in `cwd`.
@@ -289,14 +328,24 @@ pub fn run_tests(
     let out_dir = tempfile::tempdir()?;
     let out_path = out_dir.path().join("statuses.json");
     let out_arg = out_path.display().to_string();
-    let mut args: Vec<&str> = vec!["-I", "-B"];
+    // `-B`: no bytecode files in the copy; `-s`: no user site-packages. Not `-I`, which would
+    // also ignore PYTHONHASHSEED and so make set ordering differ between runs.
+    let mut args: Vec<&str> = vec!["-B", "-s"];
     if config.no_site {
         args.push("-S");
     }
     args.extend(["-c", RUNNER, &out_arg]);
     args.extend(ids.iter().map(String::as_str));
     let command = run_limited(&config.python, &args, cwd, &command_env(cwd), timeout, cap)?;
-    let reported: BTreeMap<String, TestStatus> = std::fs::read_to_string(&out_path)
+    #[derive(serde::Deserialize, Default)]
+    struct Report {
+        ids: BTreeMap<String, TestStatus>,
+        tests: BTreeMap<String, TestStatus>,
+    }
+    let Report {
+        ids: reported,
+        tests,
+    } = std::fs::read_to_string(&out_path)
         .ok()
         .and_then(|text| serde_json::from_str(&text).ok())
         .unwrap_or_default();
@@ -312,7 +361,11 @@ pub fn run_tests(
             })
             .collect()
     };
-    Ok(TestRun { statuses, command })
+    Ok(TestRun {
+        statuses,
+        tests,
+        command,
+    })
 }
 
 #[cfg(test)]
@@ -350,6 +403,17 @@ mod tests {
         assert!(out.timed_out);
         assert!(out.elapsed < Duration::from_secs(5), "{:?}", out.elapsed);
         assert!(out.describe().contains("time limit"));
+    }
+
+    #[test]
+    fn background_processes_die_with_the_command() {
+        let dir = tempfile::tempdir().unwrap();
+        let marker = dir.path().join("marker");
+        let script = format!("(sleep 1; touch {}) > /dev/null 2>&1 &", marker.display());
+        let out = sh(&script, Duration::from_secs(5), 1000);
+        assert_eq!(out.status, Some(0));
+        std::thread::sleep(Duration::from_millis(1500));
+        assert!(!marker.exists(), "the background process survived");
     }
 
     #[test]

@@ -270,7 +270,10 @@ impl SweSession {
         Ok(if run.all_pass() && !ids.is_empty() {
             Outcome::success(details)
         } else {
-            details["output"] = json!(exec_tail(&run.command.describe(), 2000));
+            details["output"] = json!(exec_tail(
+                &self.relative_paths(&run.command.describe()),
+                2000
+            ));
             Outcome::failure(details)
         })
     }
@@ -332,6 +335,21 @@ impl SweSession {
             resolved.push(part);
         }
         Ok(resolved)
+    }
+
+    /// Command output with the copy's location written as `.`, so observations (tracebacks,
+    /// `pwd`) are the same in every episode.
+    fn relative_paths(&self, text: &str) -> String {
+        let mut out = text.to_string();
+        let mut roots = vec![self.root.display().to_string()];
+        let raw = self.dir.path().display().to_string();
+        if raw != roots[0] {
+            roots.push(raw);
+        }
+        for root in roots {
+            out = out.replace(&format!("{root}/"), "").replace(&root, ".");
+        }
+        out
     }
 
     fn display(&self, path: &Path) -> String {
@@ -618,18 +636,29 @@ impl SweSession {
             self.config.output_cap,
         )
         .map_err(|e| format!("Cannot run `{}`: {e}.", self.config.python))?;
-        let count = |s: TestStatus| run.statuses.values().filter(|v| **v == s).count();
-        let summary = format!(
-            "{} passed, {} failed, {} errors, {} not run, {} skipped",
+        let count = |s: TestStatus| run.tests.values().filter(|v| **v == s).count();
+        let mut summary = format!(
+            "Tests: {} passed, {} failed, {} errors, {} skipped.",
             count(TestStatus::Pass),
             count(TestStatus::Fail),
             count(TestStatus::Error),
-            count(TestStatus::NotRun),
             count(TestStatus::Skipped)
         );
+        let not_run: Vec<&str> = run
+            .statuses
+            .iter()
+            .filter(|(_, s)| **s == TestStatus::NotRun)
+            .map(|(id, _)| id.as_str())
+            .collect();
+        if !not_run.is_empty() {
+            summary.push_str(&format!(
+                " Not run (time limit or crash): {}.",
+                not_run.join(", ")
+            ));
+        }
         Ok(Observation::ok(format!(
             "{}{summary}\n",
-            run.command.describe()
+            self.relative_paths(&run.command.describe())
         )))
     }
 
@@ -648,7 +677,7 @@ impl SweSession {
             self.config.output_cap,
         )
         .map_err(|e| format!("Cannot run the command: {e}."))?;
-        let observation = Observation::ok(out.describe());
+        let observation = Observation::ok(self.relative_paths(&out.describe()));
         Ok(if out.timed_out || out.status != Some(0) {
             Observation {
                 error: true,
@@ -657,12 +686,6 @@ impl SweSession {
         } else {
             observation
         })
-    }
-
-    /// Keeps the temporary directory alive for as long as the session (and names it for
-    /// debugging).
-    pub fn temp_dir(&self) -> &Path {
-        self.dir.path()
     }
 }
 
