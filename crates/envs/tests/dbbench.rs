@@ -517,6 +517,47 @@ async fn malformed_tool_calls_are_error_observations() {
     assert!(s.verify(None).await.unwrap().is_success());
 }
 
+/// Modification tasks without `answer_md5` are scored against the hash of their replayed gold
+/// SQL; a task may hold several tables.
+#[tokio::test]
+async fn gold_sql_replay_and_several_tables() {
+    let line = r#"{"description": "Give anna 10 goals.", "label": ["UPDATE `People List` SET Goals = '10' WHERE Name = 'Anna'"], "type": ["UPDATE"], "table": [{"table_name": "People List", "table_info": {"columns": [{"name": "Name"}, {"name": "Goals"}], "rows": [["anna", "9"], ["Bob", "3"]]}}, {"table_name": "Other", "table_info": {"columns": [{"name": "x"}], "rows": [["1"]]}}]}"#;
+    let tasks = dbbench::parse_jsonl(line, std::path::Path::new("multi.jsonl")).unwrap();
+    assert_eq!(tasks[0].tables.len(), 2);
+    assert!(tasks[0].answer_md5.is_none());
+    let env = DbBench::from_tasks("multi", Split::Test, tasks);
+    let task = &env.all_tasks()[0];
+    let report = check_environment(
+        &env,
+        std::slice::from_ref(task),
+        &oracle,
+        &config(base_harness()),
+    )
+    .await;
+    assert!(report.failures.is_empty(), "{:#?}", report.failures);
+    // A different change (to the other table) does not pass.
+    let mut session = env.reset(task, 0).await.unwrap();
+    for call in [
+        ToolCall::new(
+            SQL_TOOL,
+            json!({"query": "UPDATE `People List` SET Goals = '10' WHERE Name = 'Anna'"}),
+        ),
+        ToolCall::new(SQL_TOOL, json!({"query": "DELETE FROM Other"})),
+        ToolCall::new(COMMIT_TOOL, json!({"answers": []})),
+    ] {
+        session.step(&call).await.unwrap();
+    }
+    assert!(!session.verify(None).await.unwrap().is_success());
+}
+
+#[tokio::test]
+async fn a_task_of_another_environment_is_an_error_naming_it() {
+    let env = small_env();
+    let task = Task::new("elsewhere/1", "elsewhere", Split::Test, "do it", 0);
+    let message = env.reset(&task, 0).await.err().unwrap().to_string();
+    assert!(message.contains("elsewhere/1"), "{message}");
+}
+
 #[test]
 fn loader_errors_name_the_file_line_and_field() {
     let dir = tempfile::tempdir().unwrap();
