@@ -5,6 +5,8 @@
 //! prints the whole list:
 //!
 //! - the same task and seed give the same tools and initial observation;
+//! - tool names are unique and non-empty, and every tool's parameters are an object schema
+//!   whose `required` names are among its `properties`;
 //! - an oracle solver scores 1.0 on every task given;
 //! - a policy that finishes at once, or calls a submit tool with empty arguments, scores 0;
 //! - concurrent episodes do not interfere (each equals its sequential run);
@@ -85,6 +87,7 @@ pub async fn check_environment(
             .push("no tasks were given to the conformance suite".into());
         return report;
     }
+    check_tool_specs(env, &tasks[0], config.seed, &mut report).await;
     for task in tasks {
         check_deterministic_reset(env, task, config.seed, &mut report).await;
         check_oracle(env, task, oracle, config, &mut report).await;
@@ -118,6 +121,47 @@ pub async fn check_deterministic_reset(
         (Ok(a), Ok(b)) if a == b => {}
         (Ok(_), Ok(_)) => report.failures.push(format!("{label}: two resets differ")),
         (Err(e), _) | (_, Err(e)) => report.failures.push(e),
+    }
+}
+
+/// Tool names are unique and non-empty; parameters are `{"type": "object", ...}` schemas whose
+/// `required` names are declared in `properties`.
+pub async fn check_tool_specs(env: &dyn Environment, task: &Task, seed: u64, report: &mut Report) {
+    let label = format!("{}: tool specs", task.id);
+    let tools = match guarded(label.clone(), tools_and_initial(env, task, seed)).await {
+        Ok((tools, _)) => tools,
+        Err(e) => return report.failures.push(e),
+    };
+    for (i, tool) in tools.iter().enumerate() {
+        let name = &tool.name;
+        if name.trim().is_empty() {
+            report
+                .failures
+                .push(format!("{label}: tool #{i} has an empty name"));
+        }
+        if tools[..i].iter().any(|t| t.name == *name) {
+            report
+                .failures
+                .push(format!("{label}: tool `{name}` is offered twice"));
+        }
+        let params = &tool.parameters;
+        if params.get("type").and_then(Value::as_str) != Some("object") {
+            report.failures.push(format!(
+                "{label}: `{name}` parameters must be a JSON schema with \"type\": \"object\""
+            ));
+        }
+        let props = params.get("properties").and_then(Value::as_object);
+        let required = params.get("required").and_then(Value::as_array);
+        for req in required.into_iter().flatten() {
+            let declared = req
+                .as_str()
+                .is_some_and(|r| props.is_some_and(|p| p.contains_key(r)));
+            if !declared {
+                report.failures.push(format!(
+                    "{label}: `{name}` requires {req}, which is not among its properties"
+                ));
+            }
+        }
     }
 }
 
