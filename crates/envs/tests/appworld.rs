@@ -61,13 +61,11 @@ fn complete(answer: &str) -> String {
 
 /// Every template at every difficulty in every split.
 fn sample_of_every_kind(env: &AppWorld) -> Vec<Task> {
-    let mut out = Vec::new();
-    for split in Split::ALL {
-        let tasks = env.tasks(split).expect("tasks");
-        // Indices 0..18 cover the six templates at the three difficulties.
-        out.extend(tasks.into_iter().take(18));
-    }
-    out
+    // Indices 0..18 cover the six templates at the three difficulties.
+    Split::ALL
+        .into_iter()
+        .flat_map(|split| (0..18).map(move |i| env.task(split, i)))
+        .collect()
 }
 
 #[test]
@@ -136,21 +134,34 @@ fn base_harness_is_valid_with_the_paper_limits() {
 fn oracle_solves_every_builtin_task() {
     let env = AppWorld::new();
     let harness = base_harness();
-    let mut failures = Vec::new();
-    let mut total = 0;
-    for split in Split::ALL {
-        for task in env.tasks(split).expect("tasks") {
-            total += 1;
-            let oracle = OraclePolicy::new(&task);
-            let t = run(&oracle, &harness, &env, &task);
-            if !t.is_success() {
-                failures.push(format!(
-                    "{}: {:?} {}",
-                    task.id, t.termination, t.outcome.details
-                ));
-            }
-        }
-    }
+    // One thread per split keeps this under a few seconds on small machines.
+    let results: Vec<(usize, Vec<String>)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = Split::ALL
+            .into_iter()
+            .map(|split| {
+                let (env, harness) = (&env, &harness);
+                scope.spawn(move || {
+                    let tasks = env.tasks(split).expect("tasks");
+                    let failures: Vec<String> = tasks
+                        .iter()
+                        .filter_map(|task| {
+                            let t = run(&OraclePolicy::new(task), harness, env, task);
+                            (!t.is_success()).then(|| {
+                                format!("{}: {:?} {}", task.id, t.termination, t.outcome.details)
+                            })
+                        })
+                        .collect();
+                    (tasks.len(), failures)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("no panic"))
+            .collect()
+    });
+    let total: usize = results.iter().map(|(n, _)| n).sum();
+    let failures: Vec<String> = results.into_iter().flat_map(|(_, f)| f).collect();
     assert!(total >= 500, "only {total} tasks");
     assert!(
         failures.is_empty(),
@@ -420,7 +431,7 @@ fn first_page_readers_fail_and_the_pagination_hook_repairs_them() {
 #[test]
 fn listings_flag_pagination_only_when_there_are_several_pages() {
     let env = AppWorld::new();
-    let task = env.tasks(Split::Train).expect("tasks").remove(0);
+    let task = env.task(Split::Train, 0);
     let mut session = block_on(env.reset(&task, 1)).expect("reset");
     let mut step = |call: ToolCall| block_on(session.step(&call)).expect("step");
     let list = |page: u32, size: u32| {
@@ -444,7 +455,7 @@ fn listings_flag_pagination_only_when_there_are_several_pages() {
 #[test]
 fn schema_lookup_hook_sees_the_docs_tools_as_lookups() {
     let env = AppWorld::new();
-    let task = env.tasks(Split::Validation).expect("tasks").remove(0);
+    let task = env.task(Split::Validation, 0);
     let mut harness = base_harness();
     harness.hooks.insert(
         "lookup-first".into(),
@@ -618,7 +629,7 @@ fn computing_the_balance_instead_of_reading_it_back_fails() {
 #[test]
 fn running_out_of_budget_without_complete_task_fails_and_s8_warns() {
     let env = AppWorld::new();
-    let task = env.tasks(Split::Validation).expect("tasks").remove(0);
+    let task = env.task(Split::Validation, 0);
     let wanderer = || {
         FnPolicy::new("wanderer", |_: &PolicyRequest| {
             ToolCall::new(tool::LIST_APPS, json!({})).to_tool_call_block()

@@ -18,6 +18,28 @@
 //! - `complete_task{answer}` ([`ToolKind::Submit`]): the supervisor's completion API; it ends
 //!   the episode, and `before_finish` hooks apply to it.
 //!
+//! ## Tasks
+//! [`AppWorld::tasks`] gives 300 train, 102 validation and 102 test tasks; the template cycles
+//! with the task index and the difficulty with every sixth index, so every split holds all
+//! six templates at all three levels. Each task's world comes from its seed alone, with a
+//! fixed "today" that the initial observation states.
+//!
+//! | template | behaviour needed | level 2 adds | level 3 adds |
+//! |---|---|---|---|
+//! | `mail_count` | page through a folder, match the sender | the spam folder | archive too, a namesake sender |
+//! | `liked_intersection` | liked *and* in a playlist | a genre condition | email the list (write) |
+//! | `playlist_build` | filter liked songs, create and fill a playlist, read it back | a genre condition | a release-date condition (one `show_song` per candidate) |
+//! | `returns_window` | log in, page through returns, filter by product and date | the last 14 or 30 days | last calendar month, more pages |
+//! | `account_recovery` | request a code, read it from mail, reset, log in, answer | save the password in supervisor | stale codes in the inbox, the new one filtered to spam |
+//! | `transfer_readback` | send money, read the balance back (fees apply) | find the amount by a relative date | pay back everyone in a 7-day window |
+//!
+//! ## Verification
+//! The verifier keeps the world as it was at reset and compares it with the final world
+//! ([`world::diff`]): the answer given to `complete_task` must match the ground truth computed
+//! from the initial world ([`templates::expected`]), the intended changes must be there (a
+//! password, a playlist, payments, an email), and every other difference is collateral damage
+//! that fails the task. [`Outcome::details`] lists each check with what was expected and found.
+//!
 //! ```
 //! use harness_core::{Environment, Split, run_episode};
 //! use harness_envs::appworld::{AppWorld, OraclePolicy, base_harness};
@@ -364,6 +386,14 @@ impl AppSession {
             tool::LIST_APIS => {
                 check_keys(args, &call.name, &["app"])?;
                 let app = string_arg(args, "app")?.trim();
+                if app == "api_docs" {
+                    let list: Vec<Value> = tool_specs()
+                        .into_iter()
+                        .filter(|t| t.kind == ToolKind::Lookup)
+                        .map(|t| json!({"api": t.name, "description": t.description, "note": "a tool of its own, not reached through call_api"}))
+                        .collect();
+                    return Ok(json!({"app": app, "apis": list}));
+                }
                 if !APPS.iter().any(|(n, _)| *n == app) {
                     let names: Vec<&str> = APPS.iter().map(|(n, _)| *n).collect();
                     return Err(format!(
@@ -414,10 +444,37 @@ impl EnvSession for AppSession {
     }
 
     async fn step(&mut self, call: &ToolCall) -> Result<Observation> {
+        let mut observation = self.dispatch(call);
+        // The policy sees only the text, so failures say so in words too.
+        if observation.error && !observation.text.starts_with("Error") {
+            observation.text = format!("Error: {}", observation.text);
+        }
+        Ok(observation)
+    }
+
+    async fn verify(&mut self, final_answer: Option<&str>) -> Result<Outcome> {
+        let (ok, details) = templates::verify(
+            &self.spec,
+            self.difficulty,
+            &self.initial,
+            &self.world,
+            self.submitted.as_deref(),
+            final_answer,
+        );
+        Ok(if ok {
+            Outcome::success(details)
+        } else {
+            Outcome::failure(details)
+        })
+    }
+}
+
+impl AppSession {
+    fn dispatch(&mut self, call: &ToolCall) -> Observation {
         if self.done {
-            return Ok(Observation::error(
+            return Observation::error(
                 "The task was already completed; no more calls are accepted.",
-            ));
+            );
         }
         let parsed;
         let args = match &call.arguments {
@@ -426,9 +483,9 @@ impl EnvSession for AppSession {
                 parsed = serde_json::Map::new();
                 &parsed
             }
-            _ => return Ok(Observation::error("Tool arguments must be a JSON object.")),
+            _ => return Observation::error("Tool arguments must be a JSON object."),
         };
-        Ok(match call.name.as_str() {
+        match call.name.as_str() {
             tool::LIST_APPS | tool::LIST_APIS | tool::SHOW_API => match self.docs(call, args) {
                 Ok(v) => Observation::ok(v.to_string()),
                 Err(e) => Observation::error(e),
@@ -482,23 +539,7 @@ impl EnvSession for AppSession {
                     .collect::<Vec<_>>()
                     .join(", ")
             )),
-        })
-    }
-
-    async fn verify(&mut self, final_answer: Option<&str>) -> Result<Outcome> {
-        let (ok, details) = templates::verify(
-            &self.spec,
-            self.difficulty,
-            &self.initial,
-            &self.world,
-            self.submitted.as_deref(),
-            final_answer,
-        );
-        Ok(if ok {
-            Outcome::success(details)
-        } else {
-            Outcome::failure(details)
-        })
+        }
     }
 }
 

@@ -395,6 +395,9 @@ fn gen_liked(gen_: &mut Gen, world: &mut World, d: u8) -> (Spec, String) {
     liked.extend(&both);
     liked.extend(&liked_only);
     gen_.shuffle(&mut liked);
+    // One match is the least recently liked song, on the last page.
+    liked.retain(|id| *id != both[0]);
+    liked.push(both[0]);
     world.music.liked = liked;
     let mut songs: Vec<u32> = both.iter().chain(&playlist_only).copied().collect();
     gen_.shuffle(&mut songs);
@@ -504,6 +507,9 @@ fn gen_playlist(gen_: &mut Gen, world: &mut World, d: u8) -> (Spec, String) {
         ));
     }
     gen_.shuffle(&mut liked);
+    // One match is the least recently liked song, on the last page.
+    liked.retain(|id| *id != planted[0]);
+    liked.push(planted[0]);
     world.music.liked = liked;
     let name = format!("{} Selection", artist.trim_start_matches("The "));
     let what = match (&genre, since) {
@@ -537,10 +543,11 @@ fn gen_returns(gen_: &mut Gen, world: &mut World, d: u8) -> (Spec, String) {
     let now = world.now;
     let (start, end) = period.window(now);
     let in_window =
-        |gen_: &mut Gen| start.plus_days(gen_.int(0, i64::from(end.0 - start.0)) as i32);
-    for _ in 0..gen_.size(2, 3) {
+        |gen_: &mut Gen| start.plus_days(gen_.int(1, i64::from(end.0 - start.0)) as i32);
+    // One match is the oldest return of the window; more than a page of returns is newer.
+    for i in 0..gen_.size(2, 3) {
         let product = g::product_name(gen_, &keyword);
-        let date = in_window(gen_);
+        let date = if i == 0 { start } else { in_window(gen_) };
         g::add_return(gen_, world, product, date);
     }
     // The same product just outside the window, and other products inside it.
@@ -554,7 +561,7 @@ fn gen_returns(gen_: &mut Gen, world: &mut World, d: u8) -> (Spec, String) {
         let date = start.plus_days(-(gen_.int(20, 80) as i32));
         g::add_return(gen_, world, product, date);
     }
-    for _ in 0..gen_.size(2, 3) {
+    for _ in 0..gen_.size(5, 6) {
         let noun = g::other_noun(gen_, &keyword);
         let product = g::product_name(gen_, noun);
         let date = in_window(gen_);
@@ -713,7 +720,7 @@ fn gen_transfer(gen_: &mut Gen, world: &mut World, d: u8) -> (Spec, String) {
         }
         2 => {
             let who = gen_.pick(&world.contacts).clone();
-            let days_ago = gen_.int(2, 25) as u32;
+            let days_ago = gen_.int(8, 25) as u32;
             let day = now.plus_days(-(days_ago as i32));
             world
                 .payments
@@ -737,6 +744,14 @@ fn gen_transfer(gen_: &mut Gen, world: &mut World, d: u8) -> (Spec, String) {
             };
             let t = received(world, &other, gen_.price(10, 90), day, g::note(gen_));
             g::add_transaction(world, t);
+            // More than a page of newer transactions with other people.
+            for _ in 0..5 {
+                let date = day.plus_days(gen_.int(1, i64::from(days_ago)) as i32);
+                let t = g::random_transaction(gen_, world, date);
+                if t.counterparty != who.email {
+                    g::add_transaction(world, t);
+                }
+            }
             (
                 TransferKind::PayBack {
                     name: who.full_name(),
@@ -756,8 +771,22 @@ fn gen_transfer(gen_: &mut Gen, world: &mut World, d: u8) -> (Spec, String) {
             let mut people = world.contacts.clone();
             gen_.shuffle(&mut people);
             let k = gen_.size(2, 3);
-            for who in &people[..k] {
-                let date = start.plus_days(gen_.int(0, i64::from(days) - 1) as i32);
+            // One payment to return is the oldest of the window, below a page of newer ones.
+            for who in &people[k + 2..k + 8] {
+                let mut t = g::random_transaction(gen_, world, now);
+                t.date = start.plus_days(gen_.int(1, i64::from(days) - 1) as i32);
+                t.direction = Direction::Sent;
+                t.fee_cents = super::apps::payments::fee(t.amount_cents, world.payments.fee_bps);
+                t.counterparty = who.email.clone();
+                t.counterparty_name = who.full_name();
+                g::add_transaction(world, t);
+            }
+            for (i, who) in people[..k].iter().enumerate() {
+                let date = if i == 0 {
+                    start
+                } else {
+                    start.plus_days(gen_.int(0, i64::from(days) - 1) as i32)
+                };
                 let t = received(world, who, gen_.price(10, 80), date, g::note(gen_));
                 g::add_transaction(world, t);
             }
@@ -1342,6 +1371,10 @@ mod tests {
                         .len();
                     assert!(union > titles.len() + 4, "{label}");
                     assert!(w.music.liked.len() > DEFAULT_PAGE_SIZE, "{label}");
+                    let beyond_first_page = w.music.liked[DEFAULT_PAGE_SIZE..]
+                        .iter()
+                        .any(|id| titles.contains(&w.music.songs[id].title.to_lowercase()));
+                    assert!(beyond_first_page, "{label}");
                     if genre.is_some() {
                         let both = w
                             .music
@@ -1362,9 +1395,23 @@ mod tests {
                         .count();
                     assert!(by_artist > ids.len() || d == 1, "{label}");
                     assert!(w.music.liked.len() > DEFAULT_PAGE_SIZE, "{label}");
+                    assert!(
+                        w.music.liked[DEFAULT_PAGE_SIZE..]
+                            .iter()
+                            .any(|id| ids.contains(id)),
+                        "{label}"
+                    );
                 }
-                (Spec::ReturnsWindow { keyword, .. }, Expected::Cents(c)) => {
+                (Spec::ReturnsWindow { keyword, period }, Expected::Cents(c)) => {
                     assert!(c > 0, "{label}");
+                    let (start, end) = period.window(w.now);
+                    let listing = shopping::return_listing(w);
+                    let beyond_first_page = listing[DEFAULT_PAGE_SIZE..].iter().any(|(_, r)| {
+                        r.product_name.contains(keyword.as_str())
+                            && r.returned_at >= start
+                            && r.returned_at <= end
+                    });
+                    assert!(beyond_first_page, "{label}");
                     assert!(w.shopping.returns.len() > DEFAULT_PAGE_SIZE, "{label}");
                     let any_time: i64 = w
                         .shopping
@@ -1388,6 +1435,17 @@ mod tests {
                     assert!(!list.is_empty(), "{label}");
                     if let TransferKind::PayBack { .. } = transfer {
                         assert_eq!(list.len(), 1, "{label}");
+                    }
+                    if !matches!(transfer, TransferKind::Direct { .. }) {
+                        let listing = crate::appworld::apps::payments::transaction_listing(w);
+                        let on_first_page = listing[..DEFAULT_PAGE_SIZE]
+                            .iter()
+                            .filter(|(_, t)| {
+                                t.direction == Direction::Received
+                                    && list.contains(&(t.counterparty.clone(), t.amount_cents))
+                            })
+                            .count();
+                        assert!(on_first_page < list.len(), "{label}");
                     }
                     assert!(w.payments.fee_bps > 0, "{label}");
                     let total: i64 = list.iter().map(|(_, c)| c).sum();
