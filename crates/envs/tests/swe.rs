@@ -277,6 +277,14 @@ fn paths_outside_the_copy_are_refused() {
         }
     }
     assert_eq!(std::fs::read_to_string(&secret).unwrap(), "top secret\n");
+    // The verifier restores the tests without following a planted link.
+    std::fs::remove_dir_all(session.root().join("tests")).unwrap();
+    std::os::unix::fs::symlink(outside.path(), session.root().join("tests")).unwrap();
+    let outcome = session.verify_sync().unwrap();
+    assert_eq!(outcome.reward, 0.0);
+    assert!(session.root().join("tests").is_dir());
+    let leaked: Vec<_> = std::fs::read_dir(outside.path()).unwrap().collect();
+    assert_eq!(leaked.len(), 1, "only secret.txt is outside");
     assert!(!outside.path().join("new.txt").exists());
     // A search over the whole copy does not follow the links either.
     let obs = step(

@@ -153,6 +153,33 @@ impl Policy for OraclePolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Replaying the replacements with the `replace` tool's rule (the text must occur
+        /// exactly once) reproduces the patched file, whatever the edit.
+        #[test]
+        fn replacements_replay_any_patch(
+            old in proptest::collection::vec("[ab]{0,2}", 1..25),
+            new in proptest::collection::vec("[ab]{0,2}", 1..25),
+            context in 0usize..4,
+        ) {
+            let old = old.join("\n") + "\n";
+            let new = new.join("\n") + "\n";
+            let patch = diff::unified_diff("f", Some(&old), Some(&new), context);
+            prop_assume!(!patch.is_empty());
+            let hunks = &diff::parse_patch(&patch).unwrap()[0].hunks;
+            if let Some(reps) = hunk_replacements(&old, hunks, &new) {
+                let mut text = old.clone();
+                for (o, n) in reps {
+                    let at = occurrences(&text, &o);
+                    prop_assert_eq!(at.len(), 1);
+                    text = format!("{}{}{}", &text[..at[0]], n, &text[at[0] + o.len()..]);
+                }
+                prop_assert_eq!(text, new);
+            }
+        }
+    }
 
     #[test]
     fn replacements_are_unique_and_reproduce_the_target() {

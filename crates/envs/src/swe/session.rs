@@ -656,10 +656,15 @@ impl SweSession {
                 not_run.join(", ")
             ));
         }
-        Ok(Observation::ok(format!(
+        let observation = Observation::ok(format!(
             "{}{summary}\n",
             self.relative_paths(&run.command.describe())
-        )))
+        ));
+        // Failing tests are a normal result; a run that never finished is a failed call.
+        Ok(Observation {
+            error: run.command.timed_out || !not_run.is_empty(),
+            ..observation
+        })
     }
 
     fn shell(&self, args: &Map<String, Value>) -> std::result::Result<Observation, String> {
