@@ -448,6 +448,7 @@ fn attach_extensions_and_pragmas_are_refused() {
 fn a_runaway_statement_is_stopped() {
     let s = session_with(DbLimits {
         statement_time: Duration::from_millis(300),
+        statement_ops: u64::MAX,
         ..DbLimits::default()
     });
     let started = std::time::Instant::now();

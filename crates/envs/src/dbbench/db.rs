@@ -28,7 +28,9 @@ pub const MYSQL_COLLATION: &str = "mysql_ci";
 pub struct DbLimits {
     /// Wall-clock time one statement may run.
     pub statement_time: Duration,
-    /// Virtual-machine instructions one statement may run (deterministic, unlike the clock).
+    /// Virtual-machine instructions one statement may run (deterministic, unlike the clock;
+    /// SQLite runs about 50 million a second, so the default stops runaways in about a second
+    /// while a three-way join of 100-row tables still fits easily).
     pub statement_ops: u64,
     /// Result rows read before the rest is dropped.
     pub max_rows: usize,
@@ -46,7 +48,7 @@ impl Default for DbLimits {
     fn default() -> Self {
         DbLimits {
             statement_time: Duration::from_secs(2),
-            statement_ops: 200_000_000,
+            statement_ops: 50_000_000,
             max_rows: 10_000,
             max_result_chars: 8_000,
             max_value_bytes: 1 << 20,
@@ -377,8 +379,8 @@ impl Database {
         Ok(SqlOutcome::ok(render_rows(&rows_out, more)))
     }
 
-    /// AgentBench's hash of the tables (see [`table_hash`]): the per-table hashes sorted and
-    /// joined with `_`. `None` names a table or column that is missing.
+    /// AgentBench's hash of the tables (see [`Self::table_hash`]): the per-table hashes sorted and
+    /// joined with `_`. An `Err` says which table or column cannot be read.
     pub fn tables_hash(&self, tables: &[DbTable]) -> Result<String, String> {
         let mut hashes = Vec::new();
         for table in tables {
