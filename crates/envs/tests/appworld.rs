@@ -9,6 +9,7 @@ use harness_core::{
     Environment, FinishReason, Harness, HookAction, HookEvent, HookSpec, Policy, PolicyRequest,
     PolicyTurn, Role, Source, Split, Task, Termination, ToolCall, Trajectory, run_episode,
 };
+use harness_envs::appworld::apps::APIS;
 use harness_envs::appworld::{
     AppWorld, AppWorldConfig, OraclePolicy, base_harness, table7_siblings, tool, tool_specs,
 };
@@ -802,4 +803,87 @@ proptest! {
         let outcome = block_on(session.verify(None)).expect("verify");
         prop_assert!(outcome.reward == 0.0 || outcome.reward == 1.0);
     }
+}
+
+/// A call of a real API with arguments named after its parameters but with arbitrary values,
+/// sometimes with a valid access token.
+fn arb_api_call() -> impl Strategy<Value = (usize, Vec<(usize, Value)>, bool)> {
+    (
+        0..APIS.len(),
+        prop::collection::vec((0usize..6, arb_json()), 0..5),
+        any::<bool>(),
+    )
+}
+
+fn login_tokens(session: &mut dyn harness_core::EnvSession) -> Vec<(String, String)> {
+    let mut step = |app: &str, api: &str, arguments: Value| -> Value {
+        let call = ToolCall::new(
+            tool::CALL_API,
+            json!({"app": app, "api": api, "arguments": arguments}),
+        );
+        serde_json::from_str(&block_on(session.step(&call)).expect("step").text)
+            .unwrap_or(Value::Null)
+    };
+    let email = step("supervisor", "show_profile", json!({}))["email"].clone();
+    let passwords = step("supervisor", "show_account_passwords", json!({}));
+    let mut tokens = Vec::new();
+    for entry in passwords["passwords"].as_array().into_iter().flatten() {
+        let app = entry["app"].as_str().unwrap_or_default().to_string();
+        let login = step(
+            &app,
+            "login",
+            json!({"email": email, "password": entry["password"]}),
+        );
+        if let Some(token) = login["access_token"].as_str() {
+            tokens.push((app, token.to_string()));
+        }
+    }
+    tokens
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    #[test]
+    fn fuzzed_api_arguments_never_panic(calls in prop::collection::vec(arb_api_call(), 1..10), pick in 0usize..18) {
+        let env = AppWorld::new();
+        let task = env.task(Split::Test, pick);
+        let mut session = block_on(env.reset(&task, 2)).expect("reset");
+        let tokens = login_tokens(session.as_mut());
+        for (api_index, values, with_token) in calls {
+            let api = &APIS[api_index];
+            let params = api.all_params();
+            let mut arguments = serde_json::Map::new();
+            for (slot, value) in values {
+                if let Some(p) = params.get(slot) {
+                    arguments.insert(p.name.to_string(), value);
+                }
+            }
+            if with_token && let Some((_, token)) = tokens.iter().find(|(app, _)| app == api.app) {
+                arguments.insert("access_token".into(), json!(token));
+            }
+            let call = ToolCall::new(tool::CALL_API, json!({"app": api.app, "api": api.name, "arguments": arguments}));
+            let obs = block_on(session.step(&call)).expect("a step never fails as infrastructure");
+            prop_assert!(!obs.done);
+            prop_assert!(obs.error || serde_json::from_str::<Value>(&obs.text).is_ok(), "{}", obs.text);
+        }
+        let outcome = block_on(session.verify(None)).expect("verify");
+        prop_assert_eq!(outcome.reward, 0.0);
+    }
+}
+
+#[test]
+fn a_task_without_app_world_metadata_is_a_clear_error() {
+    let env = AppWorld::new();
+    let mut task = env.task(Split::Train, 0);
+    task.metadata = json!({"template": "no_such_template", "difficulty": 1});
+    let err = block_on(env.reset(&task, 1)).err().expect("an error");
+    let text = err.to_string();
+    assert!(
+        text.contains("metadata.template") && text.contains("mail_count"),
+        "{text}"
+    );
+    task.metadata = json!({"template": "mail_count", "difficulty": 7});
+    let err = block_on(env.reset(&task, 1)).err().expect("an error");
+    assert!(err.to_string().contains("metadata.difficulty"), "{err}");
 }
