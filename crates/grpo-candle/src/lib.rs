@@ -49,6 +49,8 @@ pub mod loading;
 pub mod model;
 pub mod policy;
 pub mod sampler;
+pub mod sft;
+pub mod teacher;
 pub mod tokenizer;
 
 pub use chat_template::ChatTemplate;
@@ -59,3 +61,5 @@ pub use loading::ModelFiles;
 pub use model::{KvCache, Qwen};
 pub use policy::{CandlePolicy, PolicyOptions};
 pub use sampler::{Sample, SampleRequest};
+pub use sft::{SftConfig, SftTrainer};
+pub use teacher::TeacherForcedPolicy;
