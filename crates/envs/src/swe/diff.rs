@@ -168,7 +168,8 @@ fn parse_hunk(lines: &[&str], at: usize) -> Result<(Hunk, usize), String> {
                 at + 1
             ));
         };
-        let (kind, body) = line.split_at(line.len().min(1));
+        let first = line.chars().next().map_or(0, char::len_utf8);
+        let (kind, body) = line.split_at(first);
         match kind {
             " " => {
                 hunk.lines.push(HunkLine::Context(body.to_string()));
@@ -557,6 +558,7 @@ mod tests {
             "--- a/f\n+++ b/f\n@@ -1,2 +1,2 @@\n a\n",
             "--- a/f\n+++ b/f\n@@ nonsense @@\n",
             "--- a/f\n+++ b/f\n@@ -1,1 +1,1 @@\n?x\n",
+            "--- a/f\n+++ b/f\n@@ -1,1 +1,1 @@\néx\n",
             "--- /dev/null\n+++ /dev/null\n@@ -0,0 +1,1 @@\n+x\n",
         ] {
             assert!(parse_patch(bad).is_err(), "{bad:?}");
@@ -566,8 +568,8 @@ mod tests {
     proptest! {
         #[test]
         fn diff_then_apply_round_trips(
-            old in proptest::collection::vec("[abc]{0,2}", 0..30),
-            new in proptest::collection::vec("[abc]{0,2}", 0..30),
+            old in proptest::collection::vec("[abcé]{0,2}", 0..30),
+            new in proptest::collection::vec("[abcé]{0,2}", 0..30),
             old_eol in any::<bool>(),
             new_eol in any::<bool>(),
         ) {
@@ -588,7 +590,7 @@ mod tests {
         }
 
         #[test]
-        fn parser_never_panics(text in "[-+ @\\\\a-c,0-9\n]{0,200}") {
+        fn parser_never_panics(text in "[-+ @\\\\a-c,0-9\né]{0,200}") {
             let _ = parse_patch(&text);
             let _ = parse_patch(&format!("--- a/f\n+++ b/f\n{text}"));
         }
