@@ -210,7 +210,9 @@ impl Database {
         self.budget.start();
         let Ok(mut stmt) = self
             .conn
-            .prepare("SELECT name FROM sqlite_schema WHERE type = 'table' ORDER BY rowid")
+            .prepare(
+                "SELECT name FROM sqlite_schema WHERE type = 'table' AND substr(name, 1, 7) <> 'sqlite_' ORDER BY rowid",
+            )
         else {
             return Vec::new();
         };
@@ -494,17 +496,19 @@ fn authorize(context: AuthContext<'_>) -> Authorization {
     }
 }
 
+/// An SQLite error as the policy sees it: the message only, never the translated SQL (which
+/// would show our rewriting, e.g. `mysql_num(...)`).
 fn describe_error(error: &rusqlite::Error) -> String {
-    match error {
-        rusqlite::Error::SqliteFailure(e, Some(message)) => {
-            if e.code == rusqlite::ErrorCode::AuthorizationForStatementDenied {
-                format!("{message} (ATTACH, PRAGMA, extensions and file access are disabled)")
-            } else {
-                message.clone()
-            }
-        }
-        rusqlite::Error::SqliteFailure(e, None) => e.to_string(),
-        other => other.to_string(),
+    let (code, message) = match error {
+        rusqlite::Error::SqliteFailure(e, Some(message)) => (e.code, message.clone()),
+        rusqlite::Error::SqliteFailure(e, None) => (e.code, e.to_string()),
+        rusqlite::Error::SqlInputError { error, msg, .. } => (error.code, msg.clone()),
+        other => return other.to_string(),
+    };
+    if code == rusqlite::ErrorCode::AuthorizationForStatementDenied {
+        format!("{message} (ATTACH, PRAGMA, extensions and file access are disabled)")
+    } else {
+        message
     }
 }
 

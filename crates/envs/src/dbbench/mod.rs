@@ -47,8 +47,10 @@
 //!   `ON DUPLICATE KEY UPDATE`, `STR_TO_DATE`, `DATE_FORMAT`, user variables and `LIMIT` inside
 //!   `UPDATE`/`DELETE` is unsupported; SQLite accepts some SQL MySQL refuses (a single-quoted
 //!   table name after `FROM`, `[name]` identifiers);
-//! - error messages are SQLite's; aggregates print as SQLite computes them (`SUM` over TEXT is a
-//!   float, `AVG` is not rounded to MySQL's decimal precision);
+//! - error messages are SQLite's, and a change reports `Query OK, n rows affected` where
+//!   AgentBench's MySQL printed `[]`; aggregates print as SQLite computes them (`SUM` over
+//!   integer-looking TEXT prints `2011` where MySQL prints `2011.0`; the verifier compares
+//!   numbers, so both are accepted);
 //! - the table hash cuts the row-hash list at MySQL's default `group_concat_max_len` (1024
 //!   bytes, reached at 171 rows), as AgentBench's MySQL would.
 //!
