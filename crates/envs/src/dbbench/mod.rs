@@ -439,7 +439,7 @@ const SYSTEM_PROMPT: &str = "You are working with a MySQL database to help a use
 Work step by step. Look at the table when you need to (its name and columns are given), run SQL to find what you need, and read each result carefully before the next step. {action_guidance}
 
 Rules:
-- Run exactly one SQL statement per call, written on one line. Quote table and column names that contain spaces or symbols with backticks, e.g. `Home team`.
+- Run exactly one SQL statement per step, written on one line. Quote table and column names that contain spaces or symbols with backticks, e.g. `Home team`.
 - Every column is TEXT: compare numbers with numbers (e.g. `Points` > 10) and text with quoted strings.
 - You have at most {max_env_actions} steps, so do not waste them.
 - When the question asks for values, commit exactly the values asked for (one string per value, no extra words); when the task is to insert, update or delete rows, make the change and then commit an empty answer.
