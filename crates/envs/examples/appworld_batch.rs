@@ -1,10 +1,11 @@
 //! Run a batch of app-world episodes and print success rates per template and difficulty.
 //!
 //! ```text
-//! cargo run -p harness-envs --example appworld_batch -- [train|validation|test] [oracle|first-page]
+//! cargo run -p harness-envs --example appworld_batch -- [train|validation|test] [oracle|oracle5|first-page]
 //! ```
 //!
-//! `oracle` runs the scripted solver (it must score 1.0 everywhere); `first-page` runs the
+//! `oracle` runs the scripted solver (it must score 1.0 everywhere), `oracle5` the same solver
+//! keeping the APIs' default page size of 5 (the action counts a careful agent needs); `first-page` runs the
 //! oracle with every listing cut to its first page of five (the paper's single-pass failure).
 
 use std::collections::BTreeMap;
@@ -40,7 +41,7 @@ async fn batch(
     env: Arc<AppWorld>,
     tasks: &[Task],
     harness: &Harness,
-    first_page: bool,
+    mode: &str,
 ) -> Vec<Trajectory> {
     let handles: Vec<_> = tasks
         .iter()
@@ -48,12 +49,13 @@ async fn batch(
         .map(|task| {
             let env = Arc::clone(&env);
             let harness = harness.clone();
+            let mode = mode.to_string();
             tokio::spawn(async move {
                 let oracle = OraclePolicy::new(&task);
-                let policy: Box<dyn Policy> = if first_page {
-                    Box::new(FirstPageOnly(oracle))
-                } else {
-                    Box::new(oracle)
+                let policy: Box<dyn Policy> = match mode.as_str() {
+                    "first-page" => Box::new(FirstPageOnly(oracle)),
+                    "oracle5" => Box::new(oracle.with_page_size(5)),
+                    _ => Box::new(oracle),
                 };
                 run_episode(policy.as_ref(), &harness, env.as_ref(), &task, 1).await
             })
@@ -117,22 +119,12 @@ async fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
     let mode = args.get(1).map_or("oracle", String::as_str);
     let env = Arc::new(AppWorld::new());
     let tasks = env.tasks(split)?;
-    match mode {
-        "oracle" => {
-            let t = batch(Arc::clone(&env), &tasks, &base_harness(), false).await;
-            report(&format!("oracle under H0 on {split}"), &tasks, &t);
-        }
-        "first-page" => {
-            let t = batch(Arc::clone(&env), &tasks, &base_harness(), true).await;
-            report(
-                &format!("first-page reader under H0 on {split}"),
-                &tasks,
-                &t,
-            );
-        }
-        other => {
-            return Err(format!("unknown mode `{other}`; expected oracle or first-page").into());
-        }
+    if !["oracle", "oracle5", "first-page"].contains(&mode) {
+        return Err(
+            format!("unknown mode `{mode}`; expected oracle, oracle5 or first-page").into(),
+        );
     }
+    let t = batch(Arc::clone(&env), &tasks, &base_harness(), mode).await;
+    report(&format!("{mode} under H0 on {split}"), &tasks, &t);
     Ok(())
 }

@@ -172,6 +172,26 @@ fn oracle_solves_every_builtin_task() {
     );
 }
 
+/// A careful agent that keeps the default page size of 5 still fits the paper's budget of 30
+/// actions, with room for a few documentation lookups on the hardest tasks.
+#[test]
+fn every_task_fits_the_budget_at_the_default_page_size() {
+    let env = AppWorld::new();
+    let mut most = 0;
+    for split in [Split::Validation, Split::Test] {
+        for task in env.tasks(split).expect("tasks") {
+            let oracle = OraclePolicy::new(&task).with_page_size(5);
+            let t = run(&oracle, &base_harness(), &env, &task);
+            assert!(t.is_success(), "{}: {}", task.id, t.outcome.details);
+            most = most.max(t.counts.env_actions);
+        }
+    }
+    assert!(
+        (15..=26).contains(&most),
+        "the hardest task takes {most} actions"
+    );
+}
+
 #[test]
 fn conformance_suite_passes_with_the_oracle() {
     let env = AppWorld::new();

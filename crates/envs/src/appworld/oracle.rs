@@ -24,6 +24,7 @@ use super::tool;
 /// observation.
 pub struct OraclePolicy {
     spec: Option<Spec>,
+    page_size: usize,
     seen: Mutex<Vec<Value>>,
 }
 
@@ -36,14 +37,24 @@ impl OraclePolicy {
             .and_then(|s| serde_json::from_value(s.clone()).ok());
         OraclePolicy {
             spec,
+            page_size: MAX_PAGE_SIZE,
             seen: Mutex::new(Vec::new()),
         }
+    }
+
+    /// The same oracle paging with `page_size` items per page (1 to 20; the default is the
+    /// largest, 20). With the APIs' default of 5 it shows what a careful agent that never
+    /// raises the page size needs.
+    pub fn with_page_size(mut self, page_size: usize) -> Self {
+        self.page_size = page_size.clamp(1, MAX_PAGE_SIZE);
+        self
     }
 }
 
 /// The calls of a plan so far, answered from recorded observations.
 struct Replay<'a> {
     observations: &'a [Value],
+    page_size: usize,
     next: usize,
 }
 
@@ -73,14 +84,14 @@ impl Replay<'_> {
         for page in 1.. {
             let mut args = arguments.clone();
             args["page"] = json!(page);
-            args["page_size"] = json!(MAX_PAGE_SIZE);
+            args["page_size"] = json!(self.page_size);
             let result = self.api(app, api, args)?;
             let chunk = result
                 .get(key)
                 .and_then(Value::as_array)
                 .cloned()
                 .unwrap_or_default();
-            let short = chunk.len() < MAX_PAGE_SIZE;
+            let short = chunk.len() < self.page_size;
             items.extend(chunk);
             if short || page > 50 {
                 break;
@@ -267,7 +278,7 @@ fn plan(spec: &Spec, now: Date, r: &mut Replay<'_>) -> Step<Value> {
                 let page = r.api(
                     "mail",
                     "list_emails",
-                    json!({"folder": folder, "page_size": MAX_PAGE_SIZE}),
+                    json!({"folder": folder, "page_size": r.page_size}),
                 )?;
                 for e in page["emails"].as_array().into_iter().flatten() {
                     if text(e, "from") == sender(app) {
@@ -428,6 +439,7 @@ impl Policy for OraclePolicy {
                 Some(spec) => {
                     let mut replay = Replay {
                         observations: &seen,
+                        page_size: self.page_size,
                         next: 0,
                     };
                     match plan(spec, now, &mut replay) {

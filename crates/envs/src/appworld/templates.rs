@@ -257,7 +257,7 @@ fn gen_mail_count(gen_: &mut Gen, world: &mut World, d: u8) -> (Spec, String) {
     let size = match d {
         1 => (9, 12),
         2 => (10, 14),
-        _ => (12, 17),
+        _ => (21, 25),
     };
     for &folder in &folders {
         // One target is the oldest mail of the folder, so it sits on the last page.
@@ -369,7 +369,7 @@ fn gen_liked(gen_: &mut Gen, world: &mut World, d: u8) -> (Spec, String) {
     let (n_liked, n_playlist) = match d {
         1 => (3, 3),
         2 => (6, 5),
-        _ => (9, 6),
+        _ => (13, 6),
     };
     for _ in 0..n_liked {
         // Some distractors share the genre, so only the intersection separates them.
@@ -490,7 +490,7 @@ fn gen_playlist(gen_: &mut Gen, world: &mut World, d: u8) -> (Spec, String) {
     let filler = match d {
         1 => 4,
         2 => 6,
-        _ => 7,
+        _ => 13,
     };
     let mut liked = world.music.liked.clone();
     liked.extend(&planted);
@@ -570,7 +570,7 @@ fn gen_returns(gen_: &mut Gen, world: &mut World, d: u8) -> (Spec, String) {
     let total = match d {
         1 => gen_.size(8, 10),
         2 => gen_.size(12, 15),
-        _ => gen_.size(16, 22),
+        _ => gen_.size(21, 25),
     };
     while world.shopping.returns.len() < total {
         let noun = g::other_noun(gen_, &keyword);
@@ -798,7 +798,7 @@ fn gen_transfer(gen_: &mut Gen, world: &mut World, d: u8) -> (Spec, String) {
             (
                 TransferKind::PayBackWindow { days },
                 "paid back".to_string(),
-                gen_.size(16, 20),
+                gen_.size(21, 24),
             )
         }
     };
@@ -1324,6 +1324,26 @@ mod tests {
         for (template, d, g) in all_generated() {
             let w = &g.world;
             let label = format!("{template:?} d{d}: {}", g.instruction);
+            if d == 3 {
+                // Hard tasks need a second page even at the largest page size.
+                let longest = match &g.spec {
+                    Spec::MailCount { folders, .. } => folders
+                        .iter()
+                        .map(|f| mail::folder_listing(w, *f).len())
+                        .min()
+                        .unwrap_or(0),
+                    Spec::LikedIntersection { .. } | Spec::PlaylistBuild { .. } => {
+                        w.music.liked.len()
+                    }
+                    Spec::ReturnsWindow { .. } => w.shopping.returns.len(),
+                    Spec::TransferReadback { .. } => w.payments.transactions.len(),
+                    Spec::AccountRecovery { .. } => usize::MAX,
+                };
+                assert!(
+                    longest > crate::appworld::apps::MAX_PAGE_SIZE,
+                    "{label}: {longest}"
+                );
+            }
             match (&g.spec, expected(&g.spec, w)) {
                 (
                     Spec::MailCount {
