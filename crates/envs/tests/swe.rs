@@ -529,6 +529,16 @@ fn tools_report_misuse_as_error_observations() {
         obs.text
     );
     assert!(!obs.text.contains(&session.root().display().to_string()));
+    let obs = step(
+        &mut session,
+        tools::RUN_TESTS,
+        json!({"tests": ["tests/test_dates.py::TestLeap"]}),
+    );
+    assert!(
+        obs.text.contains("Tests: 4 passed, 0 failed"),
+        "{}",
+        obs.text
+    );
     let obs = step(&mut session, tools::RUN_TESTS, json!({"tests": []}));
     assert!(
         obs.text.contains("Tests: 26 passed, 1 failed, 0 errors"),
@@ -546,6 +556,12 @@ fn tools_report_misuse_as_error_observations() {
     let obs = step(&mut session, tools::VIEW, json!({"path": "README.md"}));
     assert!(obs.error, "steps after submit are refused");
     assert!(session.verify_sync().unwrap().is_success());
+}
+
+/// `tests.test_mod.Class.test` as pytest writes it: `tests/test_mod.py::Class::test`.
+fn pytest_id(id: &str) -> String {
+    let parts: Vec<&str> = id.split('.').collect();
+    format!("{}.py::{}", parts[..2].join("/"), parts[2..].join("::"))
 }
 
 #[test]
@@ -570,7 +586,8 @@ fn loader_reads_the_swe_gym_shape_and_names_errors() {
         "problem_statement": inst.problem_statement,
         "repo_path": "repos/lru",
         "patch": inst.patch,
-        "FAIL_TO_PASS": serde_json::to_string(&inst.fail_to_pass).unwrap(),
+        // pytest node ids are converted to unittest names.
+        "FAIL_TO_PASS": serde_json::to_string(&inst.fail_to_pass.iter().map(|id| pytest_id(id)).collect::<Vec<_>>()).unwrap(),
         "PASS_TO_PASS": serde_json::to_string(&inst.pass_to_pass).unwrap(),
         "split": "validation",
     });
@@ -581,6 +598,7 @@ fn loader_reads_the_swe_gym_shape_and_names_errors() {
     assert_eq!(loaded.tasks(Split::Validation).unwrap().len(), 1);
     let on_disk = loaded.instance("user__on-disk").unwrap();
     assert_eq!(on_disk.files, inst.files);
+    assert_eq!(on_disk.fail_to_pass, inst.fail_to_pass);
     assert!(
         loaded
             .validate_instance("user__on-disk")

@@ -111,7 +111,7 @@ impl SweInstance {
                 return Err((
                     field,
                     format!(
-                        "`{bad}` is not a unittest id (dotted Python names such as `tests.test_mod.TestCase.test_name`)"
+                        "`{bad}` is not a unittest id (dotted Python names such as `tests.test_mod.TestCase.test_name`; pytest ids `path.py::Class::test` are converted, parametrised ones are not supported)"
                     ),
                 ));
             }
@@ -141,6 +141,28 @@ impl SweInstance {
         }
         Ok(())
     }
+}
+
+/// A test id in unittest form: pytest-style node ids (`tests/test_mod.py::TestCase::test_x`)
+/// and file paths (`tests/test_mod.py`) become dotted names (`tests.test_mod.TestCase.test_x`);
+/// other ids are returned unchanged. Parametrised pytest ids (`test_x[1]`) and module-level
+/// pytest functions have no unittest equivalent.
+pub fn normalize_test_id(id: &str) -> String {
+    let id = id.trim();
+    if !id.contains("::") && !id.ends_with(".py") {
+        return id.to_string();
+    }
+    let mut parts = id.split("::");
+    let path = parts.next().unwrap_or_default();
+    let module = path
+        .strip_suffix(".py")
+        .unwrap_or(path)
+        .trim_start_matches("./")
+        .replace('/', ".");
+    std::iter::once(module)
+        .chain(parts.map(str::to_string))
+        .collect::<Vec<_>>()
+        .join(".")
 }
 
 /// Whether `id` looks like a unittest name: dot-separated Python identifiers.
@@ -366,7 +388,7 @@ fn test_list(
         .iter()
         .enumerate()
         .map(|(i, item)| match item {
-            Value::String(s) => Ok(s.clone()),
+            Value::String(s) => Ok(normalize_test_id(s)),
             other => Err((
                 format!("{field}[{i}]"),
                 format!("expected a test id string, found {}", kind(other)),
@@ -437,6 +459,18 @@ mod tests {
     #[test]
     fn test_ids_and_paths() {
         assert!(is_test_id("tests.test_core.TestX.test_y"));
+        assert_eq!(
+            normalize_test_id("tests/test_core.py::TestX::test_y"),
+            "tests.test_core.TestX.test_y"
+        );
+        assert_eq!(normalize_test_id("./tests/test_core.py"), "tests.test_core");
+        assert_eq!(
+            normalize_test_id("tests.test_core.TestX"),
+            "tests.test_core.TestX"
+        );
+        assert!(!is_test_id(&normalize_test_id(
+            "tests/test_a.py::test_b[1-2]"
+        )));
         for bad in ["", "a..b", "1abc", "a b", "a/b", "tests.test-x"] {
             assert!(!is_test_id(bad), "{bad}");
         }

@@ -68,7 +68,7 @@ use serde_json::json;
 
 pub use builtin::{PAIR_SEED, builtin_instances, discover_test_ids};
 pub use exec::{CommandOutput, TestRun, TestStatus};
-pub use instance::{SweInstance, check_relative_path, is_test_id, load_jsonl};
+pub use instance::{SweInstance, check_relative_path, is_test_id, load_jsonl, normalize_test_id};
 pub use oracle::{OraclePolicy, oracle_calls};
 pub use session::{SweSession, is_test_path, tools};
 

@@ -10,7 +10,7 @@ use regex::RegexBuilder;
 use serde_json::{Map, Value, json};
 
 use super::exec::{self, TestStatus};
-use super::instance::{SweInstance, check_relative_path, is_test_id};
+use super::instance::{SweInstance, check_relative_path, is_test_id, normalize_test_id};
 use super::{ENV_NAME, SweConfig, diff};
 
 /// Tool names.
@@ -617,8 +617,8 @@ impl SweSession {
         }
         let mut ids = Vec::with_capacity(items.len());
         for item in items {
-            match item.as_str() {
-                Some(id) if is_test_id(id) => ids.push(id.to_string()),
+            match item.as_str().map(normalize_test_id) {
+                Some(id) if is_test_id(&id) => ids.push(id),
                 Some(id) => {
                     let shown: String = id.chars().take(100).collect();
                     return Err(format!(
