@@ -683,14 +683,7 @@ fn gen_recovery(gen_: &mut Gen, world: &mut World, d: u8) -> (Spec, String) {
     )
 }
 
-fn received(
-    world: &World,
-    who: &super::world::Person,
-    cents: i64,
-    date: Date,
-    note: String,
-) -> Transaction {
-    let _ = world;
+fn received(who: &super::world::Person, cents: i64, date: Date, note: String) -> Transaction {
     Transaction {
         date,
         counterparty: who.email.clone(),
@@ -726,13 +719,13 @@ fn gen_transfer(gen_: &mut Gen, world: &mut World, d: u8) -> (Spec, String) {
                 .payments
                 .transactions
                 .retain(|_, t| !(t.date == day || t.counterparty == who.email));
-            let t = received(world, &who, gen_.price(10, 90), day, g::note(gen_));
+            let t = received(&who, gen_.price(10, 90), day, g::note(gen_));
             g::add_transaction(world, t);
             for _ in 0..2 {
                 let other_day = day.plus_days(*gen_.pick(&[-9, -4, 3, 6]));
                 let other_day = other_day.min(now);
                 if other_day != day {
-                    let t = received(world, &who, gen_.price(10, 90), other_day, g::note(gen_));
+                    let t = received(&who, gen_.price(10, 90), other_day, g::note(gen_));
                     g::add_transaction(world, t);
                 }
             }
@@ -742,7 +735,7 @@ fn gen_transfer(gen_: &mut Gen, world: &mut World, d: u8) -> (Spec, String) {
                     break p;
                 }
             };
-            let t = received(world, &other, gen_.price(10, 90), day, g::note(gen_));
+            let t = received(&other, gen_.price(10, 90), day, g::note(gen_));
             g::add_transaction(world, t);
             // More than a page of newer transactions with other people.
             for _ in 0..5 {
@@ -787,12 +780,12 @@ fn gen_transfer(gen_: &mut Gen, world: &mut World, d: u8) -> (Spec, String) {
                 } else {
                     start.plus_days(gen_.int(0, i64::from(days) - 1) as i32)
                 };
-                let t = received(world, who, gen_.price(10, 80), date, g::note(gen_));
+                let t = received(who, gen_.price(10, 80), date, g::note(gen_));
                 g::add_transaction(world, t);
             }
             for (i, who) in people[k..k + 2].iter().enumerate() {
                 let date = start.plus_days(-1 - 2 * i as i32);
-                let t = received(world, who, gen_.price(10, 80), date, g::note(gen_));
+                let t = received(who, gen_.price(10, 80), date, g::note(gen_));
                 g::add_transaction(world, t);
             }
             (
