@@ -650,6 +650,23 @@ proptest! {
     }
 
     #[test]
+    fn arbitrary_text_as_sql_never_panics(query in "\\PC{0,120}") {
+        let s = session();
+        let observation = s.execute_sql(&query);
+        prop_assert!(observation.text.chars().count() <= OBSERVATION_CHARS + 60);
+    }
+
+    #[test]
+    fn answer_comparison_is_total_and_reflexive(
+        items in proptest::collection::vec("\\PC{0,8}|[0-9]{1,4}(\\.[0-9]{1,3})?", 0..5),
+        text in "\\PC{0,40}",
+    ) {
+        prop_assert!(dbbench::answers_match(&items, &items));
+        let parsed = dbbench::parse_answer_list(&text);
+        let _ = dbbench::answers_match(&parsed, &items);
+    }
+
+    #[test]
     fn execute_sql_arguments_of_any_shape_never_panic(value in any_json()) {
         let mut s = session();
         let observation = futures::executor::block_on(

@@ -85,7 +85,14 @@ fn lex(sql: &str) -> Result<Vec<Token>, Refusal> {
                 i += 1;
             }
             tokens.push(Token::Space(chars[start..i].iter().collect()));
-        } else if c == '#' || (c == '-' && chars.get(i + 1) == Some(&'-')) {
+        } else if c == '#'
+            || (c == '-'
+                && chars.get(i + 1) == Some(&'-')
+                && chars
+                    .get(i + 2)
+                    .is_none_or(|c| c.is_whitespace() || c.is_control()))
+        {
+            // MySQL: `-- ` needs a space after it (`5--3` is 5 - -3); `#` always comments.
             while i < n && chars[i] != '\n' {
                 i += 1;
             }
@@ -649,6 +656,8 @@ mod tests {
     #[test]
     fn comments_and_operators() {
         assert_eq!(sql("SELECT 1 # note\n"), "SELECT 1  \n");
+        assert_eq!(sql("SELECT 1 -- note\n"), "SELECT 1  \n");
+        assert_eq!(sql("SELECT 5--3"), "SELECT 5--3");
         assert_eq!(sql("SELECT a <=> b && c"), "SELECT a  IS  b  AND  c");
         assert_eq!(sql("SELECT a RLIKE 'x'"), "SELECT a REGEXP 'x'");
     }
