@@ -45,39 +45,12 @@ fn all_tasks(env: &DbBench) -> Vec<Task> {
     env.all_tasks().to_vec()
 }
 
-/// The oracle's turns: the gold SQL (when there is one), then the committed answer.
-fn oracle_turns(task: &Task, text_format: bool) -> Vec<String> {
-    let db_task = dbbench::db_task(task).expect("a DBBench task");
-    let answers: Vec<String> = if db_task.is_modification() {
-        Vec::new()
-    } else {
-        db_task.label.clone()
-    };
-    let mut turns = Vec::new();
-    if let Some(sql) = &db_task.gold_sql {
-        turns.push(if text_format {
-            format!("I will run the query.\nAction: Operation\n```sql\n{sql}\n```")
-        } else {
-            ToolCall::new(SQL_TOOL, json!({ "query": sql })).to_tool_call_block()
-        });
-    }
-    turns.push(if text_format {
-        format!(
-            "Done.\nAction: Answer\nFinal Answer: {}",
-            serde_json::to_string(&answers).unwrap()
-        )
-    } else {
-        ToolCall::new(COMMIT_TOOL, json!({ "answers": answers })).to_tool_call_block()
-    });
-    turns
-}
-
 fn oracle(task: &Task) -> Box<dyn Policy> {
-    Box::new(ScriptedPolicy::new(oracle_turns(task, false)))
+    Box::new(dbbench::OraclePolicy::new(task).expect("a DBBench task"))
 }
 
 fn text_oracle(task: &Task) -> Box<dyn Policy> {
-    Box::new(ScriptedPolicy::new(oracle_turns(task, true)))
+    Box::new(dbbench::OraclePolicy::text_format(task).expect("a DBBench task"))
 }
 
 fn config(harness: Harness) -> ConformanceConfig {

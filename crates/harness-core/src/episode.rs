@@ -175,8 +175,13 @@ pub async fn run_episode_with(
         match parser.parse(&turn.text, &ep.tools) {
             ParsedAction::Invalid(reason) => {
                 ep.counts.parse_failures += 1;
+                let hint = if parser.format() == TOOL_CALL_FORMAT {
+                    " Call a tool with <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>, or answer without a tool call to finish."
+                } else {
+                    ""
+                };
                 let observation = Observation::error(format!(
-                    "Your last message could not be read as an action: {reason}. Call a tool with <tool_call>{{\"name\": ..., \"arguments\": {{...}}}}</tool_call>, or answer without a tool call to finish."
+                    "Your last message could not be read as an action: {reason}.{hint}"
                 ));
                 ep.push(
                     Role::User,

@@ -89,6 +89,28 @@ pub struct PolicyTurn {
     pub finish: FinishReason,
 }
 
+impl PolicyTurn {
+    /// A turn from a policy without a tokenizer (scripted or reference solvers): one pseudo token
+    /// per byte of the text, cut at `max_new_tokens`, each with log-prob 0, and no context tokens.
+    /// Such turns drive episodes but are not training data for a real model.
+    pub fn text_only(text: impl Into<String>, max_new_tokens: usize) -> Self {
+        let text = text.into();
+        let tokens: Vec<u32> = text.bytes().take(max_new_tokens).map(u32::from).collect();
+        let finish = if tokens.len() < text.len() {
+            FinishReason::Length
+        } else {
+            FinishReason::Stop
+        };
+        PolicyTurn {
+            text,
+            context_tokens: Vec::new(),
+            logprobs: vec![0.0; tokens.len()],
+            tokens,
+            finish,
+        }
+    }
+}
+
 /// A model that produces the next turn of an episode.
 ///
 /// # Design

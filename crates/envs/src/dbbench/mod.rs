@@ -67,6 +67,7 @@ pub mod answer;
 pub mod data;
 pub mod db;
 pub mod generate;
+pub mod oracle;
 mod sql;
 pub mod text_format;
 
@@ -84,6 +85,7 @@ pub use answer::{answers_match, normalize, parse_answer_list};
 pub use data::{DbTable, DbTask, QuestionType, load_jsonl, parse_jsonl};
 pub use db::{Database, DbLimits};
 pub use generate::{GeneratorConfig, generate_tasks};
+pub use oracle::{OraclePolicy, oracle_turns};
 pub use text_format::{DbBenchTextParser, TEXT_FORMAT};
 
 use crate::error::{Error, Result};
