@@ -675,8 +675,12 @@ fn hidden_test_patch_is_applied_before_verification() {
         "self.assertEqual(slugify(\"Route 66\"), \"route-66\")",
     );
     assert_ne!(visible, hidden);
+    let extra = "import unittest\n\n\nclass TestExtra(unittest.TestCase):\n    def test_ok(self):\n        pass\n";
     inst.test_patch =
-        swe::diff::unified_diff("tests/test_core.py", Some(&visible), Some(&hidden), 3);
+        swe::diff::unified_diff("tests/test_core.py", Some(&visible), Some(&hidden), 3)
+            + &swe::diff::unified_diff("tests/test_extra.py", None, Some(extra), 3);
+    inst.pass_to_pass
+        .push("tests.test_extra.TestExtra.test_ok".into());
     inst.instance_id = "textkit__hidden".into();
     let env = SweEnv::from_instances(vec![inst.clone()]).unwrap();
     assert!(
@@ -692,6 +696,18 @@ fn hidden_test_patch_is_applied_before_verification() {
         obs.text.starts_with("No matches"),
         "the hidden test is not visible"
     );
+    // A file the policy puts where the test patch creates one is replaced, not an error.
+    let obs = step(
+        &mut session,
+        tools::CREATE,
+        json!({"path": "tests/test_extra.py", "content": "raise SystemExit(1)\n"}),
+    );
+    assert!(!obs.error);
+    for call in env.oracle(&task).unwrap().calls() {
+        assert!(!session.step_sync(call).unwrap().error);
+    }
+    let outcome = session.verify_sync().unwrap();
+    assert!(outcome.is_success(), "{}", outcome.details);
     let t = block_on(run_episode(
         &env.oracle(&task).unwrap(),
         &swe::base_harness(),

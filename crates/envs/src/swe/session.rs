@@ -278,9 +278,14 @@ impl SweSession {
         })
     }
 
+    /// Apply a patch to the copy. Files the patch creates replace whatever the policy put at
+    /// those paths; every write goes through [`clear_way`], so planted links are not followed.
     fn apply_patch_in_place(&self, patch: &str) -> std::result::Result<(), String> {
         let mut files = BTreeMap::new();
         for fp in diff::parse_patch(patch)? {
+            if fp.old_path.is_none() {
+                continue;
+            }
             for path in [&fp.old_path, &fp.new_path].into_iter().flatten() {
                 let target = self.resolve(path)?;
                 if let Ok(text) = std::fs::read_to_string(&target) {
@@ -295,7 +300,11 @@ impl SweSession {
                 let _ = std::fs::remove_file(self.resolve(path)?);
             }
         }
-        write_tree(&self.root, &files).map_err(|e| e.to_string())
+        for (path, text) in &files {
+            let target = clear_way(&self.root, path).map_err(|e| e.to_string())?;
+            std::fs::write(&target, text).map_err(|e| format!("{path}: {e}"))?;
+        }
+        Ok(())
     }
 
     /// Resolve a policy-given path inside the copy: relative, no `..`, and (following any
