@@ -882,3 +882,195 @@ pub mod account {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::appworld::generate::{Gen, base_world};
+    use rand::SeedableRng;
+
+    fn setup() -> (World, Runtime) {
+        let world = base_world(&mut Gen::new(4));
+        let runtime = Runtime {
+            tokens: BTreeMap::new(),
+            codes: BTreeMap::new(),
+            rng: ChaCha8Rng::seed_from_u64(1),
+        };
+        (world, runtime)
+    }
+
+    fn ok(obs: &Observation) -> Value {
+        assert!(!obs.error, "{}", obs.text);
+        serde_json::from_str(&obs.text).expect("JSON result")
+    }
+
+    #[test]
+    fn arguments_are_checked_against_the_documentation() {
+        let (mut w, mut rt) = setup();
+        let mut call = |api: &str, args: Value| super::call(&mut w, &mut rt, "mail", api, &args);
+        assert!(
+            call("list_emails", json!({}))
+                .text
+                .contains("needs the parameter `folder`")
+        );
+        assert!(
+            call("list_emails", json!({"folder": 3}))
+                .text
+                .contains("must be a string")
+        );
+        assert!(
+            call("list_emails", json!({"folder": "inbox", "colour": 1}))
+                .text
+                .contains("no parameter `colour`")
+        );
+        assert!(
+            call(
+                "list_emails",
+                json!({"folder": "x".repeat(MAX_STRING_CHARS + 1)})
+            )
+            .error
+        );
+        assert!(call("list_emails", json!({"folder": "inbox", "page_size": 21})).error);
+        assert!(
+            call("list_emails", json!({"folder": "attic"}))
+                .text
+                .contains("Unknown folder")
+        );
+        assert!(
+            call("show_email", json!({"email_id": -3}))
+                .text
+                .contains("No email")
+        );
+        let page = ok(&call(
+            "list_emails",
+            json!({"folder": "inbox", "page_size": 2}),
+        ));
+        assert_eq!(page["emails"].as_array().map(Vec::len), Some(2));
+        let obs = super::call(&mut w, &mut rt, "supervisor", "complete_task", &json!({}));
+        assert!(obs.error && obs.text.contains("complete_task` tool"));
+        let obs = super::call(&mut w, &mut rt, "mall", "x", &json!({}));
+        assert!(obs.error && obs.text.contains("Unknown app"));
+    }
+
+    #[test]
+    fn tokens_belong_to_one_app_and_fees_are_charged() {
+        let (mut w, mut rt) = setup();
+        let email = w.user().email.clone();
+        let password = w.payments.account.password.clone();
+        let login = ok(&call(
+            &mut w,
+            &mut rt,
+            "payments",
+            "login",
+            &json!({"email": email, "password": password}),
+        ));
+        let token = login["access_token"].clone();
+        let wrong = call(
+            &mut w,
+            &mut rt,
+            "shopping",
+            "list_orders",
+            &json!({"access_token": token}),
+        );
+        assert!(wrong.error && wrong.text.contains("not `shopping`"));
+        let bad = call(
+            &mut w,
+            &mut rt,
+            "payments",
+            "login",
+            &json!({"email": email, "password": "nope"}),
+        );
+        assert!(bad.error);
+        let before = w.payments.balance_cents;
+        let to = w.contacts[0].email.clone();
+        let sent = call(
+            &mut w,
+            &mut rt,
+            "payments",
+            "send_money",
+            &json!({"access_token": token, "to_email": to, "amount": 10.0}),
+        );
+        ok(&sent);
+        let fee = payments::fee(1000, w.payments.fee_bps);
+        assert!(fee > 0);
+        assert_eq!(w.payments.balance_cents, before - 1000 - fee);
+        for amount in [json!(0), json!(-5), json!(0.001), json!(1e15)] {
+            let obs = call(
+                &mut w,
+                &mut rt,
+                "payments",
+                "send_money",
+                &json!({"access_token": token, "to_email": to, "amount": amount}),
+            );
+            assert!(obs.error, "{amount}");
+        }
+        let me = call(
+            &mut w,
+            &mut rt,
+            "payments",
+            "send_money",
+            &json!({"access_token": token, "to_email": email, "amount": 1}),
+        );
+        assert!(me.error);
+    }
+
+    #[test]
+    fn only_the_latest_reset_code_works() {
+        let (mut w, mut rt) = setup();
+        let email = w.user().email.clone();
+        let mails_before = w.mail.emails.len();
+        for _ in 0..2 {
+            ok(&call(
+                &mut w,
+                &mut rt,
+                "shopping",
+                "send_password_reset_code",
+                &json!({"email": email}),
+            ));
+        }
+        assert_eq!(w.mail.emails.len(), mails_before + 2);
+        let codes: Vec<String> = w
+            .mail
+            .emails
+            .values()
+            .filter(|e| e.from == account::sender("shopping"))
+            .map(|e| e.body.chars().filter(char::is_ascii_digit).collect())
+            .collect();
+        assert_eq!(codes.len(), 2);
+        let reset = |w: &mut World, rt: &mut Runtime, code: &str, password: &str| {
+            call(
+                w,
+                rt,
+                "shopping",
+                "reset_password",
+                &json!({"email": email, "code": code, "new_password": password}),
+            )
+        };
+        if codes[0] != codes[1] {
+            assert!(reset(&mut w, &mut rt, &codes[0], "brand-new-1").error);
+        }
+        assert!(reset(&mut w, &mut rt, &codes[1], "short").error);
+        ok(&reset(&mut w, &mut rt, &codes[1], "brand-new-1"));
+        assert_eq!(w.shopping.account.password, "brand-new-1");
+        // A code works once.
+        assert!(reset(&mut w, &mut rt, &codes[1], "brand-new-2").error);
+    }
+
+    #[test]
+    fn pages_say_whether_the_listing_has_several() {
+        let items: Vec<u32> = (0..12).collect();
+        assert_eq!(paginate(&items, 1, 5), (vec![0, 1, 2, 3, 4], true));
+        assert_eq!(paginate(&items, 3, 5), (vec![10, 11], true));
+        assert_eq!(paginate(&items, 4, 5), (vec![], false));
+        assert_eq!(paginate(&items, 1, 20), (items.clone(), false));
+        assert_eq!(paginate(&items, usize::MAX, 20), (vec![], false));
+        for api in APIS {
+            let doc = api.doc();
+            assert_eq!(doc["parameters"]["type"], "object");
+            assert_eq!(
+                api.paginated,
+                doc["parameters"]["properties"].get("page_size").is_some()
+            );
+        }
+    }
+}
