@@ -10,6 +10,9 @@
 //! * `tokens` are the student's tokenization of the text followed by the end-of-turn token
 //!   (`<|im_end|>`) the student's sampler stops on, cut at `max_new_tokens` (and then ending
 //!   by [`FinishReason::Length`]) like a real sample;
+//! * `text` is what the sampler would report for those tokens: their decoding without the
+//!   end-of-turn token (the teacher's text, up to the student tokenizer's normalisation and the
+//!   cut);
 //! * `logprobs` are the student's own (temperature 1, full vocabulary) log-probs of those tokens,
 //!   from one forward pass, so that Eq. 16's weight `clip(pi_old / q, 0, 2)` is 1 for the
 //!   weights the demonstration was recorded under;
@@ -251,13 +254,13 @@ impl TeacherForcedPolicy {
         let room = request
             .max_new_tokens
             .min(positions.saturating_sub(context.len()));
-        let text = if tokens.len() > room {
+        if tokens.len() > room {
             tokens.truncate(room);
             finish = FinishReason::Length;
-            tokenizer::decode(tok, &tokens, true)?
-        } else {
-            text.clone()
-        };
+        }
+        // The text the sampler would report for these tokens (the teacher's text, up to the
+        // tokenizer's normalisation and the cut).
+        let text = tokenizer::decode(tok, &tokens, true)?;
         Ok(PolicyTurn {
             text,
             context_tokens: context,

@@ -151,7 +151,11 @@ async fn teacher_forced_turns_extend_each_other_and_retokenize_the_text() {
     // A failed episode is left out by default.
     let mut failed = t.clone();
     failed.outcome.reward = 0.0;
-    assert!(sft_sequences(&[failed.clone()], true).unwrap().is_empty());
+    assert!(
+        sft_sequences(std::slice::from_ref(&failed), true)
+            .unwrap()
+            .is_empty()
+    );
     assert_eq!(sft_sequences(&[failed], false).unwrap().len(), 1);
 }
 
