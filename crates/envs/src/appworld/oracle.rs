@@ -20,8 +20,11 @@ use super::templates::{Period, Spec, TransferKind};
 use super::tool;
 
 /// An oracle policy for one app-world task. It solves every built-in task under a harness
-/// whose limits allow its calls (the base harness does) and that shows it the latest
-/// observation.
+/// whose limits allow its calls (the base harness does) and that shows it each new
+/// observation in full. It never reads the documentation, so a harness that blocks calls
+/// until a schema lookup, or cuts observations short, will make it fail; it also ignores
+/// hook messages. It reads its parameters from the task's metadata, never the ground truth:
+/// every answer comes from what the apps return.
 pub struct OraclePolicy {
     spec: Option<Spec>,
     page_size: usize,
