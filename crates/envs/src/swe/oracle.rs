@@ -1,7 +1,7 @@
 //! The oracle: a policy that replays an instance's gold patch through the tools and submits.
 
 use async_trait::async_trait;
-use harness_core::{FinishReason, Policy, PolicyRequest, PolicyTurn, Result, Role, ToolCall};
+use harness_core::{Policy, PolicyRequest, PolicyTurn, Result, Role, ToolCall};
 use serde_json::json;
 
 use super::diff;
@@ -98,8 +98,8 @@ fn hunk_replacements(
 
 /// A policy that makes the oracle's calls one per turn, then submits. It is stateless (the
 /// turn index is the number of its earlier turns in the request), so one value serves any
-/// number of concurrent episodes of its instance. Its token ids are fake (the text's bytes,
-/// capped at the output limit) with log-probability 0.
+/// number of concurrent episodes of its instance. Its turns are [`PolicyTurn::text_only`]
+/// (pseudo tokens, not training data).
 #[derive(Debug, Clone)]
 pub struct OraclePolicy {
     calls: Vec<ToolCall>,
@@ -135,18 +135,7 @@ impl Policy for OraclePolicy {
             Some(call) => call.to_tool_call_block(),
             None => "The fix is submitted.".to_string(),
         };
-        let tokens: Vec<u32> = text
-            .bytes()
-            .take(request.max_new_tokens)
-            .map(u32::from)
-            .collect();
-        Ok(PolicyTurn {
-            text,
-            context_tokens: Vec::new(),
-            logprobs: vec![0.0; tokens.len()],
-            tokens,
-            finish: FinishReason::Stop,
-        })
+        Ok(PolicyTurn::text_only(text, request.max_new_tokens))
     }
 }
 
