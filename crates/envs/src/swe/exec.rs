@@ -164,6 +164,7 @@ pub fn command_env(home: &Path) -> BTreeMap<String, String> {
     let mut env = BTreeMap::new();
     env.insert(
         "PATH".to_string(),
+        // invariant-exception: the child inherits the caller's PATH to find python3; this is not configuration.
         std::env::var("PATH").unwrap_or_else(|_| "/usr/local/bin:/usr/bin:/bin".to_string()),
     );
     env.insert("HOME".to_string(), home.display().to_string());
