@@ -176,9 +176,13 @@ impl Linear {
 /// Key/value cache for incremental decoding, passed explicitly to [`Qwen::forward_cached`].
 ///
 /// Rows may be left-padded: row `b` ignores its first `pads[b]` cache columns, and its positions
-/// count from its first real token. The cache grows by the number of tokens fed per call.
+/// count from its first real token. Keys and values live in buffers with spare capacity (grown by
+/// half when full) that new tokens are written into in place, so a decoding step copies only the
+/// new columns, not the whole cache. Cloning a cache shares its buffers: clone only to read.
 #[derive(Debug, Clone)]
 pub struct KvCache {
+    /// Per layer: key and value buffers `[B, kv_heads, capacity, head_dim]`; the first `len`
+    /// columns are filled.
     layers: Vec<Option<(Tensor, Tensor)>>,
     pads: Vec<usize>,
     len: usize,
@@ -249,8 +253,9 @@ impl KvCache {
         let common = out.pads.iter().copied().min().unwrap_or(0);
         if common > 0 && !out.is_empty() {
             for (k, v) in out.layers.iter_mut().flatten() {
-                *k = k.narrow(2, common, out.len - common)?;
-                *v = v.narrow(2, common, out.len - common)?;
+                let cap = k.dim(2)?;
+                *k = k.narrow(2, common, cap - common)?.contiguous()?;
+                *v = v.narrow(2, common, cap - common)?.contiguous()?;
             }
             out.len -= common;
             for p in &mut out.pads {
@@ -259,6 +264,38 @@ impl KvCache {
         }
         Ok(out)
     }
+}
+
+/// Write `k`, `v` `[B, kv_heads, t, head_dim]` after the `past` filled columns of a layer's
+/// buffers (growing them when full) and return views of the filled columns.
+fn append_kv(
+    slot: &mut Option<(Tensor, Tensor)>,
+    past: usize,
+    k: &Tensor,
+    v: &Tensor,
+) -> Result<(Tensor, Tensor)> {
+    let (b, h, t, d) = k.dims4()?;
+    let need = past + t;
+    let capacity = match slot {
+        Some((kb, _)) => kb.dim(2)?,
+        None => 0,
+    };
+    if need > capacity {
+        let cap = need + (need / 2).max(64);
+        let nk = Tensor::zeros((b, h, cap, d), k.dtype(), k.device())?;
+        let nv = Tensor::zeros((b, h, cap, d), v.dtype(), v.device())?;
+        if let Some((kb, vb)) = slot.take()
+            && past > 0
+        {
+            nk.slice_set(&kb.narrow(2, 0, past)?.contiguous()?, 2, 0)?;
+            nv.slice_set(&vb.narrow(2, 0, past)?.contiguous()?, 2, 0)?;
+        }
+        *slot = Some((nk, nv));
+    }
+    let (kb, vb) = slot.as_ref().expect("allocated above");
+    kb.slice_set(&k.contiguous()?, 2, past)?;
+    vb.slice_set(&v.contiguous()?, 2, past)?;
+    Ok((kb.narrow(2, 0, need)?, vb.narrow(2, 0, need)?))
 }
 
 /// A Qwen2/Qwen3 dense decoder whose parameters live in a shared [`VarMap`].
@@ -568,7 +605,7 @@ impl Qwen {
         let sin = emb.sin()?.to_dtype(self.dtype)?;
         let mask = mask.map(|m| m.to_dtype(self.softmax_dtype())).transpose()?;
         for (li, layer) in self.layers.iter().enumerate() {
-            let kv = cache.as_deref_mut().map(|c| &mut c.layers[li]);
+            let kv = cache.as_deref_mut().map(|c| (&mut c.layers[li], c.len));
             let normed = rms_norm(&x, &layer.input_norm, self.cfg.rms_norm_eps)?;
             let attn = self.attention(layer, &normed, &cos, &sin, mask.as_ref(), kv)?;
             x = (x + attn)?;
@@ -596,7 +633,7 @@ impl Qwen {
         cos: &Tensor,
         sin: &Tensor,
         mask: Option<&Tensor>,
-        kv: Option<&mut Option<(Tensor, Tensor)>>,
+        kv: Option<(&mut Option<(Tensor, Tensor)>, usize)>,
     ) -> Result<Tensor> {
         let (b, t, _) = x.dims3()?;
         let (nh, kvh, hd) = (
@@ -617,14 +654,7 @@ impl Qwen {
         let k = rope(&k.transpose(1, 2)?.contiguous()?, cos, sin)?;
         let v = v.transpose(1, 2)?.contiguous()?;
         let (k, v) = match kv {
-            Some(slot) => {
-                let (k, v) = match slot.take() {
-                    Some((pk, pv)) => (Tensor::cat(&[&pk, &k], 2)?, Tensor::cat(&[&pv, &v], 2)?),
-                    None => (k, v),
-                };
-                *slot = Some((k.clone(), v.clone()));
-                (k, v)
-            }
+            Some((slot, past)) => append_kv(slot, past, &k, &v)?,
             None => (k, v),
         };
         let s = k.dim(2)?;
@@ -786,6 +816,37 @@ mod tests {
             assert!(max_abs_diff(&full, &inc) < 1e-5, "{arch:?}");
             assert_eq!(cache.len(), 7);
         }
+    }
+
+    #[test]
+    fn cache_growth_keeps_results() {
+        let model =
+            Qwen::new_random(&tiny(Arch::Qwen3, true), 6, DType::F32, &Device::Cpu).unwrap();
+        let seq: Vec<u32> = (0..150u32).map(|i| (i * 17 + 3) % 50).collect();
+        let rows: Vec<&[u32]> = vec![&seq, &seq];
+        let full = model.forward_hidden(&ids(&rows)).unwrap();
+        // Two rows, one of which is dropped halfway; the buffers grow twice (5 -> 69 -> 104 ...).
+        let mut cache = KvCache::for_model(&model, 2);
+        let mut parts = vec![
+            model
+                .forward_cached(&ids(&[&seq[..5], &seq[..5]]), &mut cache)
+                .unwrap(),
+        ];
+        for i in 5..seq.len() {
+            if i == 80 {
+                cache = cache.select_rows(&[1]).unwrap();
+                parts = parts.iter().map(|p| p.i((1..2, .., ..)).unwrap()).collect();
+            }
+            let input: Vec<&[u32]> = if i < 80 {
+                vec![&seq[i..=i], &seq[i..=i]]
+            } else {
+                vec![&seq[i..=i]]
+            };
+            parts.push(model.forward_cached(&ids(&input), &mut cache).unwrap());
+        }
+        let inc = Tensor::cat(&parts, 1).unwrap();
+        assert!(max_abs_diff(&full.i((1..2, .., ..)).unwrap(), &inc) < 1e-4);
+        assert_eq!(cache.len(), 150);
     }
 
     #[test]
