@@ -23,6 +23,9 @@ pub struct ChatClientConfig {
     pub extra_body: Map<String, Value>,
     /// Stop strings sent with every request.
     pub stop: Vec<String>,
+    /// Send the output limit as `max_completion_tokens` (OpenAI's reasoning models refuse
+    /// `max_tokens`) instead of the widely supported `max_tokens`.
+    pub use_max_completion_tokens: bool,
 }
 
 impl ChatClientConfig {
@@ -33,6 +36,7 @@ impl ChatClientConfig {
             model: model.into(),
             extra_body: Map::new(),
             stop: Vec::new(),
+            use_max_completion_tokens: false,
         }
     }
 }
@@ -148,6 +152,7 @@ impl ChatClient {
 
     /// The wire request for a harness [`ChatRequest`].
     pub fn wire_request(&self, request: &ChatRequest) -> ChatCompletionRequest {
+        let limit = request.max_tokens.min(i64::MAX as usize) as i64;
         ChatCompletionRequest {
             model: self.config.model.clone(),
             messages: to_wire_messages(&request.messages),
@@ -155,8 +160,8 @@ impl ChatClient {
             tool_choice: None,
             temperature: Some(request.temperature),
             top_p: None,
-            max_tokens: Some(request.max_tokens.min(i64::MAX as usize) as i64),
-            max_completion_tokens: None,
+            max_tokens: (!self.config.use_max_completion_tokens).then_some(limit),
+            max_completion_tokens: self.config.use_max_completion_tokens.then_some(limit),
             seed: request.seed,
             stop: (!self.config.stop.is_empty()).then(|| StopField::Many(self.config.stop.clone())),
             n: None,
