@@ -145,7 +145,10 @@ impl QwenConfig {
                 return Err(Error::config(source, field, "must be a positive integer"));
             }
         }
-        if !self.num_attention_heads.is_multiple_of(self.num_key_value_heads) {
+        if !self
+            .num_attention_heads
+            .is_multiple_of(self.num_key_value_heads)
+        {
             return Err(Error::config(
                 source,
                 "num_key_value_heads",
