@@ -819,6 +819,36 @@ mod tests {
     }
 
     #[test]
+    fn bf16_forward_and_backward_track_f32() {
+        let cfg = tiny(Arch::Qwen2, false);
+        let f32m = Qwen::new_random(&cfg, 8, DType::F32, &Device::Cpu).unwrap();
+        let bf16 = Qwen::new_random(&cfg, 8, DType::BF16, &Device::Cpu).unwrap();
+        let input = ids(&[&[1, 2, 3, 4, 5, 6]]);
+        let a = f32m.forward_logits(&input).unwrap();
+        let b = bf16
+            .forward_logits(&input)
+            .unwrap()
+            .to_dtype(DType::F32)
+            .unwrap();
+        let scale: f32 = a.abs().unwrap().max_all().unwrap().to_scalar().unwrap();
+        assert!(max_abs_diff(&a, &b) < 0.05 * scale.max(1.0));
+        // The bf16 graph is differentiable too.
+        let loss = bf16
+            .forward_logits(&input)
+            .unwrap()
+            .to_dtype(DType::F32)
+            .unwrap()
+            .sqr()
+            .unwrap();
+        let grads = loss.sum_all().unwrap().backward().unwrap();
+        assert!(
+            bf16.named_vars()
+                .iter()
+                .all(|(_, v)| grads.get(v.as_tensor()).is_some())
+        );
+    }
+
+    #[test]
     fn cache_growth_keeps_results() {
         let model =
             Qwen::new_random(&tiny(Arch::Qwen3, true), 6, DType::F32, &Device::Cpu).unwrap();
