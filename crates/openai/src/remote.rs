@@ -10,8 +10,10 @@
 //! - **SGLang**: recent versions report log-probs after temperature scaling; do not set
 //!   `SGLANG_RETURN_ORIGINAL_LOGPROB=1` when sampling with temperature != 1.
 //!
-//! The trainer must score `pi_old` in the same mode (grpo-candle documents which one its sampler
-//! reports); with temperature 1 and no top-p/top-k the two modes agree.
+//! The trainer must score `pi_old` in the same mode (grpo-candle's sampler reports the processed
+//! distribution); with temperature 1 and no top-p/top-k the two modes agree. Greedy decoding
+//! (temperature 0) is the exception to avoid for training: grpo-candle reports 0 (a point mass)
+//! while engines report the model's log-prob of the argmax token.
 //!
 //! # Weight sync
 //! After a training step, write the HF checkpoint (safetensors + config + tokenizer) and call

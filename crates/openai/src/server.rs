@@ -606,6 +606,7 @@ async fn chat_inner(state: &ServerState, body: &Bytes) -> ApiResult {
     let text = decode(state, &out.tokens)?;
     let wants_calls =
         !tools.is_empty() && req.tool_choice.as_ref().and_then(Value::as_str) != Some("none");
+    let turn = state.next_id.fetch_add(1, Ordering::SeqCst);
     let (message, finish) = match wants_calls.then(|| split_tool_calls(&text)).flatten() {
         Some((head, calls)) => (
             WireMessage {
@@ -615,9 +616,7 @@ async fn chat_inner(state: &ServerState, body: &Bytes) -> ApiResult {
                 tool_calls: calls
                     .iter()
                     .enumerate()
-                    .map(|(k, c)| {
-                        WireToolCall::from_call(format!("call_{}", state.id(&k.to_string())), c)
-                    })
+                    .map(|(k, c)| WireToolCall::from_call(format!("call_{turn}_{k}"), c))
                     .collect(),
                 tool_call_id: None,
             },

@@ -434,3 +434,38 @@ async fn sixty_four_concurrent_requests_all_complete_and_reach_the_generator_con
     eprintln!("64 requests in {:?}", started.elapsed());
     server.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn the_chat_client_concurrency_limit_caps_requests_in_flight() {
+    let (server, state) = start_server(
+        Arc::new(ScriptedGenerator::new(Duration::from_millis(30))),
+        4096,
+    )
+    .await;
+    let mut config = ChatClientConfig::new(format!("{}/v1", server.base_url()), MODEL);
+    config.endpoint = config
+        .endpoint
+        .with_max_concurrency(3)
+        .with_timeout(Duration::from_secs(20));
+    let client = Arc::new(ChatClient::new(config).unwrap());
+    let tasks: Vec<_> = (0..12u64)
+        .map(|i| {
+            let client = client.clone();
+            tokio::spawn(async move {
+                let mut request =
+                    ChatRequest::new("voter", vec![ChatMessage::user(format!("q{i}"))]);
+                request.max_tokens = 16;
+                request.seed = Some(i);
+                client.complete(request).await
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+    let stats = state.stats();
+    assert_eq!(stats.generations, 12);
+    assert!(stats.peak_in_flight <= 3, "peak {}", stats.peak_in_flight);
+    assert_eq!(client.ledger().role("voter").requests, 12);
+    server.shutdown().await.unwrap();
+}
