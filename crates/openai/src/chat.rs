@@ -193,3 +193,38 @@ impl ChatModel for ChatClient {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use harness_core::ChatMessage;
+
+    #[test]
+    fn wire_requests_carry_the_limit_in_the_configured_field() {
+        let mut config = ChatClientConfig::new("http://127.0.0.1:1/v1", "m");
+        config.stop = vec!["</answer>".into()];
+        let client = ChatClient::new(config.clone()).unwrap();
+        let mut request = ChatRequest::new("voter", vec![ChatMessage::user("rank")]);
+        request.max_tokens = 77;
+        request.seed = Some(3);
+        let wire = client.wire_request(&request);
+        assert_eq!(
+            (wire.max_tokens, wire.max_completion_tokens),
+            (Some(77), None)
+        );
+        assert_eq!(wire.seed, Some(3));
+        assert_eq!(wire.stop, Some(StopField::Many(vec!["</answer>".into()])));
+        config.use_max_completion_tokens = true;
+        let wire = ChatClient::new(config).unwrap().wire_request(&request);
+        assert_eq!(
+            (wire.max_tokens, wire.max_completion_tokens),
+            (None, Some(77))
+        );
+        assert!(
+            ChatClient::new(ChatClientConfig::new("http://x/v1", " "))
+                .unwrap_err()
+                .to_string()
+                .contains("model")
+        );
+    }
+}
