@@ -166,6 +166,7 @@ impl ChatClient {
             stop: (!self.config.stop.is_empty()).then(|| StopField::Many(self.config.stop.clone())),
             n: None,
             stream: None,
+            logprobs: None,
             extra: Map::new(),
         }
     }

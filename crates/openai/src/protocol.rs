@@ -229,9 +229,35 @@ pub struct ChatCompletionRequest {
     /// Streaming (the local server does not stream).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stream: Option<bool>,
+    /// Return the sampled tokens' log-probs in `choices[i].logprobs.content`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<bool>,
     /// Provider-specific fields, passed through.
     #[serde(flatten)]
     pub extra: Map<String, Value>,
+}
+
+/// One generated token's log-prob in a chat answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatTokenLogprob {
+    /// The token's text.
+    pub token: String,
+    /// Its log-prob.
+    pub logprob: f32,
+    /// Its UTF-8 bytes.
+    #[serde(default)]
+    pub bytes: Option<Vec<u8>>,
+    /// Alternatives (the local server reports none).
+    #[serde(default)]
+    pub top_logprobs: Vec<Value>,
+}
+
+/// Log-probs of a chat choice.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ChatLogprobs {
+    /// One entry per generated token.
+    #[serde(default)]
+    pub content: Option<Vec<ChatTokenLogprob>>,
 }
 
 /// Token counts of an answer.
@@ -270,6 +296,9 @@ pub struct ChatChoice {
     /// `stop`, `length` or `tool_calls`.
     #[serde(default)]
     pub finish_reason: Option<String>,
+    /// Log-probs, when asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<ChatLogprobs>,
 }
 
 /// The answer to a chat completion.

@@ -41,9 +41,9 @@ use tokio::task::JoinHandle;
 use crate::engine::{PromptEncoder, TokenGenerator, TokenOutput, TokenRequest, check_output};
 use crate::error::{Error, Result};
 use crate::protocol::{
-    ChatChoice, ChatCompletionRequest, ChatCompletionResponse, CompletionChoice,
-    CompletionLogprobs, CompletionRequest, CompletionResponse, MessageContent, PromptField,
-    SglangGenerateRequest, WireMessage, WireToolCall, WireUsage, from_wire_messages,
+    ChatChoice, ChatCompletionRequest, ChatCompletionResponse, ChatLogprobs, ChatTokenLogprob,
+    CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, MessageContent,
+    PromptField, SglangGenerateRequest, WireMessage, WireToolCall, WireUsage, from_wire_messages,
     split_tool_calls,
 };
 
@@ -552,6 +552,29 @@ fn completion_logprobs(
     })
 }
 
+fn chat_logprobs(
+    state: &ServerState,
+    out: &TokenOutput,
+) -> std::result::Result<ChatLogprobs, ApiError> {
+    let content = out
+        .tokens
+        .iter()
+        .zip(&out.logprobs)
+        .map(|(&t, &logprob)| {
+            let token = decode(state, &[t])?;
+            Ok(ChatTokenLogprob {
+                bytes: Some(token.as_bytes().to_vec()),
+                token,
+                logprob,
+                top_logprobs: Vec::new(),
+            })
+        })
+        .collect::<std::result::Result<_, ApiError>>()?;
+    Ok(ChatLogprobs {
+        content: Some(content),
+    })
+}
+
 async fn chat_completions(State(state): State<Arc<ServerState>>, body: Bytes) -> Response {
     let result = chat_inner(&state, &body).await;
     counted(&state, result)
@@ -633,6 +656,10 @@ async fn chat_inner(state: &ServerState, body: &Bytes) -> ApiResult {
             index: 0,
             message,
             finish_reason: Some(finish.into()),
+            logprobs: match req.logprobs {
+                Some(true) => Some(chat_logprobs(state, &out)?),
+                _ => None,
+            },
         }],
         usage: Some(WireUsage::new(prompt.len(), out.tokens.len())),
     })

@@ -140,6 +140,7 @@ async fn chat_client_completes_a_multi_turn_conversation_with_a_tool_call() {
         stop: None,
         n: None,
         stream: None,
+        logprobs: Some(true),
         extra: Default::default(),
     };
     let first = client
@@ -152,6 +153,9 @@ async fn chat_client_completes_a_multi_turn_conversation_with_a_tool_call() {
     let call = &choice.message.tool_calls[0];
     assert_eq!(call.function.name, "lookup");
     assert!(serde_json::from_str::<Value>(&call.function.arguments).unwrap()["key"].is_string());
+    let lps = choice.logprobs.as_ref().unwrap().content.as_ref().unwrap();
+    assert_eq!(lps.len() as u64, first.usage.unwrap().completion_tokens);
+    assert!(lps.iter().all(|t| t.logprob < 0.0));
 
     // Turn 2: the tool answers and the model uses the result.
     messages.push(choice.message.clone());
