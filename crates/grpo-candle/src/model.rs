@@ -266,6 +266,44 @@ impl KvCache {
     }
 }
 
+impl KvCache {
+    /// The rows of `a` followed by the rows of `b`. The shorter cache is shifted right (its rows
+    /// get more left padding) so that both end at the same column.
+    pub fn concat(a: &KvCache, b: &KvCache) -> Result<KvCache> {
+        if a.layers.len() != b.layers.len() {
+            return Err(Error::Msg("caches of different models".into()));
+        }
+        if a.batch() == 0 || a.is_empty() {
+            return Ok(b.clone());
+        }
+        if b.batch() == 0 || b.is_empty() {
+            return Ok(a.clone());
+        }
+        let len = a.len.max(b.len);
+        let cap = len + (len / 2).max(64);
+        let shift = |buf: &Tensor, filled: usize| -> Result<Tensor> {
+            let (n, h, _, d) = buf.dims4()?;
+            let out = Tensor::zeros((n, h, cap, d), buf.dtype(), buf.device())?;
+            out.slice_set(&buf.narrow(2, 0, filled)?.contiguous()?, 2, len - filled)?;
+            Ok(out)
+        };
+        let mut layers = Vec::with_capacity(a.layers.len());
+        for (la, lb) in a.layers.iter().zip(&b.layers) {
+            match (la, lb) {
+                (Some((ka, va)), Some((kb, vb))) => {
+                    let k = Tensor::cat(&[&shift(ka, a.len)?, &shift(kb, b.len)?], 0)?;
+                    let v = Tensor::cat(&[&shift(va, a.len)?, &shift(vb, b.len)?], 0)?;
+                    layers.push(Some((k, v)));
+                }
+                _ => return Err(Error::Msg("cache layers not filled".into())),
+            }
+        }
+        let mut pads: Vec<usize> = a.pads.iter().map(|p| p + len - a.len).collect();
+        pads.extend(b.pads.iter().map(|p| p + len - b.len));
+        Ok(KvCache { layers, pads, len })
+    }
+}
+
 /// Write `k`, `v` `[B, kv_heads, t, head_dim]` after the `past` filled columns of a layer's
 /// buffers (growing them when full) and return views of the filled columns.
 fn append_kv(

@@ -2,9 +2,10 @@
 //!
 //! `generate` renders the request through the chat template, tokenizes it, enforces
 //! `max_context_tokens`, and hands the prompt to one worker thread that owns the decoding. The
-//! worker drains every request waiting in its queue into one batch (up to `max_batch`) and runs
-//! the batched sampler, so concurrent episodes share forward passes. Tensor work never runs on
-//! the async runtime's threads.
+//! worker batches continuously: between two decoding steps it admits every request waiting in
+//! its queue (up to `max_batch` rows), and a row leaves as soon as it finishes, so concurrent
+//! episodes share forward passes and no request waits for a whole batch. Tensor work never runs
+//! on the async runtime's threads.
 //!
 //! A turn's prompt reuses the exact tokens of earlier turns: when an assistant message of the
 //! history is the text of a turn this policy generated (after that turn's prompt), the prompt is
@@ -14,9 +15,11 @@
 //! a prefix, and the trainer can pack the turns into one sequence.
 //!
 //! The weights are the model's [`candle_nn::VarMap`], shared with whoever trains them: take
-//! [`CandlePolicy::update_guard`] while changing them so that no batch samples from half-updated
-//! weights.
+//! [`CandlePolicy::update_guard`] while changing them. It stops admitting requests, waits until
+//! the rows in flight finish, and holds decoding off until it is dropped, so every turn is
+//! sampled from one version of the weights.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, RwLock, RwLockWriteGuard};
 use std::thread::JoinHandle;
@@ -30,7 +33,7 @@ use crate::chat_template::ChatTemplate;
 use crate::checkpoint::PolicyModel;
 use crate::error::{Error, Result};
 use crate::model::Qwen;
-use crate::sampler::{self, Sample, SampleRequest};
+use crate::sampler::{self, DecodeBatch, Sample, SampleRequest};
 
 /// Options of a [`CandlePolicy`].
 #[derive(Debug, Clone, PartialEq)]
@@ -108,8 +111,36 @@ struct Job {
 struct Shared {
     model: PolicyModel,
     memory: Mutex<TurnMemory>,
-    /// Held for reading while a batch samples, for writing while weights change.
+    /// Held for reading while rows are in flight, for writing while weights change.
     weights: RwLock<()>,
+    /// Updates waiting for the write lock: no new rows are admitted meanwhile.
+    pending_updates: AtomicUsize,
+    stats: Mutex<PolicyStats>,
+}
+
+/// Counters of a [`CandlePolicy`]'s decoding worker.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PolicyStats {
+    /// Requests decoded (context overflows excluded).
+    pub requests: u64,
+    /// Decoding steps (one token for every row in flight).
+    pub steps: u64,
+    /// Rows decoded, summed over steps (`row_steps / steps` is the mean batch size).
+    pub row_steps: u64,
+    /// Most rows in flight at once.
+    pub largest_batch: usize,
+}
+
+/// Exclusive access to a [`CandlePolicy`]'s weights; see [`CandlePolicy::update_guard`].
+pub struct UpdateGuard<'a> {
+    _write: RwLockWriteGuard<'a, ()>,
+    pending: &'a AtomicUsize,
+}
+
+impl Drop for UpdateGuard<'_> {
+    fn drop(&mut self) {
+        self.pending.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// A trainable Qwen policy that implements [`Policy`]. `Send + Sync`; cheap to share in an `Arc`.
@@ -140,6 +171,8 @@ impl CandlePolicy {
             model,
             memory,
             weights: RwLock::new(()),
+            pending_updates: AtomicUsize::new(0),
+            stats: Mutex::new(PolicyStats::default()),
         });
         let (tx, rx) = mpsc::channel::<Job>();
         let worker_shared = Arc::clone(&shared);
@@ -181,13 +214,24 @@ impl CandlePolicy {
         &self.shared.model.template
     }
 
-    /// Hold this while changing the weights: sampling waits until it is dropped, and it waits
-    /// for the batch in progress to finish.
-    pub fn update_guard(&self) -> RwLockWriteGuard<'_, ()> {
-        self.shared
+    /// Hold this while changing the weights. Taking it stops the admission of new requests and
+    /// waits for the rows in flight to finish; decoding resumes when it is dropped.
+    pub fn update_guard(&self) -> UpdateGuard<'_> {
+        self.shared.pending_updates.fetch_add(1, Ordering::AcqRel);
+        let write = self
+            .shared
             .weights
             .write()
-            .unwrap_or_else(|e| e.into_inner())
+            .unwrap_or_else(|e| e.into_inner());
+        UpdateGuard {
+            _write: write,
+            pending: &self.shared.pending_updates,
+        }
+    }
+
+    /// The decoding worker's counters.
+    pub fn stats(&self) -> PolicyStats {
+        *self.shared.stats.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Render and tokenize a request's prompt (what `generate` feeds the model), reusing the
@@ -339,8 +383,9 @@ impl CandlePolicy {
         prompt_text: &str,
         received: std::result::Result<Result<Sample>, tokio::sync::oneshot::error::RecvError>,
     ) -> Result<PolicyTurn> {
-        let sample = received
-            .map_err(|_| Error::Msg("the policy's decoding thread has stopped".into()))??;
+        let sample = received.map_err(|_| {
+            Error::Msg("decoding failed or the policy stopped (see the error log)".into())
+        })??;
         turn.text = crate::tokenizer::decode(&self.shared.model.tokenizer, &sample.tokens, true)?;
         turn.tokens = sample.tokens;
         turn.logprobs = sample.logprobs;
@@ -360,30 +405,70 @@ impl Drop for CandlePolicy {
     }
 }
 
+type Reply = tokio::sync::oneshot::Sender<Result<Sample>>;
+
 fn worker_loop(shared: &Shared, rx: &mpsc::Receiver<Job>, max_batch: usize) {
+    let model = &shared.model.model;
+    let tokenizer = &shared.model.tokenizer;
+    // Wait for work, then decode until no row is left, admitting arrivals between steps.
     while let Ok(first) = rx.recv() {
-        let mut jobs = vec![first];
-        while jobs.len() < max_batch {
-            match rx.try_recv() {
-                Ok(job) => jobs.push(job),
-                Err(_) => break,
-            }
-        }
-        let requests: Vec<SampleRequest> = jobs.iter().map(|j| j.request.clone()).collect();
-        let result = {
-            let _read = shared.weights.read().unwrap_or_else(|e| e.into_inner());
-            sampler::generate(&shared.model.model, &shared.model.tokenizer, &requests)
-        };
-        match result {
-            Ok(samples) => {
-                for (job, sample) in jobs.into_iter().zip(samples) {
-                    let _ = job.reply.send(Ok(sample));
+        let _read = shared.weights.read().unwrap_or_else(|e| e.into_inner());
+        let mut batch: DecodeBatch<'_, Reply> = DecodeBatch::new(model);
+        let mut incoming = vec![first];
+        loop {
+            if shared.pending_updates.load(Ordering::Acquire) == 0 {
+                while batch.len() + incoming.len() < max_batch {
+                    match rx.try_recv() {
+                        Ok(job) => incoming.push(job),
+                        Err(_) => break,
+                    }
                 }
             }
-            Err(e) => {
-                let message = e.to_string();
-                for job in jobs {
-                    let _ = job.reply.send(Err(Error::Msg(message.clone())));
+            if !incoming.is_empty() {
+                let mut admitted = Vec::with_capacity(incoming.len());
+                for job in incoming.drain(..) {
+                    match sampler::validate_request(model, &job.request) {
+                        Ok(()) => admitted.push((job.reply, job.request)),
+                        Err(e) => {
+                            let _ = job.reply.send(Err(e));
+                        }
+                    }
+                }
+                let n = admitted.len() as u64;
+                match batch.add(admitted) {
+                    Ok(done) => {
+                        for (reply, sample) in done {
+                            let _ = reply.send(Ok(sample));
+                        }
+                    }
+                    // The failed requests' reply channels close: their callers get an error.
+                    Err(e) => tracing::error!("candle policy: prefill failed: {e}"),
+                }
+                shared
+                    .stats
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .requests += n;
+            }
+            if batch.is_empty() {
+                break;
+            }
+            {
+                let mut stats = shared.stats.lock().unwrap_or_else(|e| e.into_inner());
+                stats.steps += 1;
+                stats.row_steps += batch.len() as u64;
+                stats.largest_batch = stats.largest_batch.max(batch.len());
+            }
+            match batch.step(tokenizer) {
+                Ok(done) => {
+                    for (reply, sample) in done {
+                        let _ = reply.send(Ok(sample));
+                    }
+                }
+                Err(e) => {
+                    // Dropping the batch closes the rows' reply channels.
+                    tracing::error!("candle policy: decoding step failed: {e}");
+                    break;
                 }
             }
         }
@@ -466,6 +551,9 @@ mod tests {
         for h in handles {
             turns.push(h.await.unwrap().unwrap());
         }
+        let stats = p.stats();
+        assert_eq!(stats.requests, 6);
+        assert!(stats.largest_batch > 1, "{stats:?}");
         for (i, turn) in turns.iter().enumerate() {
             assert_eq!(turn.tokens.len(), turn.logprobs.len());
             assert!(!turn.tokens.is_empty() && turn.tokens.len() <= 12);
@@ -490,6 +578,18 @@ mod tests {
                 assert_eq!(turn.finish, FinishReason::Length);
             }
         }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn update_guard_holds_decoding_off() {
+        let p = Arc::new(policy());
+        let guard = p.update_guard();
+        let p2 = Arc::clone(&p);
+        let call = tokio::spawn(async move { p2.generate(request("wait", 1)).await });
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        assert!(!call.is_finished());
+        drop(guard);
+        assert!(!call.await.unwrap().unwrap().tokens.is_empty());
     }
 
     #[tokio::test]

@@ -163,11 +163,12 @@ pub fn sample_token(
     (chosen as u32, lp, raw(chosen))
 }
 
-struct Row {
-    request: usize,
+/// A request being decoded.
+struct Row<K> {
+    key: K,
+    request: SampleRequest,
     rng: ChaCha8Rng,
     sample: Sample,
-    done: bool,
 }
 
 /// Longest stop string in bytes (the decode window for stop-string checks is derived from it).
@@ -197,72 +198,132 @@ fn hits_stop_string(
         .any(|s| !s.is_empty() && now.contains(s.as_str())))
 }
 
-/// Generate for every request in one batch. `tokenizer` is needed only for stop strings.
-pub fn generate(
-    model: &Qwen,
-    tokenizer: &Tokenizer,
-    requests: &[SampleRequest],
-) -> Result<Vec<Sample>> {
-    for (i, r) in requests.iter().enumerate() {
-        validate_params(&r.params).map_err(|e| Error::Request(format!("request {i}: {e}")))?;
-        if r.prompt.is_empty() {
-            return Err(Error::Request(format!("request {i}: empty prompt")));
-        }
-        if let Some(&bad) = r
-            .prompt
-            .iter()
-            .find(|&&t| t as usize >= model.config().vocab_size)
-        {
-            return Err(Error::Request(format!(
-                "request {i}: token id {bad} outside the vocabulary"
-            )));
+/// Check a request against the model.
+pub fn validate_request(model: &Qwen, r: &SampleRequest) -> Result<()> {
+    validate_params(&r.params)?;
+    if r.prompt.is_empty() {
+        return Err(Error::Request("empty prompt".into()));
+    }
+    if let Some(&bad) = r
+        .prompt
+        .iter()
+        .find(|&&t| t as usize >= model.config().vocab_size)
+    {
+        return Err(Error::Request(format!(
+            "token id {bad} outside the vocabulary"
+        )));
+    }
+    Ok(())
+}
+
+/// Continuous batching: rows decode together one token per [`DecodeBatch::step`], and new
+/// requests can join between steps ([`DecodeBatch::add`]) without waiting for the others to
+/// finish. Each row keeps its own seed stream, so what it generates does not depend on when it
+/// joined or with whom (up to floating-point reassociation in the batched matmuls).
+pub struct DecodeBatch<'m, K> {
+    model: &'m Qwen,
+    rows: Vec<Row<K>>,
+    cache: KvCache,
+    /// Next-token logits `[rows, vocab]` (f32), aligned with `rows`.
+    logits: Option<Tensor>,
+}
+
+impl<'m, K> DecodeBatch<'m, K> {
+    /// An empty batch.
+    pub fn new(model: &'m Qwen) -> Self {
+        DecodeBatch {
+            model,
+            rows: Vec::new(),
+            cache: KvCache::new(model.config().num_hidden_layers, Vec::new()),
+            logits: None,
         }
     }
-    let mut rows: Vec<Row> = requests
-        .iter()
-        .enumerate()
-        .map(|(i, r)| Row {
-            request: i,
-            rng: ChaCha8Rng::seed_from_u64(r.seed),
-            sample: Sample {
+
+    /// Rows being decoded.
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    /// Whether no row is being decoded.
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    /// Prefill `requests` (left-padded into one forward pass) and add them to the batch.
+    /// Requests that need no decoding (`max_new_tokens == 0`, or a prompt filling the model's
+    /// context) come back at once as finished.
+    pub fn add(&mut self, requests: Vec<(K, SampleRequest)>) -> Result<Vec<(K, Sample)>> {
+        for (_, r) in &requests {
+            validate_request(self.model, r)?;
+        }
+        let max_pos = self.model.config().max_position_embeddings;
+        let mut done = Vec::new();
+        let mut fresh = Vec::new();
+        for (key, request) in requests {
+            let sample = Sample {
                 tokens: Vec::new(),
                 logprobs: Vec::new(),
                 raw_logprobs: Vec::new(),
                 finish: FinishReason::Length,
-            },
-            done: r.max_new_tokens == 0 || r.prompt.len() >= model.config().max_position_embeddings,
-        })
-        .collect();
-    // Batch of the rows that still generate (indices into `rows`).
-    let mut active: Vec<usize> = (0..rows.len()).filter(|&i| !rows[i].done).collect();
-    if active.is_empty() {
-        return Ok(rows.into_iter().map(|r| r.sample).collect());
+            };
+            if request.max_new_tokens == 0 || request.prompt.len() >= max_pos {
+                done.push((key, sample));
+            } else {
+                let rng = ChaCha8Rng::seed_from_u64(request.seed);
+                fresh.push(Row {
+                    key,
+                    request,
+                    rng,
+                    sample,
+                });
+            }
+        }
+        if fresh.is_empty() {
+            return Ok(done);
+        }
+        let device = self.model.device().clone();
+        let longest = fresh
+            .iter()
+            .map(|r| r.request.prompt.len())
+            .max()
+            .unwrap_or(0);
+        let mut ids = Vec::with_capacity(fresh.len() * longest);
+        let mut pads = Vec::with_capacity(fresh.len());
+        for row in &fresh {
+            let p = &row.request.prompt;
+            pads.push(longest - p.len());
+            ids.extend(std::iter::repeat_n(0u32, longest - p.len()));
+            ids.extend_from_slice(p);
+        }
+        let mut cache = KvCache::new(self.model.config().num_hidden_layers, pads);
+        let input = Tensor::from_vec(ids, (fresh.len(), longest), &device)?;
+        let hidden = self.model.forward_cached(&input, &mut cache)?;
+        let logits = self.model.last_logits(&hidden)?;
+        if self.rows.is_empty() {
+            self.cache = cache;
+            self.logits = Some(logits);
+        } else {
+            self.cache = KvCache::concat(&self.cache, &cache)?;
+            let old = self.logits.take().expect("rows have logits");
+            self.logits = Some(Tensor::cat(&[&old, &logits], 0)?);
+        }
+        self.rows.extend(fresh);
+        Ok(done)
     }
-    let device = model.device().clone();
-    let longest = active
-        .iter()
-        .map(|&i| requests[i].prompt.len())
-        .max()
-        .unwrap_or(0);
-    let mut ids = Vec::with_capacity(active.len() * longest);
-    let mut pads = Vec::with_capacity(active.len());
-    for &i in &active {
-        let p = &requests[i].prompt;
-        pads.push(longest - p.len());
-        ids.extend(std::iter::repeat_n(0u32, longest - p.len()));
-        ids.extend_from_slice(p);
-    }
-    let mut cache = KvCache::new(model.config().num_hidden_layers, pads);
-    let input = Tensor::from_vec(ids, (active.len(), longest), &device)?;
-    let hidden = model.forward_cached(&input, &mut cache)?;
-    let mut logits = model.last_logits(&hidden)?;
-    loop {
+
+    /// Sample one token for every row; return the rows that finished (stop token or string,
+    /// `max_new_tokens`, or the model's context) and feed the others' tokens.
+    pub fn step(&mut self, tokenizer: &Tokenizer) -> Result<Vec<(K, Sample)>> {
+        let Some(logits) = self.logits.take() else {
+            return Ok(Vec::new());
+        };
+        let max_pos = self.model.config().max_position_embeddings;
         let table: Vec<Vec<f32>> = logits.to_dtype(DType::F32)?.to_vec2()?;
-        let mut next_tokens = Vec::with_capacity(active.len());
-        let mut keep = Vec::with_capacity(active.len());
-        for (slot, &ri) in active.iter().enumerate() {
-            let req = &requests[rows[ri].request];
-            let row = &mut rows[ri];
+        let mut next_tokens = Vec::with_capacity(self.rows.len());
+        let mut keep = Vec::with_capacity(self.rows.len());
+        let mut finished = vec![false; self.rows.len()];
+        for (slot, row) in self.rows.iter_mut().enumerate() {
+            let req = &row.request;
             let (tok, lp, raw) = sample_token(&table[slot], &req.params, &mut row.rng);
             row.sample.tokens.push(tok);
             row.sample.logprobs.push(lp);
@@ -272,29 +333,61 @@ pub fn generate(
                 || hits_stop_string(tokenizer, &row.sample.tokens, &req.params)?
             {
                 row.sample.finish = FinishReason::Stop;
-                row.done = true;
-            } else if produced >= req.max_new_tokens
-                || req.prompt.len() + produced >= model.config().max_position_embeddings
-            {
+                finished[slot] = true;
+            } else if produced >= req.max_new_tokens || req.prompt.len() + produced >= max_pos {
                 row.sample.finish = FinishReason::Length;
-                row.done = true;
+                finished[slot] = true;
             } else {
                 keep.push(slot);
                 next_tokens.push(tok);
             }
         }
-        if keep.is_empty() {
-            break;
+        let mut done = Vec::new();
+        if keep.len() < self.rows.len() {
+            self.cache = self.cache.select_rows(&keep)?;
+            let rows = std::mem::take(&mut self.rows);
+            for (slot, row) in rows.into_iter().enumerate() {
+                if finished[slot] {
+                    done.push((row.key, row.sample));
+                } else {
+                    self.rows.push(row);
+                }
+            }
         }
-        if keep.len() < active.len() {
-            cache = cache.select_rows(&keep)?;
-            active = keep.iter().map(|&s| active[s]).collect();
+        if !self.rows.is_empty() {
+            let input = Tensor::from_vec(next_tokens, (self.rows.len(), 1), self.model.device())?;
+            let hidden = self.model.forward_cached(&input, &mut self.cache)?;
+            self.logits = Some(self.model.last_logits(&hidden)?);
         }
-        let input = Tensor::from_vec(next_tokens, (active.len(), 1), &device)?;
-        let hidden = model.forward_cached(&input, &mut cache)?;
-        logits = model.last_logits(&hidden)?;
+        Ok(done)
     }
-    Ok(rows.into_iter().map(|r| r.sample).collect())
+}
+
+/// Generate for every request in one batch (results in request order). `tokenizer` is needed
+/// only for stop strings.
+pub fn generate(
+    model: &Qwen,
+    tokenizer: &Tokenizer,
+    requests: &[SampleRequest],
+) -> Result<Vec<Sample>> {
+    for (i, r) in requests.iter().enumerate() {
+        validate_request(model, r).map_err(|e| Error::Request(format!("request {i}: {e}")))?;
+    }
+    let mut out: Vec<Option<Sample>> = vec![None; requests.len()];
+    let mut batch = DecodeBatch::new(model);
+    let keyed = requests.iter().cloned().enumerate().collect();
+    for (i, s) in batch.add(keyed)? {
+        out[i] = Some(s);
+    }
+    while !batch.is_empty() {
+        for (i, s) in batch.step(tokenizer)? {
+            out[i] = Some(s);
+        }
+    }
+    Ok(out
+        .into_iter()
+        .map(|s| s.expect("every request finishes"))
+        .collect())
 }
 
 #[cfg(test)]
@@ -404,6 +497,41 @@ mod tests {
         )
         .unwrap();
         assert_ne!(d[0].tokens, together[0].tokens);
+    }
+
+    #[test]
+    fn requests_joining_mid_flight_match_running_alone() {
+        let (model, tok) = tiny_model();
+        let a = req(&[5, 6, 7, 8, 9, 10, 11], 1, params(1.0, 1.0, None), 20);
+        let b = req(&[12, 13], 2, params(0.8, 0.95, Some(30)), 6);
+        let c = req(
+            &[14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25],
+            3,
+            params(1.0, 1.0, None),
+            9,
+        );
+        let mut batch = DecodeBatch::new(&model);
+        let mut got = std::collections::HashMap::new();
+        batch.add(vec![("a", a.clone())]).unwrap();
+        for step in 0..40 {
+            if step == 3 {
+                // A shorter and a longer prompt join a running row.
+                batch.add(vec![("b", b.clone()), ("c", c.clone())]).unwrap();
+            }
+            for (k, s) in batch.step(&tok).unwrap() {
+                got.insert(k, s);
+            }
+            if batch.is_empty() {
+                break;
+            }
+        }
+        for (k, r) in [("a", a), ("b", b), ("c", c)] {
+            let alone = generate(&model, &tok, &[r]).unwrap().remove(0);
+            assert_eq!(got[k].tokens, alone.tokens, "{k}");
+            for (x, y) in got[k].raw_logprobs.iter().zip(&alone.raw_logprobs) {
+                assert!((x - y).abs() < 1e-4, "{k}");
+            }
+        }
     }
 
     #[test]
