@@ -37,6 +37,24 @@ pub trait PromptEncoder: Send + Sync {
             ),
         })
     }
+
+    /// The prompt ids of `messages` when `prefix` holds the exact tokens of everything up to
+    /// and including the content of the assistant message `assistant` (the context and generated
+    /// tokens of the turn that produced it): `prefix` followed by the tokens of the rest, or
+    /// `None` when the template does not render that history as a prefix. Reusing generated
+    /// tokens keeps each turn's context an extension of the previous turn's (re-tokenizing
+    /// generated text may split it differently), so the trainer can pack the turns. The default
+    /// never reuses.
+    fn encode_continuation(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[ToolSpec],
+        assistant: usize,
+        prefix: &[u32],
+    ) -> Result<Option<Vec<u32>>> {
+        let _ = (messages, tools, assistant, prefix);
+        Ok(None)
+    }
 }
 
 /// One generation over token ids.
@@ -101,6 +119,99 @@ impl<T: PromptEncoder + ?Sized> PromptEncoder for Arc<T> {
     fn encode_text(&self, text: &str) -> Result<Vec<u32>> {
         (**self).encode_text(text)
     }
+
+    fn encode_continuation(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[ToolSpec],
+        assistant: usize,
+        prefix: &[u32],
+    ) -> Result<Option<Vec<u32>>> {
+        (**self).encode_continuation(messages, tools, assistant, prefix)
+    }
+}
+
+/// Recent turns (context + generated tokens) keyed by the conversation they answered and their
+/// text, so that later prompts reuse their exact tokens (see
+/// [`PromptEncoder::encode_continuation`]).
+#[derive(Debug)]
+pub(crate) struct TurnMemory {
+    capacity: usize,
+    inner: std::sync::Mutex<TurnStore>,
+}
+
+/// Insertion order (for eviction) and the remembered tokens by key.
+type TurnStore = (
+    std::collections::VecDeque<u64>,
+    std::collections::HashMap<u64, Vec<u32>>,
+);
+
+fn turn_key(messages: &[ChatMessage], tools: &[ToolSpec], text: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for m in messages {
+        (m.role as u8, &m.content, &m.name).hash(&mut h);
+    }
+    for t in tools {
+        (&t.name, &t.description, t.parameters.to_string()).hash(&mut h);
+    }
+    text.hash(&mut h);
+    h.finish()
+}
+
+impl TurnMemory {
+    pub(crate) fn new(capacity: usize) -> Self {
+        TurnMemory {
+            capacity,
+            inner: Default::default(),
+        }
+    }
+
+    /// Remember the turn generated for `messages` + `tools`.
+    pub(crate) fn remember(&self, messages: &[ChatMessage], tools: &[ToolSpec], turn: &PolicyTurn) {
+        if self.capacity == 0 || turn.tokens.is_empty() {
+            return;
+        }
+        let key = turn_key(messages, tools, &turn.text);
+        let mut tokens = turn.context_tokens.clone();
+        tokens.extend(&turn.tokens);
+        let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let (order, map) = &mut *guard;
+        if map.insert(key, tokens).is_none() {
+            order.push_back(key);
+        }
+        while order.len() > self.capacity {
+            if let Some(old) = order.pop_front() {
+                map.remove(&old);
+            }
+        }
+    }
+
+    /// The prompt of `messages`, continuing the latest remembered assistant turn when the
+    /// encoder can.
+    pub(crate) fn encode(
+        &self,
+        encoder: &dyn PromptEncoder,
+        messages: &[ChatMessage],
+        tools: &[ToolSpec],
+    ) -> Result<Vec<u32>> {
+        for j in (0..messages.len()).rev() {
+            if messages[j].role != harness_core::Role::Assistant {
+                continue;
+            }
+            let key = turn_key(&messages[..j], tools, &messages[j].content);
+            let prefix = {
+                let guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+                guard.1.get(&key).cloned()
+            };
+            if let Some(prefix) = prefix
+                && let Some(tokens) = encoder.encode_continuation(messages, tools, j, &prefix)?
+            {
+                return Ok(tokens);
+            }
+        }
+        encoder.encode(messages, tools)
+    }
 }
 
 /// The turn for a prompt longer than the context limit: nothing is generated.
@@ -156,6 +267,7 @@ pub struct EncodedPolicy {
     name: String,
     encoder: Arc<dyn PromptEncoder>,
     generator: Arc<dyn TokenGenerator>,
+    memory: TurnMemory,
 }
 
 impl EncodedPolicy {
@@ -169,6 +281,7 @@ impl EncodedPolicy {
             name: name.into(),
             encoder,
             generator,
+            memory: TurnMemory::new(4096),
         }
     }
 }
@@ -180,7 +293,9 @@ impl Policy for EncodedPolicy {
     }
 
     async fn generate(&self, request: PolicyRequest) -> Result<PolicyTurn> {
-        let context = self.encoder.encode(&request.messages, &request.tools)?;
+        let context = self
+            .memory
+            .encode(&*self.encoder, &request.messages, &request.tools)?;
         if context.len() > request.max_context_tokens {
             return Ok(overflow_turn(context));
         }
@@ -202,12 +317,15 @@ impl Policy for EncodedPolicy {
             policy: self.name.clone(),
             message,
         })?;
-        Ok(PolicyTurn {
+        let turn = PolicyTurn {
             text: self.encoder.decode(&out.tokens)?,
             context_tokens: context,
             tokens: out.tokens,
             logprobs: out.logprobs,
             finish: out.finish,
-        })
+        };
+        self.memory
+            .remember(&request.messages, &request.tools, &turn);
+        Ok(turn)
     }
 }

@@ -36,7 +36,7 @@ use async_trait::async_trait;
 use harness_core::{FinishReason, Policy, PolicyRequest, PolicyTurn};
 use serde_json::{Map, Value, json};
 
-use crate::engine::{PromptEncoder, TokenOutput, check_output, overflow_turn};
+use crate::engine::{PromptEncoder, TokenOutput, TurnMemory, check_output, overflow_turn};
 use crate::error::{Error, Result};
 use crate::protocol::{
     CompletionRequest, CompletionResponse, PromptField, SglangGenerateRequest,
@@ -86,6 +86,9 @@ pub struct RemotePolicyConfig {
     pub fold_seed_to_i63: bool,
     /// Extra fields merged into every generation request (e.g. `{"repetition_penalty": 1.0}`).
     pub extra_body: Map<String, Value>,
+    /// How many recent turns are remembered so that later prompts reuse their exact tokens
+    /// (see [`PromptEncoder::encode_continuation`]); 0 re-tokenizes every prompt.
+    pub remembered_turns: usize,
 }
 
 impl RemotePolicyConfig {
@@ -102,6 +105,7 @@ impl RemotePolicyConfig {
             reload_timeout: Duration::from_secs(600),
             fold_seed_to_i63: true,
             extra_body: Map::new(),
+            remembered_turns: 4096,
         }
     }
 }
@@ -119,6 +123,7 @@ pub struct RemotePolicy {
     config: RemotePolicyConfig,
     transport: Transport,
     encoder: Arc<dyn PromptEncoder>,
+    memory: TurnMemory,
 }
 
 impl std::fmt::Debug for RemotePolicy {
@@ -143,6 +148,7 @@ impl RemotePolicy {
         };
         Ok(RemotePolicy {
             name: format!("{engine}:{} at {}", config.model, transport.url("")),
+            memory: TurnMemory::new(config.remembered_turns),
             config,
             transport,
             encoder,
@@ -400,7 +406,9 @@ impl Policy for RemotePolicy {
     }
 
     async fn generate(&self, request: PolicyRequest) -> harness_core::Result<PolicyTurn> {
-        let context = self.encoder.encode(&request.messages, &request.tools)?;
+        let context = self
+            .memory
+            .encode(&*self.encoder, &request.messages, &request.tools)?;
         if context.len() > request.max_context_tokens {
             return Ok(overflow_turn(context));
         }
@@ -414,12 +422,15 @@ impl Policy for RemotePolicy {
                 message: format!("the engine broke the token contract: {message}"),
             }
         })?;
-        Ok(PolicyTurn {
+        let turn = PolicyTurn {
             text: self.encoder.decode(&out.tokens)?,
             context_tokens: context,
             tokens: out.tokens,
             logprobs: out.logprobs,
             finish: out.finish,
-        })
+        };
+        self.memory
+            .remember(&request.messages, &request.tools, &turn);
+        Ok(turn)
     }
 }

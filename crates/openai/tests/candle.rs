@@ -111,6 +111,49 @@ async fn remote_policy_on_the_candle_server_matches_in_process_candle_sampling()
 }
 
 #[tokio::test]
+async fn multi_turn_contexts_reuse_generated_tokens_like_the_candle_policy() {
+    let model = tiny();
+    let server = serve(&model).await;
+    let local = CandlePolicy::new(model.clone(), PolicyOptions::default());
+    let mut config = RemotePolicyConfig::new(server.base_url(), "tiny", EngineKind::Vllm);
+    config.endpoint.timeout = Duration::from_secs(60);
+    let remote =
+        RemotePolicy::new(config, Arc::new(candle::CandleEncoder::new(model.clone()))).unwrap();
+    let mut req = request(77, SamplingParams::default());
+    let mut turns = 0;
+    let eot = model
+        .tokenizer
+        .token_to_id(grpo_candle::tokenizer::END_OF_TEXT)
+        .unwrap();
+    let mut previous: Option<Vec<u32>> = None;
+    for step in 0..3 {
+        let want = local.generate(req.clone()).await.unwrap();
+        let got = remote.generate(req.clone()).await.unwrap();
+        // The context extends the previous turn's context + generated tokens (exact reuse).
+        if let Some(prefix) = previous.take()
+            && prefix.last() != Some(&eot)
+        {
+            assert!(got.context_tokens.starts_with(&prefix), "turn {step}");
+        }
+        previous = Some([got.context_tokens.clone(), got.tokens.clone()].concat());
+        assert_eq!(got.context_tokens, want.context_tokens, "turn {step}");
+        assert_eq!(got.tokens, want.tokens, "turn {step}");
+        for (a, b) in got.logprobs.iter().zip(&want.logprobs) {
+            assert!((a - b).abs() <= 1e-5, "turn {step}: {a} vs {b}");
+        }
+        if step > 0 {
+            turns += 1;
+        }
+        req.messages.push(ChatMessage::assistant(got.text.clone()));
+        req.messages
+            .push(ChatMessage::tool("execute_sql", format!("{step} rows")));
+        req.seed += 1;
+    }
+    assert_eq!(turns, 2);
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test]
 async fn chat_and_weight_reload_work_against_the_candle_server() {
     let model = tiny();
     let server = serve(&model).await;

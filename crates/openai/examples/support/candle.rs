@@ -53,6 +53,37 @@ impl PromptEncoder for CandleEncoder {
     fn encode_text(&self, text: &str) -> harness_core::Result<Vec<u32>> {
         tokenizer::encode(&self.model.tokenizer, text).map_err(core)
     }
+
+    // As `CandlePolicy` does: the remembered turn's exact tokens, then the tokenized rest of the
+    // rendered conversation (the template writes `<|im_end|>` after the assistant content, which
+    // the generated tokens already end with).
+    fn encode_continuation(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[ToolSpec],
+        assistant: usize,
+        prefix: &[u32],
+    ) -> harness_core::Result<Option<Vec<u32>>> {
+        let template = &self.model.template;
+        let text = template.render(messages, tools, true);
+        let mut head = template.render(&messages[..assistant], tools, true);
+        head.push_str(&messages[assistant].content);
+        let Some(mut rest) = text.strip_prefix(head.as_str()) else {
+            return Ok(None);
+        };
+        let im_end = self.model.tokenizer.token_to_id(tokenizer::IM_END);
+        match prefix.last() {
+            Some(&last) if Some(last) == im_end => match rest.strip_prefix(tokenizer::IM_END) {
+                Some(r) => rest = r,
+                None => return Ok(None),
+            },
+            Some(last) if self.model.stop_token_ids.contains(last) => return Ok(None),
+            _ => {}
+        }
+        let mut tokens = prefix.to_vec();
+        tokens.extend(tokenizer::encode(&self.model.tokenizer, rest).map_err(core)?);
+        Ok(Some(tokens))
+    }
 }
 
 struct Job {

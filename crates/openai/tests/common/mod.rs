@@ -63,6 +63,25 @@ impl PromptEncoder for ByteEncoder {
     fn encode_text(&self, text: &str) -> Result<Vec<u32>> {
         Ok(text.bytes().map(u32::from).collect())
     }
+
+    // The remembered tokens (which may end with END, a token the template does not write),
+    // then the bytes of the rest of the rendering.
+    fn encode_continuation(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[ToolSpec],
+        assistant: usize,
+        prefix: &[u32],
+    ) -> Result<Option<Vec<u32>>> {
+        let full = self.decode(&self.encode(messages, tools)?)?;
+        let mut head = self.decode(&self.encode(&messages[..assistant], tools)?)?;
+        head.push_str(&messages[assistant].content);
+        Ok(full.strip_prefix(head.as_str()).map(|rest| {
+            let mut tokens = prefix.to_vec();
+            tokens.extend(rest.bytes().map(u32::from));
+            tokens
+        }))
+    }
 }
 
 /// A deterministic generator whose text follows the prompt like a tool-using assistant:
