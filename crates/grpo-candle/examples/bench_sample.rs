@@ -5,14 +5,14 @@
 //!     [--hidden 512] [--layers 8] [--heads 8] [--kv-heads 4] [--vocab 32000] \
 //!     [--batch 8] [--prompt 256] [--new 128]
 //! ```
-//! Prints one JSON line: prefill tokens/s, decode tokens/s (generated tokens of all rows per
-//! second) and the wall time of each phase.
+//! Prints one JSON line: prefill tokens/s (prompt tokens per second of a call that generates one
+//! token), decode tokens/s (tokens of all rows per second after the first) and the wall times.
 
 use std::time::Instant;
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Device};
 use grpo_candle::sampler::{SampleRequest, generate};
-use grpo_candle::{KvCache, Qwen, QwenConfig};
+use grpo_candle::{Qwen, QwenConfig};
 use harness_core::SamplingParams;
 
 fn arg(args: &[String], name: &str, default: usize) -> anyhow::Result<usize> {
@@ -45,31 +45,32 @@ fn main() -> anyhow::Result<()> {
     let model = Qwen::new_random(&cfg, 0, DType::F32, &device)?;
     let tokenizer = grpo_candle::tokenizer::tiny_tokenizer(0)?;
 
-    // Prefill alone.
     let ids: Vec<u32> = (0..batch * prompt)
         .map(|i| (i * 7919 % cfg.vocab_size) as u32)
         .collect();
-    let input = Tensor::from_vec(ids.clone(), (batch, prompt), &device)?;
-    let t0 = Instant::now();
-    let mut cache = KvCache::for_model(&model, batch);
-    model.forward_cached(&input, &mut cache)?;
-    let prefill = t0.elapsed().as_secs_f64();
-
-    // Full generation (prefill + decode), every row generating `new` tokens.
-    let requests: Vec<SampleRequest> = (0..batch)
-        .map(|b| SampleRequest {
-            prompt: ids[b * prompt..(b + 1) * prompt].to_vec(),
-            max_new_tokens: new,
-            params: SamplingParams::default(),
-            stop_token_ids: vec![],
-            seed: b as u64,
-        })
-        .collect();
-    let t1 = Instant::now();
-    let out = generate(&model, &tokenizer, &requests)?;
-    let total = t1.elapsed().as_secs_f64();
-    let generated: usize = out.iter().map(|s| s.tokens.len()).sum();
+    let run = |max_new_tokens: usize| -> anyhow::Result<(f64, usize)> {
+        let requests: Vec<SampleRequest> = (0..batch)
+            .map(|b| SampleRequest {
+                prompt: ids[b * prompt..(b + 1) * prompt].to_vec(),
+                max_new_tokens,
+                params: SamplingParams::default(),
+                stop_token_ids: vec![],
+                seed: b as u64,
+            })
+            .collect();
+        let t = Instant::now();
+        let out = generate(&model, &tokenizer, &requests)?;
+        Ok((
+            t.elapsed().as_secs_f64(),
+            out.iter().map(|s| s.tokens.len()).sum(),
+        ))
+    };
+    // Warm up, then: prefill + first token, and prefill + `new` tokens; decode is the difference.
+    run(1)?;
+    let (prefill, _) = run(1)?;
+    let (total, generated) = run(new)?;
     let decode = (total - prefill).max(1e-9);
+    let generated = generated - batch;
     println!(
         "{}",
         serde_json::json!({
