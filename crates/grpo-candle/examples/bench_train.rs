@@ -250,8 +250,8 @@ fn main() -> Result<()> {
         let dt = t0.elapsed().as_secs_f64();
         let dc = cpu_seconds() - c0;
         eprintln!(
-            "step {step}: {dt:.3} s ({dc:.2} cpu-s), loss {:.5}, grad norm {:.4}, {} tokens",
-            m.loss, m.grad_norm, m.policy_tokens
+            "step {step}: {dt:.3} s ({dc:.2} cpu-s, optimizer {:.3} s), loss {:.5}, grad norm {:.4}, {} tokens",
+            m.optimizer_seconds, m.loss, m.grad_norm, m.policy_tokens
         );
         if step >= a.warmup {
             times.push(dt);

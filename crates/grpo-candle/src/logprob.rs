@@ -18,8 +18,8 @@
 //! `entropy = lse - sum_j p_j z_j`. With upstream gradients `g` (logp), `ge` (entropy) and
 //! `gl` (lse), and `mu = sum_j p_j z_j = lse - entropy`:
 //! `dL/dz_j = g [j = y] + p_j (gl - g + ge mu - ge z_j)`.
-//! The one-hot part is applied sparsely (a row gather and an `index_add`); the dense part is the
-//! block computation.
+//! Both parts are formed block by block; each block then goes through two matmuls (into `dh` and
+//! into its rows of `dW`) and is dropped.
 //!
 //! # Devices
 //! On the CPU with f32/f64 the per-block statistics and block gradients are hand-written loops
@@ -191,7 +191,7 @@ fn forward_stats(
 }
 
 /// Reads a contiguous CPU tensor's elements.
-fn cpu_slice<T: WithDType, R>(
+pub(crate) fn cpu_slice<T: WithDType, R>(
     t: &Tensor,
     f: impl FnOnce(&[T]) -> candle_core::Result<R>,
 ) -> candle_core::Result<R> {
@@ -242,18 +242,22 @@ fn cpu_forward_chunk<T: WithDType + num_traits::Float>(
         let wc = weight.narrow(0, v0, vc)?;
         let z = hc.matmul(&wc.t()?)?;
         cpu_slice::<T, ()>(&z, |z| {
-            let state_ptr = SendPtr(state.as_mut_ptr());
-            let ys = &ys;
-            candle_core::utils::barrier_pool().execute_chunked(tc, |rows| {
-                for r in rows {
-                    // SAFETY-free: each row index r is handed to exactly one worker.
-                    let st = state_ptr.row(r);
-                    let row = &z[r * vc..(r + 1) * vc];
-                    online_update(st, row);
-                    let y = ys[r] as usize;
-                    if (v0..v0 + vc).contains(&y) {
-                        st.zy = row[y - v0];
-                    }
+            let threads = candle_core::utils::get_num_threads().max(1);
+            let rows_per = tc.div_ceil(threads).max(1);
+            std::thread::scope(|scope| {
+                for (i, block) in state.chunks_mut(rows_per).enumerate() {
+                    let ys = &ys;
+                    scope.spawn(move || {
+                        for (dr, st) in block.iter_mut().enumerate() {
+                            let r = i * rows_per + dr;
+                            let row = &z[r * vc..(r + 1) * vc];
+                            online_update(st, row);
+                            let y = ys[r] as usize;
+                            if (v0..v0 + vc).contains(&y) {
+                                st.zy = row[y - v0];
+                            }
+                        }
+                    });
                 }
             });
             Ok(())
@@ -291,27 +295,6 @@ fn online_update<T: num_traits::Float>(st: &mut Online<T>, row: &[T]) {
     }
     st.s = st.s + s;
     st.u = st.u + u;
-}
-
-/// A raw pointer to per-row state shared with the barrier pool, where every row is touched by
-/// exactly one worker.
-#[derive(Clone, Copy)]
-struct SendPtr<T>(*mut T);
-// SAFETY: the pointer is only dereferenced at row indices that are partitioned between workers
-// (execute_chunked hands out disjoint ranges), so no two threads touch the same element.
-#[allow(unsafe_code)]
-unsafe impl<T: Send> Send for SendPtr<T> {}
-// SAFETY: as above, shared access never aliases the same element mutably.
-#[allow(unsafe_code)]
-unsafe impl<T: Send> Sync for SendPtr<T> {}
-
-impl<T> SendPtr<T> {
-    #[allow(unsafe_code, clippy::mut_from_ref)]
-    fn row(&self, r: usize) -> &mut T {
-        // SAFETY: callers pass row indices from disjoint ranges of one execute_chunked call and
-        // the buffer outlives that call; see the Send/Sync impls.
-        unsafe { &mut *self.0.add(r) }
-    }
 }
 
 fn tensor_forward_chunk(
@@ -467,94 +450,108 @@ fn backward(
     let mu = (&lse - res.narrow(1, COL_ENTROPY, 1)?)?;
     // Dense part of dL/dz = p * (a - b z), with a = gl - g + ge mu and b = ge.
     let a = ((&gl - &g)? + (&ge * &mu)?)?.contiguous()?;
+    let g = g.contiguous()?;
     let b = ge.contiguous()?;
     let lse = lse.contiguous()?;
 
-    let mut dh_parts = Vec::with_capacity(n.div_ceil(cfg.token_chunk));
-    let mut dw_parts: Vec<Option<Tensor>> = vec![None; v.div_ceil(cfg.vocab_chunk)];
-    for t0 in (0..n).step_by(cfg.token_chunk) {
-        let tc = cfg.token_chunk.min(n - t0);
-        let hc = hidden.narrow(0, t0, tc)?;
-        let (ac, bc, lc) = (
-            a.narrow(0, t0, tc)?,
-            b.narrow(0, t0, tc)?,
-            lse.narrow(0, t0, tc)?,
-        );
-        let mut dh_c: Option<Tensor> = None;
-        for (k, v0) in (0..v).step_by(cfg.vocab_chunk).enumerate() {
-            let vc = cfg.vocab_chunk.min(v - v0);
-            let wc = weight.narrow(0, v0, vc)?;
+    // Outer loop over vocabulary chunks so each chunk's weight gradient is finished in one go
+    // and written straight into the result (no concatenation copy); dh accumulates per token
+    // chunk.
+    let dw = Tensor::zeros((v, h), dtype, hidden.device())?;
+    let mut dh_parts: Vec<Option<Tensor>> = vec![None; n.div_ceil(cfg.token_chunk)];
+    for v0 in (0..v).step_by(cfg.vocab_chunk) {
+        let vc = cfg.vocab_chunk.min(v - v0);
+        let wc = weight.narrow(0, v0, vc)?;
+        let mut dw_c: Option<Tensor> = None;
+        for (k, t0) in (0..n).step_by(cfg.token_chunk).enumerate() {
+            let tc = cfg.token_chunk.min(n - t0);
+            let hc = hidden.narrow(0, t0, tc)?;
+            let (gc, ac, bc, lc, yc) = (
+                g.narrow(0, t0, tc)?,
+                a.narrow(0, t0, tc)?,
+                b.narrow(0, t0, tc)?,
+                lse.narrow(0, t0, tc)?,
+                targets.narrow(0, t0, tc)?,
+            );
             let z = hc.matmul(&wc.t()?)?;
             let dz = if use_cpu_loops(hidden, cfg) {
                 match dtype {
-                    DType::F32 => cpu_block_grad::<f32>(&z, &ac, &bc, &lc)?,
-                    _ => cpu_block_grad::<f64>(&z, &ac, &bc, &lc)?,
+                    DType::F32 => cpu_block_grad::<f32>(&z, &gc, &ac, &bc, &lc, &yc, v0)?,
+                    _ => cpu_block_grad::<f64>(&z, &gc, &ac, &bc, &lc, &yc, v0)?,
                 }
             } else {
                 let z = z.to_dtype(sd)?;
                 let p = z.broadcast_sub(&lc)?.exp()?;
                 let coef = ac.broadcast_sub(&z.broadcast_mul(&bc)?)?;
-                (p * coef)?.to_dtype(dtype)?
+                // One-hot part: g where the column is the row's target.
+                let cols = Tensor::arange(v0 as u32, (v0 + vc) as u32, z.device())?.unsqueeze(0)?;
+                let onehot = cols.broadcast_eq(&yc.unsqueeze(1)?)?.to_dtype(sd)?;
+                ((p * coef)? + onehot.broadcast_mul(&gc)?)?.to_dtype(dtype)?
             };
             let dh_k = dz.matmul(&wc)?;
-            dh_c = Some(match dh_c {
+            dh_parts[k] = Some(match dh_parts[k].take() {
                 Some(acc) => (acc + dh_k)?,
                 None => dh_k,
             });
             let dw_k = dz.t()?.matmul(&hc)?;
-            dw_parts[k] = Some(match dw_parts[k].take() {
+            dw_c = Some(match dw_c {
                 Some(acc) => (acc + dw_k)?,
                 None => dw_k,
             });
         }
-        match dh_c {
-            Some(d) => dh_parts.push(d),
-            None => dh_parts.push(Tensor::zeros((tc, h), dtype, hidden.device())?),
+        if let Some(d) = dw_c {
+            dw.slice_set(&d, 0, v0)?;
         }
     }
+    let dh_parts: Vec<Tensor> = dh_parts.into_iter().flatten().collect();
     let dh = if dh_parts.is_empty() {
         hidden.zeros_like()?
     } else {
         Tensor::cat(&dh_parts, 0)?
     };
-    let dw_parts: Vec<Tensor> = dw_parts.into_iter().flatten().collect();
-    let dw = if dw_parts.is_empty() {
-        weight.zeros_like()?
-    } else {
-        Tensor::cat(&dw_parts, 0)?
-    };
-    if n == 0 {
-        return Ok((dh, dw));
-    }
-    // Sparse one-hot part: dz[i, y_i] += g_i.
-    let g_h = g.to_dtype(dtype)?;
-    let dh = (dh + weight.index_select(targets, 0)?.broadcast_mul(&g_h)?)?;
-    let dw = dw.index_add(targets, &hidden.broadcast_mul(&g_h)?, 0)?;
     Ok((dh, dw))
 }
 
-/// `p * (a - b z)` for one block on the CPU, with `p = exp(z - lse)`.
+/// `g [j = y] + p * (a - b z)` for one block on the CPU, with `p = exp(z - lse)` and the block's
+/// columns starting at vocabulary id `v0`.
 fn cpu_block_grad<T: WithDType + num_traits::Float>(
     z: &Tensor,
+    g: &Tensor,
     a: &Tensor,
     b: &Tensor,
     lse: &Tensor,
+    targets: &Tensor,
+    v0: usize,
 ) -> candle_core::Result<Tensor> {
     let (tc, vc) = z.dims2()?;
+    let g: Vec<T> = g.flatten_all()?.to_vec1()?;
     let a: Vec<T> = a.flatten_all()?.to_vec1()?;
     let b: Vec<T> = b.flatten_all()?.to_vec1()?;
     let lse: Vec<T> = lse.flatten_all()?.to_vec1()?;
+    let ys: Vec<u32> = targets.to_vec1()?;
     let mut out = vec![T::zero(); tc * vc];
     cpu_slice::<T, ()>(z, |z| {
-        let out_ptr = SendPtr(out.as_mut_ptr());
-        candle_core::utils::barrier_pool().execute_chunked(tc, |rows| {
-            for r in rows {
-                let (ar, br, lr) = (a[r], b[r], lse[r]);
-                let zr = &z[r * vc..(r + 1) * vc];
-                for (j, &x) in zr.iter().enumerate() {
-                    let p = (x - lr).exp();
-                    *out_ptr.row(r * vc + j) = p * (ar - br * x);
-                }
+        // Rows are independent: split the output by rows across threads.
+        let threads = candle_core::utils::get_num_threads().max(1);
+        let rows_per = tc.div_ceil(threads).max(1);
+        std::thread::scope(|scope| {
+            for (i, block) in out.chunks_mut(rows_per * vc).enumerate() {
+                let r0 = i * rows_per;
+                let (g, a, b, lse, ys) = (&g, &a, &b, &lse, &ys);
+                scope.spawn(move || {
+                    for (dr, orow) in block.chunks_mut(vc).enumerate() {
+                        let r = r0 + dr;
+                        let (ar, br, lr) = (a[r], b[r], lse[r]);
+                        let zr = &z[r * vc..(r + 1) * vc];
+                        for (o, &x) in orow.iter_mut().zip(zr) {
+                            *o = (x - lr).exp() * (ar - br * x);
+                        }
+                        let y = ys[r] as usize;
+                        if (v0..v0 + vc).contains(&y) {
+                            orow[y - v0] = orow[y - v0] + g[r];
+                        }
+                    }
+                });
             }
         });
         Ok(())

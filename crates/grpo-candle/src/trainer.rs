@@ -22,14 +22,14 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use candle_core::{DType, Device, Tensor, Var};
+use candle_core::{DType, Device, Tensor, Var, WithDType};
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::logprob::{LogProbConfig, token_logprobs};
+use crate::logprob::{LogProbConfig, cpu_slice, token_logprobs};
 use crate::objective::{GrpoConfig, LossStats, TokenTerms, group_advantages, grpo_loss};
 
 /// What the trainer needs from a causal language model.
@@ -282,6 +282,8 @@ pub struct StepMetrics {
     pub entropy_mean: f64,
     /// Wall-clock seconds.
     pub seconds: f64,
+    /// Of which in gradient clipping and the optimizer update.
+    pub optimizer_seconds: f64,
 }
 
 /// A training sequence: one packed run of turns of one trajectory.
@@ -581,7 +583,9 @@ impl Trainer {
                     }
                 }
             }
+            let opt_started = Instant::now();
             let (lr, gn) = self.apply_update(acc)?;
+            metrics.optimizer_seconds += opt_started.elapsed().as_secs_f64();
             metrics.lr = lr;
             metrics.grad_norm += gn / n_updates as f64;
             metrics.loss += loss_total / n_updates as f64;
@@ -649,14 +653,10 @@ impl Trainer {
     fn apply_update(&mut self, grads: Vec<Option<Tensor>>) -> Result<(f64, f64)> {
         let mut sq = 0.0f64;
         for g in grads.iter().flatten() {
-            sq += g
-                .to_dtype(DType::F64)?
-                .sqr()?
-                .sum_all()?
-                .to_scalar::<f64>()?;
+            sq += sum_of_squares(g)?;
         }
         let norm = sq.sqrt();
-        let scale = match self.cfg.max_grad_norm {
+        let grad_scale = match self.cfg.max_grad_norm {
             Some(max) if norm > max => max / (norm + 1e-6),
             _ => 1.0,
         };
@@ -664,25 +664,32 @@ impl Trainer {
         self.step += 1;
         let a = self.cfg.adamw;
         let t = self.step as i32;
-        let bc1 = 1.0 - a.beta1.powi(t);
-        let bc2 = 1.0 - a.beta2.powi(t);
         for (k, g) in grads.into_iter().enumerate() {
             let Some(g) = g else { continue };
             let (_, var) = &self.vars[k];
-            let g = if scale != 1.0 { (g * scale)? } else { g };
-            let st = &mut self.moments[k];
-            st.m = ((&st.m * a.beta1)? + (&g * (1.0 - a.beta1))?)?;
-            st.v = ((&st.v * a.beta2)? + (g.sqr()? * (1.0 - a.beta2))?)?;
-            let theta = var.as_tensor();
-            let decay = a.weight_decay != 0.0 && (a.decay_1d || theta.rank() >= 2);
-            let theta = if decay {
-                (theta * (1.0 - lr * a.weight_decay))?
-            } else {
-                theta.clone()
+            let decay = a.weight_decay != 0.0 && (a.decay_1d || var.rank() >= 2);
+            let h = AdamStep {
+                beta1: a.beta1,
+                beta2: a.beta2,
+                eps: a.eps,
+                lr,
+                decay_factor: if decay {
+                    1.0 - lr * a.weight_decay
+                } else {
+                    1.0
+                },
+                bc1: 1.0 - a.beta1.powi(t),
+                bc2: 1.0 - a.beta2.powi(t),
+                grad_scale,
             };
-            let denom = ((&st.v / bc2)?.sqrt()? + a.eps)?;
-            let update = ((&st.m / bc1)? / denom)?;
-            var.set(&(theta - (update * lr)?)?)?;
+            let st = &mut self.moments[k];
+            let (theta, m, v) = match adamw_cpu(var.as_tensor(), &g, &st.m, &st.v, &h)? {
+                Some(out) => out,
+                None => adamw_tensor(var.as_tensor(), &g, &st.m, &st.v, &h)?,
+            };
+            st.m = m;
+            st.v = v;
+            var.set(&theta)?;
         }
         Ok((lr, norm))
     }
@@ -793,6 +800,137 @@ impl Trainer {
         trainer.rng = rng;
         Ok(trainer)
     }
+}
+
+/// One AdamW update's scalars (decoupled decay as in `torch.optim.AdamW`).
+#[derive(Debug, Clone, Copy)]
+struct AdamStep {
+    beta1: f64,
+    beta2: f64,
+    eps: f64,
+    lr: f64,
+    /// `1 - lr * weight_decay`, or 1 where the parameter is not decayed.
+    decay_factor: f64,
+    /// Bias corrections `1 - beta^t`.
+    bc1: f64,
+    bc2: f64,
+    /// Gradient-clipping factor.
+    grad_scale: f64,
+}
+
+/// `sum g^2` in f64.
+fn sum_of_squares(g: &Tensor) -> candle_core::Result<f64> {
+    if g.device().is_cpu() && g.dtype() == DType::F32 {
+        return cpu_slice::<f32, f64>(g, |x| Ok(x.iter().map(|&v| (v as f64) * (v as f64)).sum()));
+    }
+    g.to_dtype(DType::F64)?.sqr()?.sum_all()?.to_scalar::<f64>()
+}
+
+/// AdamW with tensor ops (any device and dtype): returns new (theta, m, v).
+fn adamw_tensor(
+    theta: &Tensor,
+    g: &Tensor,
+    m: &Tensor,
+    v: &Tensor,
+    h: &AdamStep,
+) -> candle_core::Result<(Tensor, Tensor, Tensor)> {
+    let g = if h.grad_scale != 1.0 {
+        (g * h.grad_scale)?
+    } else {
+        g.clone()
+    };
+    let m = ((m * h.beta1)? + (&g * (1.0 - h.beta1))?)?;
+    let v = ((v * h.beta2)? + (g.sqr()? * (1.0 - h.beta2))?)?;
+    let theta = if h.decay_factor != 1.0 {
+        (theta * h.decay_factor)?
+    } else {
+        theta.clone()
+    };
+    let denom = ((&v / h.bc2)?.sqrt()? + h.eps)?;
+    let update = ((&m / h.bc1)? / denom)?;
+    let theta = (theta - (update * h.lr)?)?;
+    Ok((theta, m, v))
+}
+
+/// The same update fused into one pass over contiguous f32/f64 CPU buffers (the tensor version
+/// makes about a dozen passes, each allocating a parameter-sized buffer). `None` elsewhere.
+fn adamw_cpu(
+    theta: &Tensor,
+    g: &Tensor,
+    m: &Tensor,
+    v: &Tensor,
+    h: &AdamStep,
+) -> candle_core::Result<Option<(Tensor, Tensor, Tensor)>> {
+    let all_cpu = [theta, g, m, v].iter().all(|t| t.device().is_cpu());
+    let same = [g, m, v].iter().all(|t| t.dtype() == theta.dtype());
+    if !all_cpu || !same {
+        return Ok(None);
+    }
+    match theta.dtype() {
+        DType::F32 => adamw_cpu_typed::<f32>(theta, g, m, v, h).map(Some),
+        DType::F64 => adamw_cpu_typed::<f64>(theta, g, m, v, h).map(Some),
+        _ => Ok(None),
+    }
+}
+
+fn adamw_cpu_typed<T: WithDType + num_traits::Float>(
+    theta: &Tensor,
+    g: &Tensor,
+    m: &Tensor,
+    v: &Tensor,
+    h: &AdamStep,
+) -> candle_core::Result<(Tensor, Tensor, Tensor)> {
+    let n = theta.elem_count();
+    let mut new_theta = vec![T::zero(); n];
+    let mut new_m = vec![T::zero(); n];
+    let mut new_v = vec![T::zero(); n];
+    let c = |x: f64| T::from_f64(x);
+    let (b1, b2, eps, lr) = (c(h.beta1), c(h.beta2), c(h.eps), c(h.lr));
+    let (one_b1, one_b2) = (c(1.0 - h.beta1), c(1.0 - h.beta2));
+    let (df, bc1, bc2, gs) = (c(h.decay_factor), c(h.bc1), c(h.bc2), c(h.grad_scale));
+    let scaled = h.grad_scale != 1.0;
+    let decayed = h.decay_factor != 1.0;
+    cpu_slice::<T, ()>(theta, |th| {
+        cpu_slice::<T, ()>(g, |gr| {
+            cpu_slice::<T, ()>(m, |mm| {
+                cpu_slice::<T, ()>(v, |vv| {
+                    let threads = candle_core::utils::get_num_threads().max(1);
+                    let chunk = n.div_ceil(threads).max(4096);
+                    std::thread::scope(|scope| {
+                        let outs = new_theta
+                            .chunks_mut(chunk)
+                            .zip(new_m.chunks_mut(chunk))
+                            .zip(new_v.chunks_mut(chunk))
+                            .enumerate();
+                        for (i, ((ot, om), ov)) in outs {
+                            let r = i * chunk..(i * chunk + ot.len());
+                            let (th, gr, mm, vv) =
+                                (&th[r.clone()], &gr[r.clone()], &mm[r.clone()], &vv[r]);
+                            scope.spawn(move || {
+                                for j in 0..ot.len() {
+                                    let gj = if scaled { gr[j] * gs } else { gr[j] };
+                                    let mj = mm[j] * b1 + gj * one_b1;
+                                    let vj = vv[j] * b2 + (gj * gj) * one_b2;
+                                    let tj = if decayed { th[j] * df } else { th[j] };
+                                    let denom = (vj / bc2).sqrt() + eps;
+                                    ot[j] = tj - ((mj / bc1) / denom) * lr;
+                                    om[j] = mj;
+                                    ov[j] = vj;
+                                }
+                            });
+                        }
+                    });
+                    Ok(())
+                })
+            })
+        })
+    })?;
+    let (shape, dev) = (theta.shape().clone(), theta.device().clone());
+    Ok((
+        Tensor::from_vec(new_theta, shape.clone(), &dev)?,
+        Tensor::from_vec(new_m, shape.clone(), &dev)?,
+        Tensor::from_vec(new_v, shape, &dev)?,
+    ))
 }
 
 fn sibling(dir: &Path, suffix: &str) -> PathBuf {
@@ -925,6 +1063,67 @@ mod tests {
             ..s
         };
         assert_eq!(c.lr_at(50), 1.0);
+    }
+
+    #[test]
+    fn fused_cpu_adamw_matches_the_tensor_version() {
+        let dev = Device::Cpu;
+        for dtype in [DType::F32, DType::F64] {
+            let mk = |seed: u64| {
+                use rand::Rng;
+                let mut rng = ChaCha8Rng::seed_from_u64(seed);
+                let v: Vec<f64> = (0..10_001).map(|_| rng.r#gen::<f64>() - 0.5).collect();
+                Tensor::from_vec(v, (73, 137), &dev)
+                    .unwrap()
+                    .to_dtype(dtype)
+                    .unwrap()
+            };
+            let (theta, g, m) = (mk(1), mk(2), mk(3));
+            let v = mk(4).abs().unwrap();
+            let h = AdamStep {
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+                lr: 1e-3,
+                decay_factor: 1.0 - 1e-3 * 0.1,
+                bc1: 1.0 - 0.9f64.powi(3),
+                bc2: 1.0 - 0.999f64.powi(3),
+                grad_scale: 0.5,
+            };
+            let fused = adamw_cpu(&theta, &g, &m, &v, &h).unwrap().unwrap();
+            let plain = adamw_tensor(&theta, &g, &m, &v, &h).unwrap();
+            for (a, b) in [
+                (&fused.0, &plain.0),
+                (&fused.1, &plain.1),
+                (&fused.2, &plain.2),
+            ] {
+                let d = (a - b)
+                    .unwrap()
+                    .abs()
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .max(0)
+                    .unwrap()
+                    .to_dtype(DType::F64)
+                    .unwrap()
+                    .to_scalar::<f64>()
+                    .unwrap();
+                assert!(d < 1e-6, "{dtype:?}: {d}");
+            }
+        }
+        let bf = Tensor::zeros(3, DType::BF16, &dev).unwrap();
+        let h = AdamStep {
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            lr: 1e-3,
+            decay_factor: 1.0,
+            bc1: 0.1,
+            bc2: 0.001,
+            grad_scale: 1.0,
+        };
+        assert!(adamw_cpu(&bf, &bf, &bf, &bf, &h).unwrap().is_none());
     }
 
     #[test]
