@@ -324,6 +324,12 @@ impl<'m, K> DecodeBatch<'m, K> {
         let mut finished = vec![false; self.rows.len()];
         for (slot, row) in self.rows.iter_mut().enumerate() {
             let req = &row.request;
+            if table[slot].iter().any(|l| l.is_nan()) || table[slot].iter().all(|l| !l.is_finite())
+            {
+                return Err(Error::Msg(
+                    "the model produced non-finite logits (diverged weights?)".into(),
+                ));
+            }
             let (tok, lp, raw) = sample_token(&table[slot], &req.params, &mut row.rng);
             row.sample.tokens.push(tok);
             row.sample.logprobs.push(lp);
@@ -594,6 +600,18 @@ mod tests {
             assert!(shown.contains(&text) && out[0].tokens.len() <= 3);
             assert_eq!(out[0].finish, FinishReason::Stop);
         }
+    }
+
+    #[test]
+    fn diverged_weights_are_an_error() {
+        let (model, tok) = tiny_model();
+        let data = model.varmap().data().lock().unwrap();
+        let w = &data["model.norm.weight"];
+        w.set(&(w.as_tensor() * f64::NAN).unwrap()).unwrap();
+        drop(data);
+        let err =
+            generate(&model, &tok, &[req(&[1, 2], 0, params(1.0, 1.0, None), 3)]).unwrap_err();
+        assert!(err.to_string().contains("non-finite"), "{err}");
     }
 
     #[test]
