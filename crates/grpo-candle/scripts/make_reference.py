@@ -18,6 +18,10 @@ over all parameters (a tied matrix counted once).
 
 Usage:
     python3 crates/grpo-candle/scripts/make_reference.py            # write the fixtures
+    python3 crates/grpo-candle/scripts/make_reference.py --chat-template DIR
+        # render fixed conversations with the chat template saved in DIR/tokenizer_config.json
+        # (e.g. by `cargo run -p grpo-candle --example tiny_policy -- DIR`) through transformers'
+        # apply_chat_template, into tests/fixtures/chat_template_reference.json
     python3 crates/grpo-candle/scripts/make_reference.py --check DIR TEXT
         # print per-token log-probs of TEXT under the HF checkpoint DIR (e.g. one saved by
         # grpo-candle's `save_hf`), in the JSON shape of the `logprobs` example
@@ -197,6 +201,80 @@ def check(model_dir: str, text: str) -> None:
     print(json.dumps(out))
 
 
+def chat_template_reference(model_dir: str) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    system = {"role": "system", "content": "Solve the task. Be brief."}
+    user = {"role": "user", "content": "How many users are there? (ünïcode ✓)"}
+    call = {
+        "role": "assistant",
+        "content": "<tool_call>\n{\"name\": \"execute_sql\", \"arguments\": "
+        "{\"query\": \"SELECT count(*) FROM users\"}}\n</tool_call>",
+    }
+    tool1 = {"role": "tool", "content": "[[3]]"}
+    tool2 = {"role": "tool", "content": "{\"status\": \"ok\"}"}
+    answer = {"role": "assistant", "content": "There are 3 users."}
+    follow = {"role": "user", "content": "Thanks!"}
+    # Keys sorted, as serde_json (without preserve_order) writes them on the Rust side.
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "execute_sql",
+                "description": "Run one \"SQL\" statement.",
+                "parameters": {
+                    "properties": {"query": {"description": "SQL", "type": "string"}},
+                    "required": ["query"],
+                    "type": "object",
+                },
+            },
+        },
+        {
+            "type": "function",
+            "function": {"name": "finish", "description": "Submit.", "parameters": {"type": "object"}},
+        },
+    ]
+    conversations = [
+        [system, user, call, tool1, tool2, answer, follow],
+        [user, call, tool1],
+        [system, user],
+        [user],
+    ]
+    cases = []
+    for messages in conversations:
+        for with_tools in (True, False):
+            for generation in (True, False):
+                rendered = tok.apply_chat_template(
+                    messages,
+                    tools=tools if with_tools else None,
+                    tokenize=False,
+                    add_generation_prompt=generation,
+                )
+                cases.append(
+                    {
+                        "messages": messages,
+                        "tools": tools if with_tools else [],
+                        "add_generation_prompt": generation,
+                        "rendered": rendered,
+                        "token_ids": tok(rendered, add_special_tokens=False)["input_ids"],
+                    }
+                )
+    chat_template = json.loads((Path(model_dir) / "tokenizer_config.json").read_text())["chat_template"]
+    out = FIXTURES / "chat_template_reference.json"
+    import transformers
+
+    out.write_text(
+        json.dumps(
+            {"transformers": transformers.__version__, "chat_template": chat_template, "cases": cases},
+            indent=1,
+            ensure_ascii=False,
+        )
+        + "\n"
+    )
+    print(f"{out}: {len(cases)} cases")
+
+
 def main() -> None:
     ensure_venv()
     import torch
@@ -204,6 +282,9 @@ def main() -> None:
     torch.set_num_threads(2)
     if len(sys.argv) >= 2 and sys.argv[1] == "--check":
         check(sys.argv[2], sys.argv[3])
+        return
+    if len(sys.argv) >= 2 and sys.argv[1] == "--chat-template":
+        chat_template_reference(sys.argv[2])
         return
     make("qwen3", FIXTURES / "tiny-qwen3")
     make("qwen2", FIXTURES / "tiny-qwen2")
