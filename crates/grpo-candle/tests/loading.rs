@@ -118,3 +118,47 @@ async fn hub_cache_offline() {
     assert_eq!(files.weights.len(), 4);
     PolicyModel::load(&files, DType::F32, &Device::Cpu).unwrap();
 }
+
+/// `ModelFiles::from_hub` reads `HF_HUB_CACHE` and honours `HF_HUB_OFFLINE` from the environment.
+/// The environment is set for a child process (this test binary re-run on
+/// `hub_env_child`), since a test cannot safely change its own.
+#[cfg(feature = "hub")]
+#[test]
+fn hub_offline_from_environment() {
+    let pm = tiny();
+    let saved = tempfile::tempdir().unwrap();
+    pm.save_hf(saved.path()).unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    fake_hub_cache(cache.path(), "env-org", "tiny", saved.path());
+    let status = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "hub_env_child",
+            "--nocapture",
+            "--include-ignored",
+        ])
+        .env("GRPO_CANDLE_HUB_CHILD", "1")
+        .env("HF_HUB_OFFLINE", "1")
+        .env("HF_HUB_CACHE", cache.path())
+        .env("HF_ENDPOINT", "http://127.0.0.1:9")
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+/// Child half of `hub_offline_from_environment` (does nothing when run on its own).
+#[cfg(feature = "hub")]
+#[test]
+#[ignore = "run by hub_offline_from_environment in a child process"]
+fn hub_env_child() {
+    if std::env::var("GRPO_CANDLE_HUB_CHILD").is_err() {
+        return;
+    }
+    assert!(grpo_candle::loading::hub_offline());
+    let files = ModelFiles::from_hub_blocking("env-org/tiny", None).unwrap();
+    PolicyModel::load(&files, DType::F32, &Device::Cpu).unwrap();
+    let err = ModelFiles::from_hub_blocking("env-org/missing", None)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("offline"), "{err}");
+}
