@@ -163,6 +163,9 @@ pub fn sample_token(
     (chosen as u32, lp, raw(chosen))
 }
 
+/// Prompt tokens fed per forward pass when prefilling.
+const PREFILL_CHUNK: usize = 512;
+
 /// A request being decoded.
 struct Row<K> {
     key: K,
@@ -297,8 +300,21 @@ impl<'m, K> DecodeBatch<'m, K> {
         }
         let mut cache = KvCache::new(self.model.config().num_hidden_layers, pads);
         let input = Tensor::from_vec(ids, (fresh.len(), longest), &device)?;
-        let hidden = self.model.forward_cached(&input, &mut cache)?;
-        let logits = self.model.last_logits(&hidden)?;
+        // Prefill in chunks of queries: attention scores stay [chunk x prompt] rather than
+        // [prompt x prompt], so long prompts fit in memory.
+        let mut start = 0;
+        let mut hidden = None;
+        while start < longest {
+            let len = PREFILL_CHUNK.min(longest - start);
+            hidden = Some(
+                self.model
+                    .forward_cached(&input.narrow(1, start, len)?, &mut cache)?,
+            );
+            start += len;
+        }
+        let logits = self
+            .model
+            .last_logits(&hidden.expect("non-empty prompts"))?;
         if self.rows.is_empty() {
             self.cache = cache;
             self.logits = Some(logits);
@@ -536,6 +552,42 @@ mod tests {
             assert_eq!(got[k].tokens, alone.tokens, "{k}");
             for (x, y) in got[k].raw_logprobs.iter().zip(&alone.raw_logprobs) {
                 assert!((x - y).abs() < 1e-4, "{k}");
+            }
+        }
+    }
+
+    #[test]
+    fn chunked_prefill_of_long_prompts() {
+        let (model, tok) = tiny_model();
+        let long: Vec<u32> = (0..(PREFILL_CHUNK as u32 * 2 + 37))
+            .map(|i| i * 7 % 200)
+            .collect();
+        let short = [9u32, 8, 7];
+        let out = generate(
+            &model,
+            &tok,
+            &[
+                req(&long, 1, params(1.0, 1.0, None), 2),
+                req(&short, 2, params(1.0, 1.0, None), 2),
+            ],
+        )
+        .unwrap();
+        for (prompt, sample) in [(&long[..], &out[0]), (&short[..], &out[1])] {
+            let seq: Vec<u32> = prompt.iter().chain(&sample.tokens).copied().collect();
+            let ids = Tensor::new(seq.as_slice(), &Device::Cpu)
+                .unwrap()
+                .unsqueeze(0)
+                .unwrap();
+            let logits = model.forward_logits(&ids).unwrap().squeeze(0).unwrap();
+            let n = prompt.len();
+            let pred = logits.narrow(0, n - 1, 2).unwrap();
+            let targets = Tensor::new(&seq[n..], &Device::Cpu).unwrap();
+            let lp: Vec<f32> = crate::model::token_logprobs(&pred, &targets)
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            for (a, b) in lp.iter().zip(&sample.raw_logprobs) {
+                assert!((a - b).abs() < 1e-4, "{a} vs {b}");
             }
         }
     }
