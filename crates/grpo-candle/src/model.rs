@@ -423,6 +423,36 @@ impl Qwen {
         Self::from_varmap(cfg, varmap, dtype, device)
     }
 
+    /// Copy weights from safetensors files (e.g. a checkpoint this model saved) into its
+    /// variables, in place: everything sharing the [`VarMap`] sees the new values. Every variable
+    /// must be present with its shape; values are converted to the model's dtype.
+    pub fn load_weights_in_place(&self, files: &[PathBuf]) -> Result<()> {
+        let shown = files.first().cloned().unwrap_or_default();
+        let vars = self.named_vars();
+        let names = vars.iter().map(|(n, _)| n.clone()).collect();
+        let mut tensors = crate::loading::load_tensors(files, &names, &self.device)?;
+        // Check everything before changing anything.
+        for (name, var) in &vars {
+            let t = tensors.get(name).ok_or_else(|| Error::Weights {
+                path: shown.clone(),
+                name: name.clone(),
+                message: "missing from the checkpoint".into(),
+            })?;
+            if t.dims() != var.dims() {
+                return Err(Error::Weights {
+                    path: shown.clone(),
+                    name: name.clone(),
+                    message: format!("shape {:?}, expected {:?}", t.dims(), var.dims()),
+                });
+            }
+        }
+        for (name, var) in vars {
+            let t = tensors.remove(&name).expect("checked above");
+            var.set(&t.to_dtype(self.dtype)?)?;
+        }
+        Ok(())
+    }
+
     /// Build the model around existing variables (every name of the config must be present with
     /// the right shape). The model shares the variables: updating them updates the model.
     pub fn from_varmap(

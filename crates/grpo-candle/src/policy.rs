@@ -229,6 +229,14 @@ impl CandlePolicy {
         }
     }
 
+    /// Replace the weights with those of a checkpoint folder (same architecture), in place and
+    /// under the update guard, e.g. to continue from a saved training step.
+    pub fn load_weights(&self, dir: impl AsRef<std::path::Path>) -> Result<()> {
+        let files = crate::loading::ModelFiles::from_dir(dir)?;
+        let _guard = self.update_guard();
+        self.model().load_weights_in_place(&files.weights)
+    }
+
     /// The decoding worker's counters.
     pub fn stats(&self) -> PolicyStats {
         *self.shared.stats.lock().unwrap_or_else(|e| e.into_inner())
@@ -590,6 +598,26 @@ mod tests {
         assert!(!call.is_finished());
         drop(guard);
         assert!(!call.await.unwrap().unwrap().tokens.is_empty());
+    }
+
+    #[tokio::test]
+    async fn weights_reload_from_a_checkpoint() {
+        let p = policy();
+        let mut r = request("same", 2);
+        r.sampling = SamplingParams::greedy();
+        let before = p.generate(r.clone()).await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        p.save_hf(dir.path()).unwrap();
+        {
+            let _guard = p.update_guard();
+            for (_, var) in p.model().named_vars() {
+                var.set(&(var.as_tensor() * 0.5).unwrap()).unwrap();
+            }
+        }
+        p.load_weights(dir.path()).unwrap();
+        let after = p.generate(r).await.unwrap();
+        assert_eq!(before.tokens, after.tokens);
+        assert_eq!(before.logprobs, after.logprobs);
     }
 
     #[tokio::test]
