@@ -17,6 +17,14 @@
 //!   [`policy`]: [`CandlePolicy`], harness-core's `Policy`.
 //! - [`logprob`], [`objective`], [`trainer`]: the chunked log-prob op, the GRPO loss, the trainer.
 //!
+//! # Log-prob conventions
+//! [`CandlePolicy`] reports in `PolicyTurn::logprobs` the log-probability of each sampled token
+//! under the distribution it was actually drawn from (temperature, top-k, top-p applied and
+//! renormalised): that is `q` of the paper's Eq. 16, and the trainer's detached weight
+//! `clip(pi_old / q, 0, 2)` corrects for the gap between it and the temperature-1 policy
+//! `pi_old`. Greedy turns have `q = 1` (log-prob 0). The raw model log-probs are available from
+//! the [`sampler`] ([`Sample::raw_logprobs`]).
+//!
 //! # Example
 //! ```
 //! use candle_core::{DType, Device};
