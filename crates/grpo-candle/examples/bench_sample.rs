@@ -15,6 +15,11 @@ use grpo_candle::sampler::{SampleRequest, generate};
 use grpo_candle::{Qwen, QwenConfig};
 use harness_core::SamplingParams;
 
+// Tensor work allocates many large short-lived buffers; glibc returns them to the OS and pays
+// page faults on every reuse, mimalloc keeps them.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn arg(args: &[String], name: &str, default: usize) -> anyhow::Result<usize> {
     match args.iter().position(|a| a == name) {
         Some(i) => Ok(args
