@@ -770,11 +770,104 @@ pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
     Ok(normed.broadcast_mul(weight)?)
 }
 
-/// Softmax over the last dim from differentiable primitives (the max is a detached constant).
+/// Differentiable softmax over the last dim.
+///
+/// On the CPU in f32/f64 it is one fused pass that keeps only its output for the backward pass
+/// (`dx = p * (g - sum(g * p))`); elsewhere it is built from primitives (the max is a detached
+/// constant), which candle differentiates but which keeps every intermediate.
 pub fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
+    if x.device().is_cpu() && matches!(x.dtype(), DType::F32 | DType::F64) {
+        return Ok(x.contiguous()?.apply_op1(FusedSoftmax)?);
+    }
+    softmax_last_dim_primitive(x)
+}
+
+/// Softmax over the last dim from differentiable primitives.
+pub fn softmax_last_dim_primitive(x: &Tensor) -> Result<Tensor> {
     let max = x.max_keepdim(D::Minus1)?.detach();
     let e = x.broadcast_sub(&max)?.exp()?;
     Ok(e.broadcast_div(&e.sum_keepdim(D::Minus1)?)?)
+}
+
+/// Row-wise softmax with its own backward (CPU, f32/f64).
+struct FusedSoftmax;
+
+fn softmax_rows<T: num_traits::Float + Send + Sync>(src: &[T], out: &mut [T], width: usize) {
+    let rows = |src: &[T], out: &mut [T]| {
+        for (x, y) in src.chunks_exact(width).zip(out.chunks_exact_mut(width)) {
+            let max = x.iter().copied().fold(T::neg_infinity(), T::max);
+            let max = if max.is_finite() { max } else { T::zero() };
+            let mut sum = T::zero();
+            for (yi, &xi) in y.iter_mut().zip(x) {
+                *yi = (xi - max).exp();
+                sum = sum + *yi;
+            }
+            let inv = if sum > T::zero() {
+                T::one() / sum
+            } else {
+                T::zero()
+            };
+            for yi in y.iter_mut() {
+                *yi = *yi * inv;
+            }
+        }
+    };
+    let n_rows = src.len() / width.max(1);
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(n_rows);
+    if threads <= 1 || src.len() < (1 << 16) {
+        rows(src, out);
+        return;
+    }
+    let per = n_rows.div_ceil(threads) * width;
+    std::thread::scope(|scope| {
+        for (x, y) in src.chunks(per).zip(out.chunks_mut(per)) {
+            scope.spawn(move || rows(x, y));
+        }
+    });
+}
+
+impl candle_core::CustomOp1 for FusedSoftmax {
+    fn name(&self) -> &'static str {
+        "grpo-softmax-last-dim"
+    }
+
+    fn cpu_fwd(
+        &self,
+        storage: &candle_core::CpuStorage,
+        layout: &candle_core::Layout,
+    ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
+        use candle_core::CpuStorage;
+        let Some((start, end)) = layout.contiguous_offsets() else {
+            candle_core::bail!("softmax: input must be contiguous")
+        };
+        let width = layout.dims().last().copied().unwrap_or(1);
+        let out = match storage {
+            CpuStorage::F32(v) => {
+                let mut out = vec![0f32; end - start];
+                softmax_rows(&v[start..end], &mut out, width);
+                CpuStorage::F32(out)
+            }
+            CpuStorage::F64(v) => {
+                let mut out = vec![0f64; end - start];
+                softmax_rows(&v[start..end], &mut out, width);
+                CpuStorage::F64(out)
+            }
+            _ => candle_core::bail!("softmax: only f32 and f64"),
+        };
+        Ok((out, layout.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        _arg: &Tensor,
+        res: &Tensor,
+        grad_res: &Tensor,
+    ) -> candle_core::Result<Option<Tensor>> {
+        let dot = (grad_res * res)?.sum_keepdim(D::Minus1)?;
+        Ok(Some((res * grad_res.broadcast_sub(&dot)?)?))
+    }
 }
 
 /// Rotary embedding in transformers' "rotate half" layout: `x * cos + rotate_half(x) * sin` with
@@ -914,6 +1007,57 @@ mod tests {
                 .iter()
                 .all(|(_, v)| grads.get(v.as_tensor()).is_some())
         );
+    }
+
+    #[test]
+    fn fused_softmax_matches_primitives_in_value_and_gradient() {
+        for dtype in [DType::F32, DType::F64] {
+            // Wide enough to take the multi-threaded path.
+            let x = Tensor::randn(0f32, 3.0, (3, 70, 400), &Device::Cpu)
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap();
+            let masked = x.broadcast_add(
+                &Tensor::from_vec(
+                    (0..400)
+                        .map(|j| if j % 7 == 0 { MASKED } else { 0.0 })
+                        .collect::<Vec<f32>>(),
+                    400,
+                    &Device::Cpu,
+                )
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap(),
+            );
+            let x = Var::from_tensor(&masked.unwrap()).unwrap();
+            let w = Tensor::randn(0f32, 1.0, (3, 70, 400), &Device::Cpu)
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap();
+            let a = softmax_last_dim(x.as_tensor()).unwrap();
+            let b = softmax_last_dim_primitive(x.as_tensor()).unwrap();
+            let tol = if dtype == DType::F32 { 1e-6 } else { 1e-12 };
+            let diff = |p: &Tensor, q: &Tensor| -> f64 {
+                (p - q)
+                    .unwrap()
+                    .abs()
+                    .unwrap()
+                    .max_all()
+                    .unwrap()
+                    .to_dtype(DType::F64)
+                    .unwrap()
+                    .to_scalar()
+                    .unwrap()
+            };
+            assert!(diff(&a, &b) < tol);
+            let ga = (a * &w).unwrap().sum_all().unwrap().backward().unwrap();
+            let gb = (b * &w).unwrap().sum_all().unwrap().backward().unwrap();
+            let (ga, gb) = (
+                ga.get(x.as_tensor()).unwrap(),
+                gb.get(x.as_tensor()).unwrap(),
+            );
+            assert!(diff(ga, gb) < tol * 10.0, "{dtype:?}: {}", diff(ga, gb));
+        }
     }
 
     #[test]
