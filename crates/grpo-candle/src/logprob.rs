@@ -548,7 +548,7 @@ fn cpu_block_grad<T: WithDType + num_traits::Float>(
                         }
                         let y = ys[r] as usize;
                         if (v0..v0 + vc).contains(&y) {
-                            orow[y - v0] = orow[y - v0] + g[r];
+                            orow[y - v0] += g[r];
                         }
                     }
                 });

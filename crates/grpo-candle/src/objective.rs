@@ -416,7 +416,7 @@ mod tests {
         ];
         // Two tasks, one empty: J = (0 + J_full) / 2.
         let both = reference_objective(&[empty.clone(), full.clone()], &cfg);
-        let one = reference_objective(&[full.clone()], &cfg);
+        let one = reference_objective(std::slice::from_ref(&full), &cfg);
         assert!((both - one / 2.0).abs() < 1e-12);
         let (new, terms) = flatten(&[empty, full], &cfg);
         let (loss, _) = grpo_loss(new.as_tensor(), &terms, &cfg).unwrap();
