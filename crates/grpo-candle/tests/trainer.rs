@@ -282,3 +282,55 @@ fn resume_rejects_a_different_model() {
     assert!(err.to_string().contains("var_names"), "{err}");
     let _: &dyn TrainableLm = &model;
 }
+
+#[test]
+fn resume_from_an_hf_checkpoint_continues_bit_identically() {
+    use grpo_candle::{PolicyModel, TinySpec};
+    let spec = TinySpec {
+        hidden_size: 32,
+        num_layers: 1,
+        intermediate_size: 48,
+        head_dim: 8,
+        num_merges: 16,
+        ..TinySpec::default()
+    };
+    let cfg = config(64, 1);
+    let batches: Vec<Vec<TaskRollouts>> = (0..3).map(|s| synthetic_groups(200 + s, 2, 3)).collect();
+
+    let straight = PolicyModel::tiny(&spec, DType::F32, &Device::Cpu).unwrap();
+    let mut t = Trainer::new(&straight.model, cfg).unwrap();
+    for b in &batches {
+        t.step_rollouts(&straight.model, b).unwrap();
+    }
+
+    let first = PolicyModel::tiny(&spec, DType::F32, &Device::Cpu).unwrap();
+    let mut t1 = Trainer::new(&first.model, cfg).unwrap();
+    t1.step_rollouts(&first.model, &batches[0]).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let ckpt = tmp.path().join("step-1");
+    t1.save_checkpoint(&ckpt, |dir| first.save_hf(dir)).unwrap();
+    for f in [
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "trainer_state.json",
+    ] {
+        assert!(ckpt.join(f).exists(), "{f} missing");
+    }
+
+    let loaded = PolicyModel::load_dir(&ckpt, DType::F32, &Device::Cpu).unwrap();
+    let mut t2 = Trainer::resume(&loaded.model, &ckpt, cfg.logprob).unwrap();
+    for b in &batches[1..] {
+        t2.step_rollouts(&loaded.model, b).unwrap();
+    }
+    for (x, y) in weights(&straight.model).iter().zip(&weights(&loaded.model)) {
+        assert_eq!(x.0, y.0);
+        assert!(
+            x.1.iter()
+                .zip(&y.1)
+                .all(|(p, q)| p.to_bits() == q.to_bits()),
+            "{} differs after resume",
+            x.0
+        );
+    }
+}
