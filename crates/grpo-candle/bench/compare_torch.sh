@@ -33,9 +33,15 @@ compare() {
   # costs a page fault and a zeroed huge page per re-allocation (about a quarter of a CPU step).
   ours="$(MIMALLOC_PURGE_DELAY=-1 RAYON_NUM_THREADS=$threads CANDLE_NUM_THREADS=$threads "$bin/bench_train" "$preset" --steps "$steps" 2>/dev/null)"
   echo "$ours"
-  python3 - "$ours" "$theirs" <<'PY'
+  # Also one thread: on a loaded machine candle's spinning thread pool can lose more than the
+  # second core gains.
+  ours1="$(MIMALLOC_PURGE_DELAY=-1 RAYON_NUM_THREADS=1 CANDLE_NUM_THREADS=1 "$bin/bench_train" "$preset" --steps "$steps" 2>/dev/null)"
+  echo "$ours1"
+  python3 - "$ours" "$theirs" "$ours1" <<'PY'
 import json, sys
-o, t = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+o, t, o1 = json.loads(sys.argv[1]), json.loads(sys.argv[2]), json.loads(sys.argv[3])
+print(f"SUMMARY {o['preset']} (1 thread): grpo-candle {o1['tokens_per_s']:.0f} tok/s "
+      f"({o1['step_seconds_median']:.3f} s/step): ratio to torch (2 threads) {o1['tokens_per_s']/t['tokens_per_s']:.2f}x")
 print(f"SUMMARY {o['preset']}: grpo-candle {o['tokens_per_s']:.0f} tok/s ({o['step_seconds_median']:.3f} s/step, "
       f"peak {o['peak_rss_bytes']/2**20:.0f} MiB) vs torch {t['tokens_per_s']:.0f} tok/s "
       f"({t['step_seconds_median']:.3f} s/step, peak {t['peak_rss_bytes']/2**20:.0f} MiB): "
