@@ -209,6 +209,11 @@ pub struct TrainerConfig {
     pub updates_per_step: usize,
     /// Seed of the trainer's RNG (mini-batch shuffling).
     pub seed: u64,
+    /// Temperature the trainer's `pi_theta` is computed at (logits divided by it). Keep it equal
+    /// to the rollout's, and feed the sampler's log-probs at that temperature as `q`, so that the
+    /// correction weight of Eq. 16 compares like with like. Default 1.
+    #[serde(default = "one")]
+    pub temperature: f64,
     /// Chunks of the log-prob op.
     #[serde(skip, default)]
     pub logprob: LogProbConfig,
@@ -230,6 +235,7 @@ impl Default for TrainerConfig {
             micro_batch_tokens: 16_384,
             updates_per_step: 1,
             seed: 0,
+            temperature: 1.0,
             logprob: LogProbConfig::default(),
         }
     }
@@ -252,6 +258,9 @@ pub struct StepMetrics {
     pub groups: usize,
     /// Groups with both successes and failures.
     pub effective_groups: usize,
+    /// Policy tokens of effective groups (the effective token share is this over
+    /// `policy_tokens`).
+    pub effective_policy_tokens: usize,
     /// Training sequences after packing.
     pub sequences: usize,
     /// Scored policy tokens.
@@ -417,6 +426,12 @@ impl Trainer {
                 )));
             }
         }
+        if !(cfg.temperature > 0.0 && cfg.temperature.is_finite()) {
+            return Err(Error::Msg(format!(
+                "trainer config: temperature must be positive, got {}",
+                cfg.temperature
+            )));
+        }
         if cfg.micro_batch_tokens == 0 || cfg.updates_per_step == 0 {
             return Err(Error::Msg(format!(
                 "trainer config: micro_batch_tokens ({}) and updates_per_step ({}) must be positive",
@@ -476,13 +491,15 @@ impl Trainer {
         for (x, task) in tasks.iter().enumerate() {
             let rewards: Vec<f32> = task.rollouts.iter().map(|r| r.reward).collect();
             let succ = rewards.iter().filter(|&&r| r > 0.0).count();
-            if succ > 0 && succ < rewards.len() {
-                metrics.effective_groups += 1;
-            }
+            let effective = succ > 0 && succ < rewards.len();
+            metrics.effective_groups += effective as usize;
             let adv = group_advantages(&rewards, self.cfg.grpo.adv_eps);
             for (r, &a) in task.rollouts.iter().zip(&adv) {
                 for s in pack_turns(x, a, &r.turns)? {
                     task_tokens[x] += s.policy_pos.len();
+                    if effective {
+                        metrics.effective_policy_tokens += s.policy_pos.len();
+                    }
                     seqs.push(s);
                 }
             }
@@ -639,7 +656,11 @@ impl Trainer {
         let n = rows.len();
         let rows = Tensor::from_vec(rows, n, &dev)?;
         let targets = Tensor::from_vec(targets, n, &dev)?;
-        let picked = hidden.index_select(&rows, 0)?;
+        let mut picked = hidden.index_select(&rows, 0)?;
+        if self.cfg.temperature != 1.0 {
+            // (h / T) W^T = (h W^T) / T.
+            picked = (picked * (1.0 / self.cfg.temperature))?;
+        }
         let out = token_logprobs(
             &picked,
             &model.lm_head_weight(),
@@ -931,6 +952,10 @@ fn adamw_cpu_typed<T: WithDType + num_traits::Float>(
         Tensor::from_vec(new_m, shape.clone(), &dev)?,
         Tensor::from_vec(new_v, shape, &dev)?,
     ))
+}
+
+fn one() -> f64 {
+    1.0
 }
 
 fn sibling(dir: &Path, suffix: &str) -> PathBuf {

@@ -334,3 +334,62 @@ fn resume_from_an_hf_checkpoint_continues_bit_identically() {
         );
     }
 }
+
+/// Rollout log-probs computed from the model itself at temperature `t` (full logits).
+fn model_logprobs(model: &Qwen, turn: &TurnTokens, t: f64) -> Vec<f32> {
+    let mut ids = turn.context.clone();
+    ids.extend(&turn.tokens);
+    let n = ids.len();
+    let input = Tensor::from_vec(ids[..n - 1].to_vec(), (1, n - 1), &Device::Cpu).unwrap();
+    let logits = (model.forward_logits(&input).unwrap().squeeze(0).unwrap() / t).unwrap();
+    let logsm = candle_nn::ops::log_softmax(&logits, candle_core::D::Minus1).unwrap();
+    let c = turn.context.len();
+    turn.tokens
+        .iter()
+        .enumerate()
+        .map(|(k, &y)| {
+            logsm
+                .get(c + k - 1)
+                .unwrap()
+                .get(y as usize)
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap()
+        })
+        .collect()
+}
+
+#[test]
+fn temperature_matches_rollout_logprobs_taken_at_that_temperature() {
+    let model = tiny_model(DType::F32);
+    let mut groups = synthetic_groups(5, 2, 4);
+    for g in &mut groups {
+        for r in &mut g.rollouts {
+            for turn in &mut r.turns {
+                turn.logprobs = model_logprobs(&model, turn, 0.7);
+            }
+        }
+    }
+    let mut cfg = config(10_000, 1);
+    cfg.temperature = 0.7;
+    let mut trainer = Trainer::new(&model, cfg).unwrap();
+    let m = trainer.step_rollouts(&model, &groups).unwrap();
+    // pi_old at T = 0.7 equals q, so every correction weight is 1.
+    assert!(
+        (m.weight_min - 1.0).abs() < 1e-4 && (m.weight_max - 1.0).abs() < 1e-4,
+        "{m:?}"
+    );
+    let share = m.effective_policy_tokens as f64 / m.policy_tokens as f64;
+    assert!((0.0..=1.0).contains(&share));
+    if m.effective_groups == m.groups {
+        assert_eq!(m.effective_policy_tokens, m.policy_tokens);
+    }
+    // At T = 1 the same rollouts do not match: the weights move away from 1.
+    let fresh = tiny_model(DType::F32);
+    let mut t1 = Trainer::new(&fresh, config(10_000, 1)).unwrap();
+    let m1 = t1.step_rollouts(&fresh, &groups).unwrap();
+    assert!(m1.weight_max - m1.weight_min > 1e-3, "{m1:?}");
+    let mut bad = config(64, 1);
+    bad.temperature = 0.0;
+    assert!(Trainer::new(&model, bad).is_err());
+}
