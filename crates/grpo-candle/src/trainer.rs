@@ -746,7 +746,7 @@ impl Trainer {
         };
         let json = serde_json::to_string_pretty(&state)
             .map_err(|e| Error::Msg(format!("serialising trainer state: {e}")))?;
-        write_atomic(&tmp.join(STATE_JSON), json.as_bytes())?;
+        crate::loading::write_atomic(&tmp.join(STATE_JSON), json.as_bytes())?;
         // Swap the finished folder into place.
         let old = sibling(dir, "old");
         if dir.exists() {
@@ -967,16 +967,6 @@ fn sibling(dir: &Path, suffix: &str) -> PathBuf {
     dir.with_file_name(name)
 }
 
-/// Writes `bytes` to `path` through a temporary file and a rename.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    use std::io::Write;
-    let tmp = sibling(path, "tmp");
-    let mut f = std::fs::File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
-    f.write_all(bytes).map_err(|e| Error::io(&tmp, e))?;
-    f.sync_all().map_err(|e| Error::io(&tmp, e))?;
-    drop(f);
-    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
-}
 
 #[cfg(test)]
 mod tests {
