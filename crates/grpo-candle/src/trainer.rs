@@ -508,6 +508,13 @@ impl Trainer {
         metrics.policy_tokens = task_tokens.iter().sum();
         metrics.sequence_tokens = seqs.iter().map(|s| s.ids.len() - 1).sum();
 
+        if seqs.is_empty() {
+            // Nothing to score (no groups, or no generated tokens): no update, no step.
+            metrics.step = self.step;
+            metrics.seconds = started.elapsed().as_secs_f64();
+            return Ok(metrics);
+        }
+
         // 3. Mini-batches of groups.
         let n_updates = self.cfg.updates_per_step.min(tasks.len()).max(1);
         let mut order: Vec<usize> = (0..tasks.len()).collect();
@@ -967,7 +974,6 @@ fn sibling(dir: &Path, suffix: &str) -> PathBuf {
     dir.with_file_name(name)
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1139,6 +1145,36 @@ mod tests {
             grad_scale: 1.0,
         };
         assert!(adamw_cpu(&bf, &bf, &bf, &bf, &h).unwrap().is_none());
+    }
+
+    #[test]
+    fn an_empty_batch_makes_no_update() {
+        struct NoModel;
+        impl TrainableLm for NoModel {
+            fn hidden_states(&self, _: &Tensor) -> Result<Tensor> {
+                Err(Error::Msg("must not be called".into()))
+            }
+            fn lm_head_weight(&self) -> Tensor {
+                Tensor::zeros((2, 2), DType::F32, &Device::Cpu).unwrap()
+            }
+            fn trainable_vars(&self) -> Vec<(String, Var)> {
+                vec![(
+                    "w".into(),
+                    Var::zeros((2, 2), DType::F32, &Device::Cpu).unwrap(),
+                )]
+            }
+        }
+        let mut t = Trainer::new(&NoModel, TrainerConfig::default()).unwrap();
+        let m = t.step_rollouts(&NoModel, &[]).unwrap();
+        assert_eq!((m.updates, m.step, t.step_count()), (0, 0, 0));
+        let empty = TaskRollouts {
+            rollouts: vec![RolloutRecord {
+                reward: 1.0,
+                turns: vec![turn(&[1], &[])],
+            }],
+        };
+        let m = t.step_rollouts(&NoModel, &[empty]).unwrap();
+        assert_eq!((m.updates, m.groups, m.policy_tokens), (0, 1, 0));
     }
 
     #[test]
