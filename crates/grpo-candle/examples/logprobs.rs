@@ -32,7 +32,8 @@ fn main() -> anyhow::Result<()> {
     let pm = if std::path::Path::new(model).is_dir() {
         PolicyModel::load_dir(model, DType::F32, &device)?
     } else {
-        let files = grpo_candle::ModelFiles::from_hub_blocking(model, None)
+        let offline = grpo_candle::loading::offline_from_env(std::env::var("HF_HUB_OFFLINE"));
+        let files = grpo_candle::ModelFiles::from_hub_blocking(model, None, offline)
             .with_context(|| format!("`{model}` is not a folder; tried it as a hub repository"))?;
         PolicyModel::load(&files, DType::F32, &device)?
     };

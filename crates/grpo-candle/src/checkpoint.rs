@@ -109,15 +109,16 @@ impl PolicyModel {
         Self::load(&ModelFiles::from_dir(dir)?, dtype, device)
     }
 
-    /// Load from the hub (or its cache; see [`ModelFiles::from_hub`] for offline mode).
+    /// Load from the hub (or only its cache when `offline`; see [`ModelFiles::from_hub`]).
     #[cfg(feature = "hub")]
     pub async fn load_hub(
         repo_id: &str,
         revision: Option<&str>,
+        offline: bool,
         dtype: DType,
         device: &Device,
     ) -> Result<Self> {
-        let files = ModelFiles::from_hub(repo_id, revision).await?;
+        let files = ModelFiles::from_hub(repo_id, revision, offline).await?;
         Self::load(&files, dtype, device)
     }
 

@@ -86,13 +86,13 @@ impl ModelFiles {
     /// The files of a hub repository (`owner/name`), downloaded into (or found in) the hf-hub
     /// cache (`HF_HUB_CACHE`, else `$HF_HOME/hub`, else `~/.cache/huggingface/hub`).
     ///
-    /// When `HF_HUB_OFFLINE` is set to a true value (`1`, `true`, `yes`, `on`) nothing touches the
-    /// network: files are resolved from the cache only, and a missing file is an error. (hf-hub
-    /// itself ignores that variable.)
+    /// With `offline` nothing touches the network: files are resolved from the cache only, and a
+    /// missing file is an error. Binaries pass `offline_from_env(std::env::var("HF_HUB_OFFLINE"))`
+    /// to honour the usual variable, which hf-hub itself ignores.
     #[cfg(feature = "hub")]
-    pub async fn from_hub(repo_id: &str, revision: Option<&str>) -> Result<Self> {
+    pub async fn from_hub(repo_id: &str, revision: Option<&str>, offline: bool) -> Result<Self> {
         let client = hf_hub::HFClient::new().map_err(|e| Error::Hub(e.to_string()))?;
-        Self::from_hub_with(&client, repo_id, revision, hub_offline()).await
+        Self::from_hub_with(&client, repo_id, revision, offline).await
     }
 
     /// [`ModelFiles::from_hub`] with an explicit client (cache folder, endpoint) and offline flag.
@@ -171,25 +171,24 @@ impl ModelFiles {
     /// [`ModelFiles::from_hub`] for synchronous callers (runs a private current-thread runtime;
     /// do not call it from inside an async task).
     #[cfg(feature = "hub")]
-    pub fn from_hub_blocking(repo_id: &str, revision: Option<&str>) -> Result<Self> {
+    pub fn from_hub_blocking(repo_id: &str, revision: Option<&str>, offline: bool) -> Result<Self> {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .map_err(|e| Error::Hub(format!("cannot start a runtime: {e}")))?;
-        rt.block_on(Self::from_hub(repo_id, revision))
+        rt.block_on(Self::from_hub(repo_id, revision, offline))
     }
 }
 
-/// Whether `HF_HUB_OFFLINE` asks for offline mode.
-pub fn hub_offline() -> bool {
-    std::env::var("HF_HUB_OFFLINE")
-        .map(|v| {
-            matches!(
-                v.trim().to_ascii_lowercase().as_str(),
-                "1" | "true" | "yes" | "on"
-            )
-        })
-        .unwrap_or(false)
+/// Whether a value of `HF_HUB_OFFLINE` (as a binary read it) asks for offline mode: `1`,
+/// `true`, `yes` or `on`, in any case.
+pub fn offline_from_env<E>(value: std::result::Result<String, E>) -> bool {
+    value.is_ok_and(|v| {
+        matches!(
+            v.trim().to_ascii_lowercase().as_str(),
+            "1" | "true" | "yes" | "on"
+        )
+    })
 }
 
 /// The distinct shard file names of a `model.safetensors.index.json`, sorted.

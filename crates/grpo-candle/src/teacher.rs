@@ -143,6 +143,7 @@ pub struct TeacherForcedPolicy {
     student: Arc<CandlePolicy>,
     logprob: LogProbConfig,
     teacher_limit_factor: usize,
+    scoring: bool,
 }
 
 impl std::fmt::Debug for TeacherForcedPolicy {
@@ -166,7 +167,16 @@ impl TeacherForcedPolicy {
             student,
             logprob: LogProbConfig::default(),
             teacher_limit_factor: 8,
+            scoring: true,
         }
+    }
+
+    /// Skip the student's forward pass and report log-prob 0 for every token. The turns are then
+    /// demonstrations for supervised updates only (their `q` is meaningless for GRPO), and
+    /// recording them costs no model work, which matters for long contexts.
+    pub fn without_scoring(mut self) -> Self {
+        self.scoring = false;
+        self
     }
 
     /// Ask the teacher with `max_new_tokens` and `max_context_tokens` multiplied by `factor`
@@ -277,6 +287,10 @@ impl TeacherForcedPolicy {
         teacher_turn: &PolicyTurn,
     ) -> Result<PolicyTurn> {
         let mut turn = self.tokens_of(request, teacher_turn)?;
+        if !self.scoring {
+            turn.logprobs = vec![0.0; turn.tokens.len()];
+            return Ok(turn);
+        }
         turn.logprobs = score_continuation(
             self.student.model(),
             &turn.context_tokens,
@@ -325,6 +339,10 @@ impl Policy for TeacherForcedPolicy {
             .await?;
         let mut turn = self.tokens_of(&request, &teacher_turn).map_err(to_core)?;
         if turn.tokens.is_empty() {
+            return Ok(turn);
+        }
+        if !self.scoring {
+            turn.logprobs = vec![0.0; turn.tokens.len()];
             return Ok(turn);
         }
         // The forward pass is tensor work: keep it off the runtime's worker threads.

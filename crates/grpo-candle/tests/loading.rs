@@ -154,10 +154,11 @@ fn hub_env_child() {
     if std::env::var("GRPO_CANDLE_HUB_CHILD").is_err() {
         return;
     }
-    assert!(grpo_candle::loading::hub_offline());
-    let files = ModelFiles::from_hub_blocking("env-org/tiny", None).unwrap();
+    let offline = grpo_candle::loading::offline_from_env(std::env::var("HF_HUB_OFFLINE"));
+    assert!(offline);
+    let files = ModelFiles::from_hub_blocking("env-org/tiny", None, offline).unwrap();
     PolicyModel::load(&files, DType::F32, &Device::Cpu).unwrap();
-    let err = ModelFiles::from_hub_blocking("env-org/missing", None)
+    let err = ModelFiles::from_hub_blocking("env-org/missing", None, offline)
         .unwrap_err()
         .to_string();
     assert!(err.contains("offline"), "{err}");
