@@ -542,6 +542,9 @@ async fn train(run: &Run, policy: &Arc<CandlePolicy>, setups: &[EnvSetup]) -> Re
     };
     trainer_cfg.schedule.lr = cfg.learning_rate;
     trainer_cfg.schedule.total_steps = cfg.grpo_steps.max(1) as u64;
+    // The importance weight compares the trainer's probabilities with the rollout's, so both
+    // must be taken at the same temperature.
+    trainer_cfg.temperature = f64::from(cfg.temperature);
     let mut trainer = Trainer::new(policy.model(), trainer_cfg)?;
     let options = EpisodeOptions {
         sampling: SamplingParams {
