@@ -40,17 +40,18 @@
 
 use std::time::Instant;
 
-use candle_core::{DType, Device, Tensor, Var};
+use candle_core::{DType, Tensor, Var};
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::logprob::{LogProbConfig, token_logprobs};
+use crate::logprob::LogProbConfig;
 use crate::policy::CandlePolicy;
 use crate::trainer::{
-    AdamWConfig, DecayKind, Schedule, Sequence, TrainableLm, TurnTokens, micro_batches, pack_turns,
+    AdamWConfig, DecayKind, Moments, Optim, Schedule, Sequence, TrainableLm, TurnTokens,
+    apply_adamw, micro_batches, pack_turns, score_sequences,
 };
 
 /// One training sequence: token ids and the positions whose token is scored.
@@ -215,12 +216,6 @@ pub struct SftMetrics {
     pub seconds: f64,
 }
 
-/// Per-parameter AdamW state.
-struct Moments {
-    m: Tensor,
-    v: Tensor,
-}
-
 /// Supervised fine-tuning: AdamW on the mean NLL of policy tokens (see the
 /// [module docs](self)).
 pub struct SftTrainer {
@@ -289,7 +284,8 @@ impl SftTrainer {
         let mut confident = 0usize;
         let mut tokens = 0usize;
         for mb in micro_batches(&internal, &idx, self.cfg.micro_batch_tokens) {
-            let lp: Vec<f64> = score(model, &internal, &mb, &self.cfg.logprob)?
+            let lp: Vec<f64> = score_sequences(model, &internal, &mb, &self.cfg.logprob, 1.0)?
+                .0
                 .detach()
                 .to_dtype(DType::F64)?
                 .to_vec1()?;
@@ -400,7 +396,7 @@ impl SftTrainer {
         let mut confident = 0usize;
         for mb in micro_batches(&internal, &idx, self.cfg.micro_batch_tokens) {
             metrics.micro_batches += 1;
-            let logp = score(model, &internal, &mb, &self.cfg.logprob)?;
+            let logp = score_sequences(model, &internal, &mb, &self.cfg.logprob, 1.0)?.0;
             let lp: Vec<f64> = logp.detach().to_dtype(DType::F64)?.to_vec1()?;
             nll -= lp.iter().sum::<f64>();
             confident += lp.iter().filter(|&&l| l > -std::f64::consts::LN_2).count();
@@ -420,57 +416,23 @@ impl SftTrainer {
         metrics.confident_frac = confident as f64 * scale;
         let (lr, norm) = {
             let _guard = policy.map(CandlePolicy::update_guard);
-            self.apply_update(acc)?
+            apply_adamw(
+                &self.vars,
+                &mut self.moments,
+                &mut self.step,
+                &Optim {
+                    adamw: &self.cfg.adamw,
+                    schedule: &self.cfg.schedule,
+                    max_grad_norm: self.cfg.max_grad_norm,
+                },
+                acc,
+            )?
         };
         metrics.lr = lr;
         metrics.grad_norm = norm;
         metrics.step = self.step;
         metrics.seconds = started.elapsed().as_secs_f64();
         Ok(metrics)
-    }
-
-    /// Clips the gradient and applies AdamW exactly as the GRPO trainer does (decoupled weight
-    /// decay, 1-D parameters undecayed unless `decay_1d`); returns (lr, grad norm before
-    /// clipping).
-    fn apply_update(&mut self, grads: Vec<Option<Tensor>>) -> Result<(f64, f64)> {
-        let mut sq = 0.0f64;
-        for g in grads.iter().flatten() {
-            sq += g
-                .to_dtype(DType::F64)?
-                .sqr()?
-                .sum_all()?
-                .to_scalar::<f64>()?;
-        }
-        let norm = sq.sqrt();
-        let clip = match self.cfg.max_grad_norm {
-            Some(max) if norm > max => max / (norm + 1e-6),
-            _ => 1.0,
-        };
-        let lr = self.cfg.schedule.lr_at(self.step);
-        self.step += 1;
-        let a = self.cfg.adamw;
-        let t = self.step as i32;
-        let bc1 = 1.0 - a.beta1.powi(t);
-        let bc2 = 1.0 - a.beta2.powi(t);
-        for (k, g) in grads.into_iter().enumerate() {
-            let Some(g) = g else { continue };
-            let (_, var) = &self.vars[k];
-            let g = if clip != 1.0 { (g * clip)? } else { g };
-            let st = &mut self.moments[k];
-            st.m = ((&st.m * a.beta1)? + (&g * (1.0 - a.beta1))?)?;
-            st.v = ((&st.v * a.beta2)? + (g.sqr()? * (1.0 - a.beta2))?)?;
-            let theta = var.as_tensor();
-            let decay = a.weight_decay != 0.0 && (a.decay_1d || theta.rank() >= 2);
-            let theta = if decay {
-                (theta * (1.0 - lr * a.weight_decay))?
-            } else {
-                theta.clone()
-            };
-            let denom = ((&st.v / bc2)?.sqrt()? + a.eps)?;
-            let update = ((&st.m / bc1)? / denom)?;
-            var.set(&(theta - (update * lr)?)?)?;
-        }
-        Ok((lr, norm))
     }
 }
 
@@ -497,40 +459,6 @@ fn internal(seqs: &[SftSequence]) -> (Vec<Sequence>, Vec<usize>) {
     (internal, idx)
 }
 
-/// Log-probs of the scored tokens of sequences `mb`, concatenated in order (the GRPO trainer's
-/// scoring: right-padded batch, hidden state at `p - 1` predicts the token at `p`).
-fn score(
-    model: &dyn TrainableLm,
-    seqs: &[Sequence],
-    mb: &[usize],
-    cfg: &LogProbConfig,
-) -> Result<Tensor> {
-    let weight = model.lm_head_weight();
-    let dev: Device = weight.device().clone();
-    let width = mb.iter().map(|&i| seqs[i].ids.len() - 1).max().unwrap_or(0);
-    let mut ids = Vec::with_capacity(mb.len() * width);
-    let mut rows = Vec::new();
-    let mut targets = Vec::new();
-    for (b, &i) in mb.iter().enumerate() {
-        let s = &seqs[i];
-        ids.extend_from_slice(&s.ids[..s.ids.len() - 1]);
-        ids.extend(std::iter::repeat_n(0u32, width - (s.ids.len() - 1)));
-        for &p in &s.policy_pos {
-            rows.push((b * width + p - 1) as u32);
-            targets.push(s.ids[p]);
-        }
-    }
-    let input = Tensor::from_vec(ids, (mb.len(), width), &dev)?;
-    let hidden = model.hidden_states(&input)?;
-    let h = hidden.dim(2)?;
-    let hidden = hidden.reshape((mb.len() * width, h))?;
-    let n = rows.len();
-    let rows = Tensor::from_vec(rows, n, &dev)?;
-    let targets = Tensor::from_vec(targets, n, &dev)?;
-    let picked = hidden.index_select(&rows, 0)?;
-    Ok(token_logprobs(&picked, &weight, &targets, cfg)?.logp)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -545,7 +473,7 @@ mod tests {
         cfg.head_dim = 8;
         cfg.num_attention_heads = 2;
         cfg.num_key_value_heads = 1;
-        Qwen::new_random(&cfg, seed, DType::F32, &Device::Cpu).unwrap()
+        Qwen::new_random(&cfg, seed, DType::F32, &candle_core::Device::Cpu).unwrap()
     }
 
     fn seqs() -> Vec<SftSequence> {

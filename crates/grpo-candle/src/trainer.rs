@@ -386,9 +386,111 @@ pub(crate) fn micro_batches(seqs: &[Sequence], idx: &[usize], budget: usize) -> 
 }
 
 /// Per-parameter AdamW state.
-struct Moments {
-    m: Tensor,
-    v: Tensor,
+pub(crate) struct Moments {
+    pub(crate) m: Tensor,
+    pub(crate) v: Tensor,
+}
+
+/// The optimizer settings an update needs (shared by the GRPO and supervised trainers).
+pub(crate) struct Optim<'a> {
+    pub(crate) adamw: &'a AdamWConfig,
+    pub(crate) schedule: &'a Schedule,
+    pub(crate) max_grad_norm: Option<f64>,
+}
+
+/// Clips the accumulated gradient to `optim.max_grad_norm` and applies one AdamW update with
+/// decoupled weight decay (1-D parameters undecayed unless `decay_1d`) at the schedule's rate for
+/// `*step`, which it advances. Returns (lr, grad norm before clipping).
+pub(crate) fn apply_adamw(
+    vars: &[(String, Var)],
+    moments: &mut [Moments],
+    step: &mut u64,
+    optim: &Optim<'_>,
+    grads: Vec<Option<Tensor>>,
+) -> Result<(f64, f64)> {
+    let mut sq = 0.0f64;
+    for g in grads.iter().flatten() {
+        sq += sum_of_squares(g)?;
+    }
+    let norm = sq.sqrt();
+    let grad_scale = match optim.max_grad_norm {
+        Some(max) if norm > max => max / (norm + 1e-6),
+        _ => 1.0,
+    };
+    let lr = optim.schedule.lr_at(*step);
+    *step += 1;
+    let a = optim.adamw;
+    let t = *step as i32;
+    for (k, g) in grads.into_iter().enumerate() {
+        let Some(g) = g else { continue };
+        let (_, var) = &vars[k];
+        let decay = a.weight_decay != 0.0 && (a.decay_1d || var.rank() >= 2);
+        let h = AdamStep {
+            beta1: a.beta1,
+            beta2: a.beta2,
+            eps: a.eps,
+            lr,
+            decay_factor: if decay {
+                1.0 - lr * a.weight_decay
+            } else {
+                1.0
+            },
+            bc1: 1.0 - a.beta1.powi(t),
+            bc2: 1.0 - a.beta2.powi(t),
+            grad_scale,
+        };
+        let st = &mut moments[k];
+        let (theta, m, v) = match adamw_cpu(var.as_tensor(), &g, &st.m, &st.v, &h)? {
+            Some(out) => out,
+            None => adamw_tensor(var.as_tensor(), &g, &st.m, &st.v, &h)?,
+        };
+        st.m = m;
+        st.v = v;
+        var.set(&theta)?;
+    }
+    Ok((lr, norm))
+}
+
+/// Log-probs and entropies of the scored tokens of sequences `mb`, concatenated in order: a
+/// right-padded batch where the hidden state at `p - 1` predicts the token at `p`, with the
+/// logits divided by `temperature`.
+pub(crate) fn score_sequences(
+    model: &dyn TrainableLm,
+    seqs: &[Sequence],
+    mb: &[usize],
+    logprob: &LogProbConfig,
+    temperature: f64,
+) -> Result<(Tensor, Tensor)> {
+    let weight = model.lm_head_weight();
+    let dev = weight.device().clone();
+    let width = mb.iter().map(|&i| seqs[i].ids.len() - 1).max().unwrap_or(0);
+    let mut ids = Vec::with_capacity(mb.len() * width);
+    let mut rows = Vec::new();
+    let mut targets = Vec::new();
+    for (b, &i) in mb.iter().enumerate() {
+        let s = &seqs[i];
+        ids.extend_from_slice(&s.ids[..s.ids.len() - 1]);
+        ids.extend(std::iter::repeat_n(0u32, width - (s.ids.len() - 1)));
+        for &p in &s.policy_pos {
+            // The hidden state at p - 1 predicts the token at p.
+            rows.push((b * width + p - 1) as u32);
+            targets.push(s.ids[p]);
+        }
+    }
+    let input = Tensor::from_vec(ids, (mb.len(), width), &dev)?;
+    let hidden = model.hidden_states(&input)?;
+    let h = hidden.dim(2)?;
+    let hidden = hidden.reshape((mb.len() * width, h))?;
+    let n = rows.len();
+    let rows = Tensor::from_vec(rows, n, &dev)?;
+    let targets = Tensor::from_vec(targets, n, &dev)?;
+    let mut picked = hidden.index_select(&rows, 0)?;
+    if temperature != 1.0 {
+        // (h / T) W^T = (h W^T) / T.
+        picked = (picked * (1.0 / temperature))?;
+    }
+    let out = token_logprobs(&picked, &weight, &targets, logprob)?;
+    Ok((out.logp, out.entropy))
 }
 
 /// The GRPO trainer: optimizer state, step counter and RNG around a model's [`Var`]s.
@@ -544,7 +646,8 @@ impl Trainer {
             metrics.old_logprob_pass = true;
             let later: Vec<usize> = mb_seqs[1..].iter().flatten().copied().collect();
             for mb in micro_batches(&seqs, &later, self.cfg.micro_batch_tokens) {
-                let (lp, _) = self.score(model, &seqs, &mb)?;
+                let (lp, _) =
+                    score_sequences(model, &seqs, &mb, &self.cfg.logprob, self.cfg.temperature)?;
                 let lp: Vec<f32> = lp.detach().to_dtype(DType::F32)?.to_vec1()?;
                 let mut off = 0;
                 for &i in &mb {
@@ -562,7 +665,8 @@ impl Trainer {
             let mut loss_total = 0.0f64;
             for mb in micro_batches(&seqs, idx, self.cfg.micro_batch_tokens) {
                 metrics.micro_batches += 1;
-                let (logp_new, entropy) = self.score(model, &seqs, &mb)?;
+                let (logp_new, entropy) =
+                    score_sequences(model, &seqs, &mb, &self.cfg.logprob, self.cfg.temperature)?;
                 let dev = logp_new.device().clone();
                 let logp_old = if u == 0 {
                     logp_new.detach().to_dtype(DType::F32)?
@@ -630,96 +734,14 @@ impl Trainer {
         Ok(metrics)
     }
 
-    /// Log-probs and entropies of the scored tokens of sequences `mb`, concatenated in order.
-    fn score(
-        &self,
-        model: &dyn TrainableLm,
-        seqs: &[Sequence],
-        mb: &[usize],
-    ) -> Result<(Tensor, Tensor)> {
-        let dev = self
-            .vars
-            .first()
-            .map(|(_, v)| v.device().clone())
-            .unwrap_or(Device::Cpu);
-        let width = mb.iter().map(|&i| seqs[i].ids.len() - 1).max().unwrap_or(0);
-        let mut ids = Vec::with_capacity(mb.len() * width);
-        let mut rows = Vec::new();
-        let mut targets = Vec::new();
-        for (b, &i) in mb.iter().enumerate() {
-            let s = &seqs[i];
-            ids.extend_from_slice(&s.ids[..s.ids.len() - 1]);
-            ids.extend(std::iter::repeat_n(0u32, width - (s.ids.len() - 1)));
-            for &p in &s.policy_pos {
-                // The hidden state at p - 1 predicts the token at p.
-                rows.push((b * width + p - 1) as u32);
-                targets.push(s.ids[p]);
-            }
-        }
-        let input = Tensor::from_vec(ids, (mb.len(), width), &dev)?;
-        let hidden = model.hidden_states(&input)?;
-        let h = hidden.dim(2)?;
-        let hidden = hidden.reshape((mb.len() * width, h))?;
-        let n = rows.len();
-        let rows = Tensor::from_vec(rows, n, &dev)?;
-        let targets = Tensor::from_vec(targets, n, &dev)?;
-        let mut picked = hidden.index_select(&rows, 0)?;
-        if self.cfg.temperature != 1.0 {
-            // (h / T) W^T = (h W^T) / T.
-            picked = (picked * (1.0 / self.cfg.temperature))?;
-        }
-        let out = token_logprobs(
-            &picked,
-            &model.lm_head_weight(),
-            &targets,
-            &self.cfg.logprob,
-        )?;
-        Ok((out.logp, out.entropy))
-    }
-
     /// Clips the accumulated gradient and applies AdamW; returns (lr, grad norm before clipping).
     fn apply_update(&mut self, grads: Vec<Option<Tensor>>) -> Result<(f64, f64)> {
-        let mut sq = 0.0f64;
-        for g in grads.iter().flatten() {
-            sq += sum_of_squares(g)?;
-        }
-        let norm = sq.sqrt();
-        let grad_scale = match self.cfg.max_grad_norm {
-            Some(max) if norm > max => max / (norm + 1e-6),
-            _ => 1.0,
+        let optim = Optim {
+            adamw: &self.cfg.adamw,
+            schedule: &self.cfg.schedule,
+            max_grad_norm: self.cfg.max_grad_norm,
         };
-        let lr = self.cfg.schedule.lr_at(self.step);
-        self.step += 1;
-        let a = self.cfg.adamw;
-        let t = self.step as i32;
-        for (k, g) in grads.into_iter().enumerate() {
-            let Some(g) = g else { continue };
-            let (_, var) = &self.vars[k];
-            let decay = a.weight_decay != 0.0 && (a.decay_1d || var.rank() >= 2);
-            let h = AdamStep {
-                beta1: a.beta1,
-                beta2: a.beta2,
-                eps: a.eps,
-                lr,
-                decay_factor: if decay {
-                    1.0 - lr * a.weight_decay
-                } else {
-                    1.0
-                },
-                bc1: 1.0 - a.beta1.powi(t),
-                bc2: 1.0 - a.beta2.powi(t),
-                grad_scale,
-            };
-            let st = &mut self.moments[k];
-            let (theta, m, v) = match adamw_cpu(var.as_tensor(), &g, &st.m, &st.v, &h)? {
-                Some(out) => out,
-                None => adamw_tensor(var.as_tensor(), &g, &st.m, &st.v, &h)?,
-            };
-            st.m = m;
-            st.v = v;
-            var.set(&theta)?;
-        }
-        Ok((lr, norm))
+        apply_adamw(&self.vars, &mut self.moments, &mut self.step, &optim, grads)
     }
 
     /// Writes a checkpoint folder: the model through `save_model` (e.g. the HF writer), the
