@@ -16,6 +16,8 @@
 //! - [`sampler`]: batched KV-cached decoding with per-token log-probs;
 //!   [`policy`]: [`CandlePolicy`], harness-core's `Policy`.
 //! - [`logprob`], [`objective`], [`trainer`]: the chunked log-prob op, the GRPO loss, the trainer.
+//! - [`teacher`], [`sft`]: the warm start: a reference solver's turns recorded in the policy's own
+//!   tokens, and supervised updates on them.
 //!
 //! # Log-prob conventions
 //! [`CandlePolicy`] reports in `PolicyTurn::logprobs` the log-probability of each sampled token
