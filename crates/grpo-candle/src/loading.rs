@@ -253,21 +253,10 @@ pub fn load_tensors(
 /// Write `bytes` to `path` atomically: a temporary file in the same folder, synced, then renamed
 /// over the target, so a reader sees the old file or the new one, never half of one.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    use std::io::Write;
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
-    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
-    let result = (|| -> std::io::Result<()> {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    if let Err(e) = result {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(Error::io(path, e));
-    }
-    Ok(())
+    harness_core::fsutil::write_atomic(path, bytes).map_err(|e| match e {
+        harness_core::Error::Io { path, source } => Error::io(path, source),
+        other => Error::Msg(other.to_string()),
+    })
 }
 
 #[cfg(test)]
@@ -276,13 +265,13 @@ mod tests {
 
     #[test]
     fn offline_flag_values() {
-        // Only checks the parser; the env var itself is exercised in the hub test.
         for v in ["1", "true", "YES", " on "] {
-            assert!(matches!(
-                v.trim().to_ascii_lowercase().as_str(),
-                "1" | "true" | "yes" | "on"
-            ));
+            assert!(offline_from_env::<()>(Ok(v.to_string())), "{v:?}");
         }
+        for v in ["0", "false", "", "offline"] {
+            assert!(!offline_from_env::<()>(Ok(v.to_string())), "{v:?}");
+        }
+        assert!(!offline_from_env(Err(std::env::VarError::NotPresent)));
     }
 
     #[test]
