@@ -47,6 +47,7 @@
 //! # Ok::<(), grpo_candle::Error>(())
 //! ```
 
+pub mod fused;
 pub mod logprob;
 pub mod objective;
 pub mod trainer;

@@ -28,6 +28,8 @@
 //! CPU, cuBLAS on CUDA). Half-precision inputs produce f32 statistics.
 
 use candle_core::backend::BackendStorage;
+
+use crate::fused::{FastExp, par_each};
 use candle_core::{
     CpuStorage, CudaStorage, CustomOp3, DType, Layout, MetalStorage, Shape, Storage, Tensor,
     WithDType,
@@ -216,7 +218,7 @@ struct Online<T> {
     zy: T,
 }
 
-fn cpu_forward_chunk<T: WithDType + num_traits::Float>(
+fn cpu_forward_chunk<T: WithDType + num_traits::Float + FastExp>(
     hc: &Tensor,
     weight: &Tensor,
     yc: &Tensor,
@@ -242,22 +244,17 @@ fn cpu_forward_chunk<T: WithDType + num_traits::Float>(
         let wc = weight.narrow(0, v0, vc)?;
         let z = hc.matmul(&wc.t()?)?;
         cpu_slice::<T, ()>(&z, |z| {
-            let threads = candle_core::utils::get_num_threads().max(1);
-            let rows_per = tc.div_ceil(threads).max(1);
-            std::thread::scope(|scope| {
-                for (i, block) in state.chunks_mut(rows_per).enumerate() {
-                    let ys = &ys;
-                    scope.spawn(move || {
-                        for (dr, st) in block.iter_mut().enumerate() {
-                            let r = i * rows_per + dr;
-                            let row = &z[r * vc..(r + 1) * vc];
-                            online_update(st, row);
-                            let y = ys[r] as usize;
-                            if (v0..v0 + vc).contains(&y) {
-                                st.zy = row[y - v0];
-                            }
-                        }
-                    });
+            let per = (1usize << 14).div_ceil(vc).max(1);
+            let items: Vec<&mut [Online<T>]> = state.chunks_mut(per).collect();
+            par_each(items, |i, block| {
+                for (dr, st) in block.iter_mut().enumerate() {
+                    let r = i * per + dr;
+                    let row = &z[r * vc..(r + 1) * vc];
+                    online_update(st, row);
+                    let y = ys[r] as usize;
+                    if (v0..v0 + vc).contains(&y) {
+                        st.zy = row[y - v0];
+                    }
                 }
             });
             Ok(())
@@ -273,7 +270,7 @@ fn cpu_forward_chunk<T: WithDType + num_traits::Float>(
     Tensor::from_vec(out, (tc, 3), hc.device())
 }
 
-fn online_update<T: num_traits::Float>(st: &mut Online<T>, row: &[T]) {
+fn online_update<T: num_traits::Float + FastExp>(st: &mut Online<T>, row: &[T]) {
     let mx = row.iter().copied().fold(T::neg_infinity(), T::max);
     if mx > st.m {
         if st.s > T::zero() {
@@ -289,7 +286,7 @@ fn online_update<T: num_traits::Float>(st: &mut Online<T>, row: &[T]) {
     let (mut s, mut u) = (T::zero(), T::zero());
     for &x in row {
         let d = x - m;
-        let e = d.exp();
+        let e = d.fast_exp();
         s = s + e;
         u = u + e * d;
     }
@@ -514,7 +511,7 @@ fn backward(
 
 /// `g [j = y] + p * (a - b z)` for one block on the CPU, with `p = exp(z - lse)` and the block's
 /// columns starting at vocabulary id `v0`.
-fn cpu_block_grad<T: WithDType + num_traits::Float>(
+fn cpu_block_grad<T: WithDType + num_traits::Float + FastExp>(
     z: &Tensor,
     g: &Tensor,
     a: &Tensor,
@@ -532,26 +529,21 @@ fn cpu_block_grad<T: WithDType + num_traits::Float>(
     let mut out = vec![T::zero(); tc * vc];
     cpu_slice::<T, ()>(z, |z| {
         // Rows are independent: split the output by rows across threads.
-        let threads = candle_core::utils::get_num_threads().max(1);
-        let rows_per = tc.div_ceil(threads).max(1);
-        std::thread::scope(|scope| {
-            for (i, block) in out.chunks_mut(rows_per * vc).enumerate() {
-                let r0 = i * rows_per;
-                let (g, a, b, lse, ys) = (&g, &a, &b, &lse, &ys);
-                scope.spawn(move || {
-                    for (dr, orow) in block.chunks_mut(vc).enumerate() {
-                        let r = r0 + dr;
-                        let (ar, br, lr) = (a[r], b[r], lse[r]);
-                        let zr = &z[r * vc..(r + 1) * vc];
-                        for (o, &x) in orow.iter_mut().zip(zr) {
-                            *o = (x - lr).exp() * (ar - br * x);
-                        }
-                        let y = ys[r] as usize;
-                        if (v0..v0 + vc).contains(&y) {
-                            orow[y - v0] += g[r];
-                        }
-                    }
-                });
+        let per = (1usize << 14).div_ceil(vc).max(1);
+        let items: Vec<&mut [T]> = out.chunks_mut(per * vc).collect();
+        par_each(items, |i, block| {
+            let r0 = i * per;
+            for (dr, orow) in block.chunks_mut(vc).enumerate() {
+                let r = r0 + dr;
+                let (ar, br, lr) = (a[r], b[r], lse[r]);
+                let zr = &z[r * vc..(r + 1) * vc];
+                for (o, &x) in orow.iter_mut().zip(zr) {
+                    *o = (x - lr).fast_exp() * (ar - br * x);
+                }
+                let y = ys[r] as usize;
+                if (v0..v0 + vc).contains(&y) {
+                    orow[y - v0] += g[r];
+                }
             }
         });
         Ok(())

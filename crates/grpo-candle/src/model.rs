@@ -18,10 +18,23 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::config::{Arch, QwenConfig};
 use crate::error::{Error, Result};
+use crate::fused;
 
 /// The additive mask value for positions a query must not see. Finite so that a row with every
 /// key masked (a left-padding query) yields a uniform softmax instead of NaN.
 const MASKED: f32 = -1.0e9;
+
+/// Which keys each query may see.
+enum Mask {
+    /// Every key (one query per row, no padding).
+    None,
+    /// Keys up to the query's own position, for whole sequences starting at position 0 (or
+    /// continuing a cache without padding).
+    Causal,
+    /// An additive mask broadcastable to `[B, kv_heads, groups, T, S]` (0 visible, [`MASKED`]
+    /// hidden).
+    Additive(Tensor),
+}
 
 /// How a parameter is initialised in a fresh model.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -581,15 +594,7 @@ impl Qwen {
         let (b, t) = ids.dims2()?;
         let positions: Vec<f32> = (0..b).flat_map(|_| (0..t).map(|p| p as f32)).collect();
         let positions = Tensor::from_vec(positions, (b, t, 1), &self.device)?;
-        let mask = if t > 1 {
-            let m: Vec<f32> = (0..t)
-                .flat_map(|i| (0..t).map(move |j| if j <= i { 0.0 } else { MASKED }))
-                .collect();
-            Some(Tensor::from_vec(m, (1, 1, 1, t, t), &self.device)?)
-        } else {
-            None
-        };
-        self.run(ids, &positions, mask.as_ref(), None)
+        self.run(ids, &positions, Mask::Causal, None)
     }
 
     /// Logits `[B, T, vocab]` of final hidden states (full vocabulary: for small cases only; the
@@ -642,22 +647,21 @@ impl Qwen {
                     }
                 }
             }
-            Some(Tensor::from_vec(m, (b, 1, 1, t, total), &self.device)?)
+            Mask::Additive(Tensor::from_vec(m, (b, 1, 1, t, total), &self.device)?)
         } else {
-            None
+            Mask::None
         };
-        let out = self.run(ids, &positions, mask.as_ref(), Some(cache))?;
+        let out = self.run(ids, &positions, mask, Some(cache))?;
         cache.len = total;
         Ok(out)
     }
 
-    /// The decoder stack. `positions` is `[B, T, 1]` f32; `mask` is additive, broadcastable to
-    /// `[B, kv_heads, groups, T, S]`.
+    /// The decoder stack. `positions` is `[B, T, 1]` f32.
     fn run(
         &self,
         ids: &Tensor,
         positions: &Tensor,
-        mask: Option<&Tensor>,
+        mask: Mask,
         mut cache: Option<&mut KvCache>,
     ) -> Result<Tensor> {
         let (b, t) = ids.dims2()?;
@@ -671,17 +675,18 @@ impl Qwen {
         let emb = Tensor::cat(&[&freqs, &freqs], D::Minus1)?.unsqueeze(1)?;
         let cos = emb.cos()?.to_dtype(self.dtype)?;
         let sin = emb.sin()?.to_dtype(self.dtype)?;
-        let mask = mask.map(|m| m.to_dtype(self.softmax_dtype())).transpose()?;
+        let mask = match mask {
+            Mask::Additive(m) => Mask::Additive(m.to_dtype(self.softmax_dtype())?),
+            other => other,
+        };
         for (li, layer) in self.layers.iter().enumerate() {
             let kv = cache.as_deref_mut().map(|c| (&mut c.layers[li], c.len));
             let normed = rms_norm(&x, &layer.input_norm, self.cfg.rms_norm_eps)?;
-            let attn = self.attention(layer, &normed, &cos, &sin, mask.as_ref(), kv)?;
+            let attn = self.attention(layer, &normed, &cos, &sin, &mask, kv)?;
             x = (x + attn)?;
             let normed = rms_norm(&x, &layer.post_norm, self.cfg.rms_norm_eps)?;
-            let mlp = layer
-                .down
-                .forward(&(layer.gate.forward(&normed)?.silu()? * layer.up.forward(&normed)?)?)?;
-            x = (x + mlp)?;
+            let act = fused::swiglu(&layer.gate.forward(&normed)?, &layer.up.forward(&normed)?)?;
+            x = (x + layer.down.forward(&act)?)?;
         }
         rms_norm(&x, &self.norm, self.cfg.rms_norm_eps)
     }
@@ -700,7 +705,7 @@ impl Qwen {
         x: &Tensor,
         cos: &Tensor,
         sin: &Tensor,
-        mask: Option<&Tensor>,
+        mask: &Mask,
         kv: Option<(&mut Option<(Tensor, Tensor)>, usize)>,
     ) -> Result<Tensor> {
         let (b, t, _) = x.dims3()?;
@@ -711,6 +716,7 @@ impl Qwen {
         );
         let groups = nh / kvh;
         let eps = self.cfg.rms_norm_eps;
+        let scale = 1.0 / (hd as f64).sqrt();
         let mut q = layer.q.forward(x)?.reshape((b, t, nh, hd))?;
         let mut k = layer.k.forward(x)?.reshape((b, t, kvh, hd))?;
         let v = layer.v.forward(x)?.reshape((b, t, kvh, hd))?;
@@ -718,9 +724,15 @@ impl Qwen {
             q = rms_norm(&q, qn, eps)?;
             k = rms_norm(&k, kn, eps)?;
         }
-        let q = rope(&q.transpose(1, 2)?.contiguous()?, cos, sin)?;
-        let k = rope(&k.transpose(1, 2)?.contiguous()?, cos, sin)?;
+        // [B, heads, T, head_dim], rotated.
+        let q = fused::rope_to_heads(&q, cos, sin)?;
+        let k = fused::rope_to_heads(&k, cos, sin)?;
         let v = v.transpose(1, 2)?.contiguous()?;
+        if kv.is_none() && matches!(mask, Mask::Causal | Mask::None) {
+            // Whole sequences from position 0: causal attention without a materialised mask.
+            let out = fused::causal_attention(&q, &k, &v, scale)?;
+            return layer.o.forward(&out);
+        }
         let (k, v) = match kv {
             Some((slot, past)) => append_kv(slot, past, &k, &v)?,
             None => (k, v),
@@ -728,11 +740,21 @@ impl Qwen {
         let s = k.dim(2)?;
         // Grouped-query attention without copying keys: the `groups` query heads that share a
         // key/value head are stacked along the time axis of one matmul.
-        let q = (q * (1.0 / (hd as f64).sqrt()))?.reshape((b, kvh, groups * t, hd))?;
+        let q = (q * scale)?.reshape((b, kvh, groups * t, hd))?;
         let scores = q.matmul(&k.t()?)?.to_dtype(self.softmax_dtype())?;
         let mut scores = scores.reshape((b, kvh, groups, t, s))?;
-        if let Some(m) = mask {
-            scores = scores.broadcast_add(m)?;
+        match mask {
+            Mask::Additive(m) => scores = scores.broadcast_add(m)?,
+            Mask::Causal if t > 1 => {
+                let past = s - t;
+                let m: Vec<f32> = (0..t)
+                    .flat_map(|i| (0..s).map(move |j| if j <= past + i { 0.0 } else { MASKED }))
+                    .collect();
+                let m = Tensor::from_vec(m, (1, 1, 1, t, s), &self.device)?
+                    .to_dtype(self.softmax_dtype())?;
+                scores = scores.broadcast_add(&m)?;
+            }
+            _ => {}
         }
         let probs = softmax_last_dim(&scores)?.to_dtype(self.dtype)?;
         let out = probs.reshape((b, kvh, groups * t, s))?.matmul(&v)?;
@@ -756,8 +778,14 @@ impl Qwen {
 }
 
 /// RMSNorm over the last dim, computed in f32 (f64 for f64 models) and cast back before the
-/// weight, as transformers does. Differentiable.
+/// weight, as transformers does. Differentiable: a fused op with its own backward on the CPU in
+/// f32/f64 ([`crate::fused::rms_norm`]), [`rms_norm_primitive`] elsewhere.
 pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
+    Ok(fused::rms_norm(x, weight, eps)?)
+}
+
+/// [`rms_norm`] from differentiable primitives.
+pub fn rms_norm_primitive(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
     let dtype = x.dtype();
     let work = if dtype == DType::F64 {
         DType::F64
@@ -812,20 +840,9 @@ fn softmax_rows<T: num_traits::Float + Send + Sync>(src: &[T], out: &mut [T], wi
             }
         }
     };
-    let n_rows = src.len() / width.max(1);
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(n_rows);
-    if threads <= 1 || src.len() < (1 << 16) {
-        rows(src, out);
-        return;
-    }
-    let per = n_rows.div_ceil(threads) * width;
-    std::thread::scope(|scope| {
-        for (x, y) in src.chunks(per).zip(out.chunks_mut(per)) {
-            scope.spawn(move || rows(x, y));
-        }
-    });
+    let per = (1usize << 14).div_ceil(width.max(1)) * width.max(1);
+    let items: Vec<_> = src.chunks(per).zip(out.chunks_mut(per)).collect();
+    fused::par_each(items, |_, (x, y)| rows(x, y));
 }
 
 impl candle_core::CustomOp1 for FusedSoftmax {

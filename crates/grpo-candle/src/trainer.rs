@@ -944,30 +944,25 @@ fn adamw_cpu_typed<T: WithDType + num_traits::Float>(
         cpu_slice::<T, ()>(g, |gr| {
             cpu_slice::<T, ()>(m, |mm| {
                 cpu_slice::<T, ()>(v, |vv| {
-                    let threads = candle_core::utils::get_num_threads().max(1);
-                    let chunk = n.div_ceil(threads).max(4096);
-                    std::thread::scope(|scope| {
-                        let outs = new_theta
-                            .chunks_mut(chunk)
-                            .zip(new_m.chunks_mut(chunk))
-                            .zip(new_v.chunks_mut(chunk))
-                            .enumerate();
-                        for (i, ((ot, om), ov)) in outs {
-                            let r = i * chunk..(i * chunk + ot.len());
-                            let (th, gr, mm, vv) =
-                                (&th[r.clone()], &gr[r.clone()], &mm[r.clone()], &vv[r]);
-                            scope.spawn(move || {
-                                for j in 0..ot.len() {
-                                    let gj = if scaled { gr[j] * gs } else { gr[j] };
-                                    let mj = mm[j] * b1 + gj * one_b1;
-                                    let vj = vv[j] * b2 + (gj * gj) * one_b2;
-                                    let tj = if decayed { th[j] * df } else { th[j] };
-                                    let denom = (vj / bc2).sqrt() + eps;
-                                    ot[j] = tj - ((mj / bc1) / denom) * lr;
-                                    om[j] = mj;
-                                    ov[j] = vj;
-                                }
-                            });
+                    let chunk = 1 << 14;
+                    let outs: Vec<_> = new_theta
+                        .chunks_mut(chunk)
+                        .zip(new_m.chunks_mut(chunk))
+                        .zip(new_v.chunks_mut(chunk))
+                        .collect();
+                    crate::fused::par_each(outs, |i, ((ot, om), ov)| {
+                        let r = i * chunk..(i * chunk + ot.len());
+                        let (th, gr, mm, vv) =
+                            (&th[r.clone()], &gr[r.clone()], &mm[r.clone()], &vv[r]);
+                        for j in 0..ot.len() {
+                            let gj = if scaled { gr[j] * gs } else { gr[j] };
+                            let mj = mm[j] * b1 + gj * one_b1;
+                            let vj = vv[j] * b2 + (gj * gj) * one_b2;
+                            let tj = if decayed { th[j] * df } else { th[j] };
+                            let denom = (vj / bc2).sqrt() + eps;
+                            ot[j] = tj - ((mj / bc1) / denom) * lr;
+                            om[j] = mj;
+                            ov[j] = vj;
                         }
                     });
                     Ok(())

@@ -1,0 +1,1301 @@
+//! Fused CPU kernels, each with its own backward, for the model's training hot path.
+//!
+//! Built from candle primitives, one decoder layer is a few dozen small tensor ops forward and
+//! about twice that backward, each allocating its output and, on two or more threads, crossing a
+//! barrier. On small models that per-op cost, not arithmetic, bounds a training step. The ops here
+//! do the same maths in one pass each, on contiguous CPU tensors in f32 or f64:
+//!
+//! - [`rms_norm`]: RMSNorm with a weight; gradients to the input and the weight.
+//! - [`rope_to_heads`]: the rotary embedding, reading `[B, T, H, d]` and writing `[B, H, T, d]`,
+//!   so the transpose before attention is part of the same pass.
+//! - [`swiglu`]: `silu(gate) * up`.
+//! - [`causal_attention`]: grouped-query causal attention that never keeps the `[T, T]` scores:
+//!   the forward stores one log-sum-exp per query row and the backward recomputes the
+//!   probabilities block by block, as flash attention does. Extra memory is a few blocks of at most
+//!   [`ATTENTION_BLOCK_ELEMS`] elements, not `batch x heads x T x T` per layer. The block matmuls go
+//!   through candle's CPU matmul (the `gemm` crate); masking, softmax and its gradient are loops
+//!   over the block.
+//!
+//! Each function checks [`fusable`] and otherwise falls back to the differentiable primitives
+//! (CUDA, half precision), so callers need not care which path runs. Tests compare both paths,
+//! values and gradients.
+
+use std::sync::{Mutex, OnceLock};
+
+use candle_core::backend::BackendStorage;
+use candle_core::{
+    CpuStorage, CustomOp2, CustomOp3, D, DType, Layout, Shape, Storage, Tensor, WithDType,
+};
+use num_traits::Float;
+
+/// Elements of a scores block in [`causal_attention`] (16 MiB in f32). A block is a run of whole
+/// query rows of one or more (batch, key/value head) items; one block of scores and, in the
+/// backward, one block of their gradients are alive at a time.
+pub const ATTENTION_BLOCK_ELEMS: usize = 1 << 22;
+
+/// Whether the fused CPU kernels apply to `t`: on the CPU in f32 or f64.
+pub fn fusable(t: &Tensor) -> bool {
+    t.device().is_cpu() && matches!(t.dtype(), DType::F32 | DType::F64)
+}
+
+/// Elements each parallel unit should hold at least, so that dispatch stays cheap.
+const UNIT_ELEMS: usize = 1 << 14;
+
+/// Runs `f(i, item)` for every item, in parallel on candle's CPU thread pool when there is more
+/// than one item. Items are typically disjoint `&mut` chunks of output buffers.
+pub(crate) fn par_each<W: Send>(items: Vec<W>, f: impl Fn(usize, W) + Sync) {
+    if items.len() <= 1 || candle_core::utils::get_num_threads() <= 1 {
+        for (i, w) in items.into_iter().enumerate() {
+            f(i, w);
+        }
+        return;
+    }
+    let slots: Vec<Mutex<Option<W>>> = items.into_iter().map(|w| Mutex::new(Some(w))).collect();
+    candle_core::utils::barrier_pool().execute_chunked(slots.len(), |range| {
+        for i in range {
+            let item = slots[i].lock().map(|mut s| s.take()).unwrap_or(None);
+            if let Some(w) = item {
+                f(i, w);
+            }
+        }
+    });
+}
+
+/// Rows per parallel unit for rows of `width` elements.
+fn rows_per_unit(width: usize) -> usize {
+    (UNIT_ELEMS / width.max(1)).max(1)
+}
+
+/// The elements of a contiguous tensor on the CPU, as a copy-free slice handed to `f`.
+fn with_cpu<T: WithDType, R>(
+    t: &Tensor,
+    f: impl FnOnce(&[T]) -> candle_core::Result<R>,
+) -> candle_core::Result<R> {
+    crate::logprob::cpu_slice(t, f)
+}
+
+/// The contiguous elements a layout addresses in a CPU storage.
+fn contiguous_slice<'a, T: WithDType>(
+    s: &'a CpuStorage,
+    l: &Layout,
+    what: &str,
+) -> candle_core::Result<&'a [T]> {
+    let Some((start, end)) = l.contiguous_offsets() else {
+        candle_core::bail!("{what}: input must be contiguous")
+    };
+    Ok(&s.as_slice::<T>()?[start..end])
+}
+
+// ---------------------------------------------------------------------------------------------
+// RMSNorm
+
+/// RMSNorm over the last dim with a weight: `x / sqrt(mean(x^2) + eps) * weight`. Fused on the
+/// CPU in f32/f64 (gradients to `x` and `weight`); elsewhere the differentiable primitives of
+/// [`crate::model::rms_norm`].
+pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> candle_core::Result<Tensor> {
+    let h = x.dim(D::Minus1)?;
+    if weight.dims() != [h] {
+        candle_core::bail!(
+            "rms_norm: weight is {:?}, expected [{h}] for input {:?}",
+            weight.dims(),
+            x.dims()
+        );
+    }
+    if fusable(x) && weight.dtype() == x.dtype() && weight.device().is_cpu() {
+        return x
+            .contiguous()?
+            .apply_op2(&weight.contiguous()?, RmsNormOp { eps });
+    }
+    crate::model::rms_norm_primitive(x, weight, eps).map_err(candle_core::Error::wrap)
+}
+
+struct RmsNormOp {
+    eps: f64,
+}
+
+fn rms_norm_fwd<T: WithDType + Float>(x: &[T], w: &[T], eps: f64) -> Vec<T> {
+    let h = w.len();
+    let mut out = vec![T::zero(); x.len()];
+    let per = rows_per_unit(h) * h;
+    let eps = T::from(eps).unwrap_or_else(T::zero);
+    let n = T::from(h).unwrap_or_else(T::one);
+    let items: Vec<(&[T], &mut [T])> = x.chunks(per).zip(out.chunks_mut(per)).collect();
+    par_each(items, |_, (xs, ys)| {
+        for (xr, yr) in xs.chunks_exact(h).zip(ys.chunks_exact_mut(h)) {
+            let ss = xr.iter().fold(T::zero(), |a, &v| a + v * v);
+            let r = T::one() / (ss / n + eps).sqrt();
+            for ((y, &xv), &wv) in yr.iter_mut().zip(xr).zip(w) {
+                *y = xv * r * wv;
+            }
+        }
+    });
+    out
+}
+
+/// `(dx, dw)` of RMSNorm for upstream gradient `g`.
+fn rms_norm_bwd<T: WithDType + Float>(x: &[T], w: &[T], g: &[T], eps: f64) -> (Vec<T>, Vec<T>) {
+    let h = w.len();
+    let mut dx = vec![T::zero(); x.len()];
+    let per = rows_per_unit(h) * h;
+    let units = x.len().div_ceil(per.max(1));
+    let mut dw_parts = vec![vec![T::zero(); h]; units];
+    let eps = T::from(eps).unwrap_or_else(T::zero);
+    let n = T::from(h).unwrap_or_else(T::one);
+    let items: Vec<_> = x
+        .chunks(per)
+        .zip(g.chunks(per))
+        .zip(dx.chunks_mut(per))
+        .zip(dw_parts.iter_mut())
+        .collect();
+    par_each(items, |_, (((xs, gs), dxs), dw)| {
+        for ((xr, gr), dxr) in xs
+            .chunks_exact(h)
+            .zip(gs.chunks_exact(h))
+            .zip(dxs.chunks_exact_mut(h))
+        {
+            let ss = xr.iter().fold(T::zero(), |a, &v| a + v * v);
+            let r = T::one() / (ss / n + eps).sqrt();
+            // a = g * w, normed = x * r; dx = r * (a - normed * mean(a * normed)).
+            let mut dot = T::zero();
+            for ((&xv, &gv), &wv) in xr.iter().zip(gr).zip(w) {
+                dot += gv * wv * xv * r;
+            }
+            let c = dot / n;
+            for ((((d, &xv), &gv), &wv), dwv) in
+                dxr.iter_mut().zip(xr).zip(gr).zip(w).zip(dw.iter_mut())
+            {
+                let normed = xv * r;
+                *d = r * (gv * wv - normed * c);
+                *dwv += gv * normed;
+            }
+        }
+    });
+    let mut dw = vec![T::zero(); h];
+    for part in &dw_parts {
+        for (a, &b) in dw.iter_mut().zip(part) {
+            *a += b;
+        }
+    }
+    (dx, dw)
+}
+
+impl CustomOp2 for RmsNormOp {
+    fn name(&self) -> &'static str {
+        "grpo-rms-norm"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let out = match s1.dtype() {
+            DType::F32 => CpuStorage::F32(rms_norm_fwd(
+                contiguous_slice::<f32>(s1, l1, "rms_norm")?,
+                contiguous_slice::<f32>(s2, l2, "rms_norm")?,
+                self.eps,
+            )),
+            DType::F64 => CpuStorage::F64(rms_norm_fwd(
+                contiguous_slice::<f64>(s1, l1, "rms_norm")?,
+                contiguous_slice::<f64>(s2, l2, "rms_norm")?,
+                self.eps,
+            )),
+            other => candle_core::bail!("rms_norm: fused path takes f32 or f64, not {other:?}"),
+        };
+        Ok((out, l1.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _res: &Tensor,
+        g: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+        fn run<T: WithDType + Float>(
+            x: &Tensor,
+            w: &Tensor,
+            g: &Tensor,
+            eps: f64,
+        ) -> candle_core::Result<(Tensor, Tensor)> {
+            let (dx, dw) = with_cpu::<T, _>(x, |xs| {
+                with_cpu::<T, _>(w, |ws| {
+                    with_cpu::<T, _>(g, |gs| Ok(rms_norm_bwd(xs, ws, gs, eps)))
+                })
+            })?;
+            Ok((
+                Tensor::from_vec(dx, x.shape(), x.device())?,
+                Tensor::from_vec(dw, w.shape(), w.device())?,
+            ))
+        }
+        let g = g.to_dtype(x.dtype())?;
+        let (dx, dw) = match x.dtype() {
+            DType::F32 => run::<f32>(x, w, &g, self.eps)?,
+            _ => run::<f64>(x, w, &g, self.eps)?,
+        };
+        Ok((Some(dx), Some(dw)))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rotary embedding
+
+/// The rotary embedding in transformers' "rotate half" layout, with a transpose: `x` is
+/// `[B, T, H, d]`, `cos` and `sin` hold `B x T x d` elements (`[B, 1, T, d]` or `[B, T, d]`), and
+/// the result is `[B, H, T, d]`, contiguous. Fused on the CPU in f32/f64 (gradient to `x`; `cos`
+/// and `sin` are treated as constants); elsewhere transpose + [`crate::model::rope`].
+pub fn rope_to_heads(x: &Tensor, cos: &Tensor, sin: &Tensor) -> candle_core::Result<Tensor> {
+    let (b, t, _, d) = x.dims4()?;
+    if d % 2 != 0 {
+        candle_core::bail!("rope: head dim {d} is odd");
+    }
+    if cos.elem_count() != b * t * d || sin.elem_count() != b * t * d {
+        candle_core::bail!(
+            "rope: cos {:?} and sin {:?} must hold {b} x {t} x {d} elements",
+            cos.dims(),
+            sin.dims()
+        );
+    }
+    if fusable(x) && cos.dtype() == x.dtype() && sin.dtype() == x.dtype() {
+        return x.contiguous()?.apply_op3(
+            &cos.detach().contiguous()?,
+            &sin.detach().contiguous()?,
+            RopeOp,
+        );
+    }
+    let cos = cos.reshape((b, 1, t, d))?;
+    let sin = sin.reshape((b, 1, t, d))?;
+    let xt = x.transpose(1, 2)?.contiguous()?;
+    crate::model::rope(&xt, &cos, &sin).map_err(candle_core::Error::wrap)
+}
+
+struct RopeOp;
+
+/// The rotation: `src` is `[B, T, H, d]`, the result `[B, H, T, d]`.
+fn rope_apply<T: WithDType + Float>(
+    src: &[T],
+    cos: &[T],
+    sin: &[T],
+    (b, t, h, d): (usize, usize, usize, usize),
+) -> Vec<T> {
+    let half = d / 2;
+    let mut out = vec![T::zero(); src.len()];
+    debug_assert_eq!(src.len(), b * t * h * d);
+    // One unit per (batch, head): T rows of d.
+    let items: Vec<&mut [T]> = out.chunks_mut(t * d).collect();
+    par_each(items, |unit, dst| {
+        let (bi, hi) = (unit / h, unit % h);
+        for ti in 0..t {
+            let tab = (bi * t + ti) * d;
+            let (c, s) = (&cos[tab..tab + d], &sin[tab..tab + d]);
+            // Index of row (bi, ti, hi) in [B, T, H, d].
+            let bthd = ((bi * t + ti) * h + hi) * d;
+            let x = &src[bthd..bthd + d];
+            let y = &mut dst[ti * d..(ti + 1) * d];
+            for i in 0..half {
+                let (x1, x2) = (x[i], x[i + half]);
+                y[i] = x1 * c[i] - x2 * s[i];
+                y[i + half] = x2 * c[i + half] + x1 * s[i + half];
+            }
+        }
+    });
+    out
+}
+
+/// Gradient of [`rope_apply`]: `g` is `[B, H, T, d]`, the result `[B, T, H, d]`.
+fn rope_backward<T: WithDType + Float>(
+    g: &[T],
+    cos: &[T],
+    sin: &[T],
+    (b, t, h, d): (usize, usize, usize, usize),
+) -> Vec<T> {
+    let half = d / 2;
+    let mut out = vec![T::zero(); g.len()];
+    debug_assert_eq!(g.len(), b * t * h * d);
+    // One unit per (batch, position): H rows of d.
+    let items: Vec<&mut [T]> = out.chunks_mut(h * d).collect();
+    par_each(items, |unit, dst| {
+        let (bi, ti) = (unit / t, unit % t);
+        let tab = (bi * t + ti) * d;
+        let (c, s) = (&cos[tab..tab + d], &sin[tab..tab + d]);
+        for hi in 0..h {
+            let bhtd = ((bi * h + hi) * t + ti) * d;
+            let gy = &g[bhtd..bhtd + d];
+            let dx = &mut dst[hi * d..(hi + 1) * d];
+            for i in 0..half {
+                let (g1, g2) = (gy[i], gy[i + half]);
+                dx[i] = g1 * c[i] + g2 * s[i + half];
+                dx[i + half] = g2 * c[i + half] - g1 * s[i];
+            }
+        }
+    });
+    out
+}
+
+impl CustomOp3 for RopeOp {
+    fn name(&self) -> &'static str {
+        "grpo-rope-to-heads"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (b, t, h, d) = l1.shape().dims4()?;
+        let dims = (b, t, h, d);
+        let out = match s1.dtype() {
+            DType::F32 => CpuStorage::F32(rope_apply(
+                contiguous_slice::<f32>(s1, l1, "rope")?,
+                contiguous_slice::<f32>(s2, l2, "rope")?,
+                contiguous_slice::<f32>(s3, l3, "rope")?,
+                dims,
+            )),
+            DType::F64 => CpuStorage::F64(rope_apply(
+                contiguous_slice::<f64>(s1, l1, "rope")?,
+                contiguous_slice::<f64>(s2, l2, "rope")?,
+                contiguous_slice::<f64>(s3, l3, "rope")?,
+                dims,
+            )),
+            other => candle_core::bail!("rope: fused path takes f32 or f64, not {other:?}"),
+        };
+        Ok((out, Shape::from((b, h, t, d))))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        _res: &Tensor,
+        g: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        fn run<T: WithDType + Float>(
+            x: &Tensor,
+            cos: &Tensor,
+            sin: &Tensor,
+            g: &Tensor,
+        ) -> candle_core::Result<Tensor> {
+            let dims = x.dims4()?;
+            let dx = with_cpu::<T, _>(g, |gs| {
+                with_cpu::<T, _>(cos, |c| {
+                    with_cpu::<T, _>(sin, |s| Ok(rope_backward(gs, c, s, dims)))
+                })
+            })?;
+            Tensor::from_vec(dx, x.shape(), x.device())
+        }
+        let g = g.to_dtype(x.dtype())?;
+        let dx = match x.dtype() {
+            DType::F32 => run::<f32>(x, cos, sin, &g)?,
+            _ => run::<f64>(x, cos, sin, &g)?,
+        };
+        Ok((Some(dx), None, None))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// SwiGLU
+
+/// `silu(gate) * up` for tensors of one shape. Fused on the CPU in f32/f64 (gradients to both);
+/// elsewhere candle's `silu` and a product.
+pub fn swiglu(gate: &Tensor, up: &Tensor) -> candle_core::Result<Tensor> {
+    if gate.dims() != up.dims() {
+        candle_core::bail!(
+            "swiglu: gate {:?} and up {:?} differ",
+            gate.dims(),
+            up.dims()
+        );
+    }
+    if fusable(gate) && up.dtype() == gate.dtype() {
+        return gate.contiguous()?.apply_op2(&up.contiguous()?, SwigluOp);
+    }
+    gate.silu()? * up
+}
+
+struct SwigluOp;
+
+fn sigmoid<T: Float>(x: T) -> T {
+    T::one() / (T::one() + (-x).exp())
+}
+
+fn swiglu_fwd<T: WithDType + Float>(g: &[T], u: &[T]) -> Vec<T> {
+    let mut out = vec![T::zero(); g.len()];
+    let items: Vec<_> = g
+        .chunks(UNIT_ELEMS)
+        .zip(u.chunks(UNIT_ELEMS))
+        .zip(out.chunks_mut(UNIT_ELEMS))
+        .collect();
+    par_each(items, |_, ((gs, us), ys)| {
+        for ((y, &gv), &uv) in ys.iter_mut().zip(gs).zip(us) {
+            *y = gv * sigmoid(gv) * uv;
+        }
+    });
+    out
+}
+
+fn swiglu_bwd<T: WithDType + Float>(g: &[T], u: &[T], dy: &[T]) -> (Vec<T>, Vec<T>) {
+    let mut dg = vec![T::zero(); g.len()];
+    let mut du = vec![T::zero(); g.len()];
+    let items: Vec<_> = g
+        .chunks(UNIT_ELEMS)
+        .zip(u.chunks(UNIT_ELEMS))
+        .zip(dy.chunks(UNIT_ELEMS))
+        .zip(dg.chunks_mut(UNIT_ELEMS).zip(du.chunks_mut(UNIT_ELEMS)))
+        .collect();
+    par_each(items, |_, (((gs, us), dys), (dgs, dus))| {
+        for ((((&gv, &uv), &d), dgv), duv) in gs
+            .iter()
+            .zip(us)
+            .zip(dys)
+            .zip(dgs.iter_mut())
+            .zip(dus.iter_mut())
+        {
+            let s = sigmoid(gv);
+            let silu = gv * s;
+            *duv = d * silu;
+            *dgv = d * uv * s * (T::one() + gv * (T::one() - s));
+        }
+    });
+    (dg, du)
+}
+
+impl CustomOp2 for SwigluOp {
+    fn name(&self) -> &'static str {
+        "grpo-swiglu"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let out = match s1.dtype() {
+            DType::F32 => CpuStorage::F32(swiglu_fwd(
+                contiguous_slice::<f32>(s1, l1, "swiglu")?,
+                contiguous_slice::<f32>(s2, l2, "swiglu")?,
+            )),
+            DType::F64 => CpuStorage::F64(swiglu_fwd(
+                contiguous_slice::<f64>(s1, l1, "swiglu")?,
+                contiguous_slice::<f64>(s2, l2, "swiglu")?,
+            )),
+            other => candle_core::bail!("swiglu: fused path takes f32 or f64, not {other:?}"),
+        };
+        Ok((out, l1.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        gate: &Tensor,
+        up: &Tensor,
+        _res: &Tensor,
+        dy: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+        fn run<T: WithDType + Float>(
+            gate: &Tensor,
+            up: &Tensor,
+            dy: &Tensor,
+        ) -> candle_core::Result<(Tensor, Tensor)> {
+            let (dg, du) = with_cpu::<T, _>(gate, |g| {
+                with_cpu::<T, _>(up, |u| with_cpu::<T, _>(dy, |d| Ok(swiglu_bwd(g, u, d))))
+            })?;
+            Ok((
+                Tensor::from_vec(dg, gate.shape(), gate.device())?,
+                Tensor::from_vec(du, up.shape(), up.device())?,
+            ))
+        }
+        let dy = dy.to_dtype(gate.dtype())?;
+        let (dg, du) = match gate.dtype() {
+            DType::F32 => run::<f32>(gate, up, &dy)?,
+            _ => run::<f64>(gate, up, &dy)?,
+        };
+        Ok((Some(dg), Some(du)))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Causal attention
+
+/// Causal grouped-query attention of full sequences (no cache, no padding): `q` is
+/// `[B, heads, T, d]`, `k` and `v` are `[B, kv_heads, T, d]`, query head `h` reads key/value head
+/// `h / (heads / kv_heads)`, and position `i` attends to positions `0..=i`. Returns
+/// `[B, T, heads * d]` (the layout the output projection reads), with gradients to `q`, `k`, `v`.
+///
+/// Fused on the CPU in f32/f64 with memory linear in `T` (see the module docs); elsewhere the
+/// primitives with a materialised mask and softmax.
+pub fn causal_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    scale: f64,
+) -> candle_core::Result<Tensor> {
+    causal_attention_blocked(q, k, v, scale, ATTENTION_BLOCK_ELEMS)
+}
+
+/// [`causal_attention`] with a given block size (tests use small blocks to cover the splits).
+pub(crate) fn causal_attention_blocked(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    scale: f64,
+    block_elems: usize,
+) -> candle_core::Result<Tensor> {
+    let (b, nh, t, d) = q.dims4()?;
+    let (kb, kvh, kt, kd) = k.dims4()?;
+    if (kb, kt, kd) != (b, t, d) || v.dims() != k.dims() || kvh == 0 || nh % kvh != 0 {
+        candle_core::bail!(
+            "causal_attention: q {:?}, k {:?}, v {:?} are not [B, H, T, d] and [B, KV, T, d] with KV dividing H",
+            q.dims(),
+            k.dims(),
+            v.dims()
+        );
+    }
+    if fusable(q) && k.dtype() == q.dtype() && v.dtype() == q.dtype() {
+        let op = AttentionOp {
+            shape: AttnShape {
+                b,
+                nh,
+                kvh,
+                t,
+                d,
+                scale,
+            },
+            block_elems: block_elems.max(1),
+            lse: OnceLock::new(),
+        };
+        return q
+            .contiguous()?
+            .apply_op3(&k.contiguous()?, &v.contiguous()?, op);
+    }
+    causal_attention_primitive(q, k, v, scale)
+}
+
+/// The reference path: scores, additive causal mask, softmax, weighted sum; `O(T^2)` memory.
+pub fn causal_attention_primitive(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    scale: f64,
+) -> candle_core::Result<Tensor> {
+    let (b, nh, t, d) = q.dims4()?;
+    let kvh = k.dim(1)?;
+    let groups = nh / kvh;
+    let work = if q.dtype() == DType::F64 {
+        DType::F64
+    } else {
+        DType::F32
+    };
+    let qs = (q * scale)?.reshape((b, kvh, groups * t, d))?;
+    let scores = qs.matmul(&k.t()?)?.to_dtype(work)?;
+    let scores = scores.reshape((b, kvh, groups, t, t))?;
+    let mask: Vec<f32> = (0..t)
+        .flat_map(|i| (0..t).map(move |j| if j <= i { 0.0 } else { -1.0e9 }))
+        .collect();
+    let mask = Tensor::from_vec(mask, (1, 1, 1, t, t), q.device())?.to_dtype(work)?;
+    let probs = crate::model::softmax_last_dim(&scores.broadcast_add(&mask)?)
+        .map_err(candle_core::Error::wrap)?
+        .to_dtype(q.dtype())?;
+    let out = probs.reshape((b, kvh, groups * t, t))?.matmul(v)?;
+    out.reshape((b, nh, t, d))?
+        .transpose(1, 2)?
+        .reshape((b, t, nh * d))
+}
+
+#[derive(Debug, Clone, Copy)]
+struct AttnShape {
+    b: usize,
+    nh: usize,
+    kvh: usize,
+    t: usize,
+    d: usize,
+    scale: f64,
+}
+
+/// Query positions per block: a block's keys stop at its last query, so smaller blocks skip
+/// more of the masked upper triangle (64: 62.5% of the full square at T = 256) at the cost of
+/// more, smaller matmuls.
+const QUERY_BLOCK: usize = 64;
+
+impl AttnShape {
+    fn groups(&self) -> usize {
+        self.nh / self.kvh
+    }
+
+    /// Query rows per item: the `groups` heads sharing a key/value head, stacked.
+    fn rows(&self) -> usize {
+        self.groups() * self.t
+    }
+
+    /// Items: (batch, key/value head) pairs.
+    fn items(&self) -> usize {
+        self.b * self.kvh
+    }
+
+    /// Scores blocks: for each run of items that fits in `budget`, each query head of the group
+    /// and each run of [`QUERY_BLOCK`] positions.
+    fn blocks(&self, budget: usize) -> Vec<Block> {
+        let qb = QUERY_BLOCK.min(self.t).max(1);
+        let per = (budget / (qb * self.t)).max(1);
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < self.items() {
+            let n = per.min(self.items() - i);
+            for group in 0..self.groups() {
+                let mut t0 = 0;
+                while t0 < self.t {
+                    let t1 = (t0 + qb).min(self.t);
+                    out.push(Block {
+                        item0: i,
+                        items: n,
+                        group,
+                        t0,
+                        t1,
+                    });
+                    t0 = t1;
+                }
+            }
+            i += n;
+        }
+        out
+    }
+
+    /// Index in `[B, T, heads * d]` of stacked row `r` of item `item`.
+    fn out_row(&self, item: usize, r: usize) -> usize {
+        let (bi, kv) = (item / self.kvh, item % self.kvh);
+        let (g, ti) = (r / self.t, r % self.t);
+        let head = kv * self.groups() + g;
+        ((bi * self.t + ti) * self.nh + head) * self.d
+    }
+}
+
+/// Queries at positions `t0..t1` of head `group` of items `item0..item0 + items`, against keys
+/// `0..t1`.
+#[derive(Debug, Clone, Copy)]
+struct Block {
+    item0: usize,
+    items: usize,
+    group: usize,
+    t0: usize,
+    t1: usize,
+}
+
+impl Block {
+    /// Query rows per item.
+    fn qb(&self) -> usize {
+        self.t1 - self.t0
+    }
+
+    /// Block row `i`: its item, its stacked row within the item, and its position.
+    fn row(&self, sh: &AttnShape, i: usize) -> (usize, usize, usize) {
+        let item = self.item0 + i / self.qb();
+        let pos = self.t0 + i % self.qb();
+        (item, self.group * sh.t + pos, pos)
+    }
+
+    /// Layout of the block's query rows in a `[items, rows, d]` buffer starting at `start`.
+    fn q_layout(&self, sh: &AttnShape, start: usize) -> Layout {
+        let d = sh.d;
+        Layout::new(
+            Shape::from((self.items, self.qb(), d)),
+            vec![sh.rows() * d, d, 1],
+            start + (self.item0 * sh.rows() + self.group * sh.t + self.t0) * d,
+        )
+    }
+
+    /// Layout of keys (or values) `0..t1` in a `[items, T, d]` buffer starting at `start`,
+    /// transposed to `[items, d, t1]` when `transposed`.
+    fn kv_layout(&self, sh: &AttnShape, start: usize, transposed: bool) -> Layout {
+        let (t, d) = (sh.t, sh.d);
+        let offset = start + self.item0 * t * d;
+        if transposed {
+            Layout::new(
+                Shape::from((self.items, d, self.t1)),
+                vec![t * d, 1, d],
+                offset,
+            )
+        } else {
+            Layout::new(
+                Shape::from((self.items, self.t1, d)),
+                vec![t * d, d, 1],
+                offset,
+            )
+        }
+    }
+
+    /// Layout of the block's `[items, qb, t1]` scores, or their transpose.
+    fn scores_layout(&self, transposed: bool) -> Layout {
+        let (qb, t1) = (self.qb(), self.t1);
+        if transposed {
+            Layout::new(Shape::from((self.items, t1, qb)), vec![qb * t1, 1, t1], 0)
+        } else {
+            Layout::contiguous((self.items, qb, t1))
+        }
+    }
+
+    /// Adds a `[items, t1, d]` block result into the first `t1` rows of each item of a
+    /// `[items, T, d]` accumulator.
+    fn add_kv<T: WithDType + Float>(
+        &self,
+        sh: &AttnShape,
+        acc: &mut [T],
+        src: &CpuStorage,
+    ) -> candle_core::Result<()> {
+        let src = T::cpu_storage_as_slice(src)?;
+        let (t, d) = (sh.t, sh.d);
+        for (i, part) in src.chunks_exact(self.t1 * d).enumerate() {
+            let at = (self.item0 + i) * t * d;
+            for (a, &b) in acc[at..at + self.t1 * d].iter_mut().zip(part) {
+                *a += b;
+            }
+        }
+        Ok(())
+    }
+}
+
+struct AttentionOp {
+    shape: AttnShape,
+    block_elems: usize,
+    /// Log-sum-exp of every stacked query row (`items x rows`), kept by the forward for the
+    /// backward.
+    lse: OnceLock<CpuStorage>,
+}
+
+fn attention_fwd<T: WithDType + Float + FastExp>(
+    sh: &AttnShape,
+    budget: usize,
+    (q, ql): (&CpuStorage, &Layout),
+    (k, kl): (&CpuStorage, &Layout),
+    (v, vl): (&CpuStorage, &Layout),
+) -> candle_core::Result<(Vec<T>, Vec<T>)> {
+    let (d, rows) = (sh.d, sh.rows());
+    let scale = T::from(sh.scale).unwrap_or_else(T::one);
+    let mut out = vec![T::zero(); sh.b * sh.t * sh.nh * d];
+    let mut lse = vec![T::zero(); sh.items() * rows];
+    for blk in sh.blocks(budget) {
+        let (qb, t1) = (blk.qb(), blk.t1);
+        let s = q.matmul(
+            k,
+            (blk.items, qb, t1, d),
+            &blk.q_layout(sh, ql.start_offset()),
+            &blk.kv_layout(sh, kl.start_offset(), true),
+        )?;
+        let mut p: Vec<T> = T::cpu_storage_data(s)?;
+        let mut block_lse = vec![T::zero(); blk.items * qb];
+        let per = rows_per_unit(t1);
+        let items: Vec<_> = p
+            .chunks_mut(per * t1)
+            .zip(block_lse.chunks_mut(per))
+            .collect();
+        par_each(items, |unit, (ps, ls)| {
+            for (j, (row, l)) in ps.chunks_exact_mut(t1).zip(ls.iter_mut()).enumerate() {
+                let (_, _, pos) = blk.row(sh, unit * per + j);
+                *l = softmax_causal_row(row, pos, scale);
+            }
+        });
+        let p = T::to_cpu_storage_owned(p);
+        let o = p.matmul(
+            v,
+            (blk.items, qb, d, t1),
+            &blk.scores_layout(false),
+            &blk.kv_layout(sh, vl.start_offset(), false),
+        )?;
+        let o = T::cpu_storage_as_slice(&o)?;
+        for (i, (src, &l)) in o.chunks_exact(d).zip(&block_lse).enumerate() {
+            let (item, r, _) = blk.row(sh, i);
+            let at = sh.out_row(item, r);
+            out[at..at + d].copy_from_slice(src);
+            lse[item * rows + r] = l;
+        }
+    }
+    Ok((out, lse))
+}
+
+/// Scales the row, applies the causal mask (`pos + 1` visible entries), turns it into
+/// probabilities in place and returns its log-sum-exp.
+fn softmax_causal_row<T: Float + FastExp>(row: &mut [T], pos: usize, scale: T) -> T {
+    let (vis, hidden) = row.split_at_mut(pos + 1);
+    for x in vis.iter_mut() {
+        *x = *x * scale;
+    }
+    let m = max_of(vis);
+    let mut sum = T::zero();
+    for x in vis.iter_mut() {
+        *x = (*x - m).fast_exp();
+    }
+    for &x in vis.iter() {
+        sum = sum + x;
+    }
+    let inv = T::one() / sum;
+    for x in vis.iter_mut() {
+        *x = *x * inv;
+    }
+    hidden.fill(T::zero());
+    m + sum.ln()
+}
+
+/// Maximum of a non-empty slice, in eight independent lanes so that it vectorises.
+fn max_of<T: Float>(xs: &[T]) -> T {
+    let mut lanes = [T::neg_infinity(); 8];
+    let mut chunks = xs.chunks_exact(8);
+    for c in &mut chunks {
+        for (l, &x) in lanes.iter_mut().zip(c) {
+            *l = if x > *l { x } else { *l };
+        }
+    }
+    let mut m = T::neg_infinity();
+    for &x in lanes.iter().chain(chunks.remainder()) {
+        m = if x > m { x } else { m };
+    }
+    m
+}
+
+#[allow(clippy::too_many_arguments)]
+fn attention_bwd<T: WithDType + Float + FastExp>(
+    sh: &AttnShape,
+    budget: usize,
+    (q, ql): (&CpuStorage, &Layout),
+    (k, kl): (&CpuStorage, &Layout),
+    (v, vl): (&CpuStorage, &Layout),
+    out: &[T],
+    grad: &[T],
+    lse: &[T],
+) -> candle_core::Result<(Vec<T>, Vec<T>, Vec<T>)> {
+    let (t, d, rows) = (sh.t, sh.d, sh.rows());
+    let scale = T::from(sh.scale).unwrap_or_else(T::one);
+    // Upstream gradient in the stacked layout [items, rows, d], and D = rowsum(dO * O).
+    let mut dos = vec![T::zero(); sh.items() * rows * d];
+    let mut dsum = vec![T::zero(); sh.items() * rows];
+    for (i, (dst, ds)) in dos.chunks_exact_mut(d).zip(dsum.iter_mut()).enumerate() {
+        let at = sh.out_row(i / rows, i % rows);
+        dst.copy_from_slice(&grad[at..at + d]);
+        *ds = dst
+            .iter()
+            .zip(&out[at..at + d])
+            .fold(T::zero(), |a, (&x, &y)| a + x * y);
+    }
+    let dos = T::to_cpu_storage_owned(dos);
+    let mut dq = vec![T::zero(); sh.items() * rows * d];
+    let mut dk = vec![T::zero(); sh.items() * t * d];
+    let mut dv = vec![T::zero(); sh.items() * t * d];
+    for blk in sh.blocks(budget) {
+        let (qb, t1) = (blk.qb(), blk.t1);
+        let q_lay = blk.q_layout(sh, ql.start_offset());
+        let do_lay = blk.q_layout(sh, 0);
+        let per = rows_per_unit(t1);
+        // Per block row: log-sum-exp and D.
+        let (row_lse, row_d): (Vec<T>, Vec<T>) = (0..blk.items * qb)
+            .map(|i| {
+                let (item, r, _) = blk.row(sh, i);
+                (lse[item * rows + r], dsum[item * rows + r])
+            })
+            .unzip();
+
+        // Probabilities, recomputed from the saved log-sum-exp.
+        let s = q.matmul(
+            k,
+            (blk.items, qb, t1, d),
+            &q_lay,
+            &blk.kv_layout(sh, kl.start_offset(), true),
+        )?;
+        let mut p: Vec<T> = T::cpu_storage_data(s)?;
+        let items: Vec<_> = p.chunks_mut(per * t1).zip(row_lse.chunks(per)).collect();
+        par_each(items, |unit, (ps, ls)| {
+            for (j, (row, &l)) in ps.chunks_exact_mut(t1).zip(ls).enumerate() {
+                let (_, _, pos) = blk.row(sh, unit * per + j);
+                let (vis, hidden) = row.split_at_mut(pos + 1);
+                for x in vis.iter_mut() {
+                    *x = (*x * scale - l).fast_exp();
+                }
+                hidden.fill(T::zero());
+            }
+        });
+        let p = T::to_cpu_storage_owned(p);
+        // dV += P^T dO.
+        let dv_blk = p.matmul(
+            &dos,
+            (blk.items, t1, d, qb),
+            &blk.scores_layout(true),
+            &do_lay,
+        )?;
+        blk.add_kv(sh, &mut dv, &dv_blk)?;
+        // dS = P * (dO V^T - D) * scale.
+        let dp = dos.matmul(
+            v,
+            (blk.items, qb, t1, d),
+            &do_lay,
+            &blk.kv_layout(sh, vl.start_offset(), true),
+        )?;
+        let mut ds: Vec<T> = T::cpu_storage_data(dp)?;
+        {
+            let p = T::cpu_storage_as_slice(&p)?;
+            let items: Vec<_> = ds
+                .chunks_mut(per * t1)
+                .zip(p.chunks(per * t1))
+                .zip(row_d.chunks(per))
+                .collect();
+            par_each(items, |_, ((dss, ps), dd)| {
+                for ((row, prow), &dr) in dss.chunks_exact_mut(t1).zip(ps.chunks_exact(t1)).zip(dd)
+                {
+                    for (x, &pv) in row.iter_mut().zip(prow) {
+                        *x = pv * (*x - dr) * scale;
+                    }
+                }
+            });
+        }
+        drop(p);
+        let ds = T::to_cpu_storage_owned(ds);
+        // dQ = dS K, dK += dS^T Q.
+        let dq_blk = ds.matmul(
+            k,
+            (blk.items, qb, d, t1),
+            &blk.scores_layout(false),
+            &blk.kv_layout(sh, kl.start_offset(), false),
+        )?;
+        for (i, src) in T::cpu_storage_as_slice(&dq_blk)?
+            .chunks_exact(d)
+            .enumerate()
+        {
+            let (item, r, _) = blk.row(sh, i);
+            let at = (item * rows + r) * d;
+            dq[at..at + d].copy_from_slice(src);
+        }
+        let dk_blk = ds.matmul(q, (blk.items, t1, d, qb), &blk.scores_layout(true), &q_lay)?;
+        blk.add_kv(sh, &mut dk, &dk_blk)?;
+    }
+    Ok((dq, dk, dv))
+}
+
+/// `exp`, vectorisable where it matters: for f32 a polynomial with no library call (relative
+/// error about 2e-7, inputs below -87 flush towards zero), for f64 the standard `exp`.
+pub(crate) trait FastExp: Copy {
+    /// `e^self`.
+    fn fast_exp(self) -> Self;
+}
+
+impl FastExp for f64 {
+    #[inline]
+    fn fast_exp(self) -> f64 {
+        self.exp()
+    }
+}
+
+impl FastExp for f32 {
+    #[inline]
+    fn fast_exp(self) -> f32 {
+        // e^x = 2^n e^r with n = round(x log2 e) and |r| <= ln 2 / 2; e^r by its Taylor series to
+        // degree 7 (truncation error below 2e-8 relative on that interval).
+        const LOG2E: f32 = std::f32::consts::LOG2_E;
+        const LN2_HI: f32 = 0.693_145_75;
+        const LN2_LO: f32 = 1.428_606_8e-6;
+        // Adding and subtracting 1.5 * 2^23 rounds to the nearest integer without a libm call.
+        const ROUND: f32 = 12_582_912.0;
+        let x = self.clamp(-87.0, 88.0);
+        let n = (x * LOG2E + ROUND) - ROUND;
+        let r = (x - n * LN2_HI) - n * LN2_LO;
+        let p = 1.0
+            + r * (1.0
+                + r * (0.5
+                    + r * (1.0 / 6.0
+                        + r * (1.0 / 24.0
+                            + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r * (1.0 / 5040.0)))))));
+        let bits = ((n as i32 + 127) as u32) << 23;
+        p * f32::from_bits(bits)
+    }
+}
+
+impl CustomOp3 for AttentionOp {
+    fn name(&self) -> &'static str {
+        "grpo-causal-attention"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        for l in [l1, l2, l3] {
+            if !l.is_contiguous() {
+                candle_core::bail!("causal_attention: inputs must be contiguous");
+            }
+        }
+        let sh = &self.shape;
+        let args = ((s1, l1), (s2, l2), (s3, l3));
+        let (out, lse) = match s1.dtype() {
+            DType::F32 => {
+                let (o, l) = attention_fwd::<f32>(sh, self.block_elems, args.0, args.1, args.2)?;
+                (CpuStorage::F32(o), CpuStorage::F32(l))
+            }
+            DType::F64 => {
+                let (o, l) = attention_fwd::<f64>(sh, self.block_elems, args.0, args.1, args.2)?;
+                (CpuStorage::F64(o), CpuStorage::F64(l))
+            }
+            other => {
+                candle_core::bail!("causal_attention: fused path takes f32 or f64, not {other:?}")
+            }
+        };
+        // A second forward through the same op value (not done by candle) keeps the first lse.
+        let _ = self.lse.set(lse);
+        Ok((out, Shape::from((sh.b, sh.t, sh.nh * sh.d))))
+    }
+
+    fn bwd(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        res: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let Some(lse) = self.lse.get() else {
+            candle_core::bail!("causal_attention: backward before forward")
+        };
+        let grad = grad.to_dtype(q.dtype())?.contiguous()?;
+        let (qs, ql) = q.storage_and_layout();
+        let (ks, kl) = k.storage_and_layout();
+        let (vs, vl) = v.storage_and_layout();
+        let (Storage::Cpu(qs), Storage::Cpu(ks), Storage::Cpu(vs)) = (&*qs, &*ks, &*vs) else {
+            candle_core::bail!("causal_attention: fused backward runs on the cpu")
+        };
+        let sh = &self.shape;
+        let budget = self.block_elems;
+        #[allow(clippy::too_many_arguments)]
+        fn run<T: WithDType + Float + FastExp>(
+            sh: &AttnShape,
+            budget: usize,
+            q: (&CpuStorage, &Layout),
+            k: (&CpuStorage, &Layout),
+            v: (&CpuStorage, &Layout),
+            res: &Tensor,
+            grad: &Tensor,
+            lse: &CpuStorage,
+        ) -> candle_core::Result<(Vec<T>, Vec<T>, Vec<T>)> {
+            with_cpu::<T, _>(res, |o| {
+                with_cpu::<T, _>(grad, |g| {
+                    attention_bwd(sh, budget, q, k, v, o, g, T::cpu_storage_as_slice(lse)?)
+                })
+            })
+        }
+        let (q_arg, k_arg, v_arg) = ((qs, ql), (ks, kl), (vs, vl));
+        let dev = q.device();
+        let (dq, dk, dv) = match q.dtype() {
+            DType::F32 => {
+                let (a, b, c) = run::<f32>(sh, budget, q_arg, k_arg, v_arg, res, &grad, lse)?;
+                (
+                    Tensor::from_vec(a, q.shape(), dev)?,
+                    Tensor::from_vec(b, k.shape(), dev)?,
+                    Tensor::from_vec(c, v.shape(), dev)?,
+                )
+            }
+            _ => {
+                let (a, b, c) = run::<f64>(sh, budget, q_arg, k_arg, v_arg, res, &grad, lse)?;
+                (
+                    Tensor::from_vec(a, q.shape(), dev)?,
+                    Tensor::from_vec(b, k.shape(), dev)?,
+                    Tensor::from_vec(c, v.shape(), dev)?,
+                )
+            }
+        };
+        Ok((Some(dq), Some(dk), Some(dv)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{Device, Var};
+    use rand::{Rng, SeedableRng};
+
+    fn random(shape: &[usize], dtype: DType, seed: u64) -> Var {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        let n: usize = shape.iter().product();
+        let data: Vec<f64> = (0..n).map(|_| rng.gen_range(-1.5..1.5)).collect();
+        let t = Tensor::from_vec(data, shape, &Device::Cpu).unwrap();
+        Var::from_tensor(&t.to_dtype(dtype).unwrap()).unwrap()
+    }
+
+    fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
+        assert_eq!(a.dims(), b.dims());
+        (a.to_dtype(DType::F64).unwrap() - b.to_dtype(DType::F64).unwrap())
+            .unwrap()
+            .abs()
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .max(0)
+            .unwrap()
+            .to_scalar::<f64>()
+            .unwrap()
+    }
+
+    /// Value and gradients (to every var) of `sum(f(vars) * r)` for a fixed random `r`.
+    fn value_and_grads(
+        vars: &[&Var],
+        f: impl Fn(&[Tensor]) -> Tensor,
+        seed: u64,
+    ) -> (Tensor, Vec<Tensor>) {
+        let ts: Vec<Tensor> = vars.iter().map(|v| v.as_tensor().clone()).collect();
+        let y = f(&ts);
+        let r = random(y.dims(), y.dtype(), seed);
+        let loss = (&y * r.as_tensor()).unwrap().sum_all().unwrap();
+        let grads = loss.backward().unwrap();
+        let gs = vars
+            .iter()
+            .map(|v| grads.get(v.as_tensor()).expect("a gradient").clone())
+            .collect();
+        (y, gs)
+    }
+
+    fn check(
+        vars: &[&Var],
+        fused: impl Fn(&[Tensor]) -> Tensor,
+        reference: impl Fn(&[Tensor]) -> Tensor,
+        tol: f64,
+    ) {
+        let (y1, g1) = value_and_grads(vars, fused, 99);
+        let (y2, g2) = value_and_grads(vars, reference, 99);
+        let d = max_diff(&y1, &y2);
+        assert!(d <= tol, "value differs by {d}");
+        for (i, (a, b)) in g1.iter().zip(&g2).enumerate() {
+            let d = max_diff(a, b);
+            assert!(d <= tol, "gradient {i} differs by {d}");
+        }
+    }
+
+    #[test]
+    fn rms_norm_matches_primitives() {
+        for (dtype, tol) in [(DType::F64, 1e-12), (DType::F32, 2e-5)] {
+            let x = random(&[3, 5, 24], dtype, 1);
+            let w = random(&[24], dtype, 2);
+            check(
+                &[&x, &w],
+                |t| rms_norm(&t[0], &t[1], 1e-6).unwrap(),
+                |t| crate::model::rms_norm_primitive(&t[0], &t[1], 1e-6).unwrap(),
+                tol,
+            );
+        }
+    }
+
+    #[test]
+    fn rope_to_heads_matches_transpose_and_primitives() {
+        for (dtype, tol) in [(DType::F64, 1e-12), (DType::F32, 1e-5)] {
+            let x = random(&[2, 5, 3, 8], dtype, 3);
+            let cos = random(&[2, 1, 5, 8], dtype, 4).as_tensor().clone();
+            let sin = random(&[2, 1, 5, 8], dtype, 5).as_tensor().clone();
+            check(
+                &[&x],
+                |t| rope_to_heads(&t[0], &cos, &sin).unwrap(),
+                |t| {
+                    let xt = t[0].transpose(1, 2).unwrap().contiguous().unwrap();
+                    crate::model::rope(&xt, &cos, &sin).unwrap()
+                },
+                tol,
+            );
+        }
+    }
+
+    #[test]
+    fn swiglu_matches_silu_times_up() {
+        for (dtype, tol) in [(DType::F64, 1e-12), (DType::F32, 1e-5)] {
+            let g = random(&[4, 7, 33], dtype, 6);
+            let u = random(&[4, 7, 33], dtype, 7);
+            check(
+                &[&g, &u],
+                |t| swiglu(&t[0], &t[1]).unwrap(),
+                |t| (t[0].silu().unwrap() * &t[1]).unwrap(),
+                tol,
+            );
+        }
+    }
+
+    #[test]
+    fn causal_attention_matches_primitives_for_every_block_split() {
+        // (batch, heads, kv heads, T, d); T = 150 spans three query blocks.
+        for (b, nh, kvh, t, d) in [
+            (2, 4, 2, 7, 8),
+            (1, 3, 3, 5, 4),
+            (2, 2, 1, 1, 6),
+            (2, 2, 1, 150, 4),
+        ] {
+            // Every item in one run, and one item per run.
+            for budget in [1 << 24, 1] {
+                for (dtype, tol) in [(DType::F64, 1e-12), (DType::F32, 2e-5)] {
+                    let q = random(&[b, nh, t, d], dtype, 11);
+                    let k = random(&[b, kvh, t, d], dtype, 12);
+                    let v = random(&[b, kvh, t, d], dtype, 13);
+                    let scale = 1.0 / (d as f64).sqrt();
+                    check(
+                        &[&q, &k, &v],
+                        |x| causal_attention_blocked(&x[0], &x[1], &x[2], scale, budget).unwrap(),
+                        |x| causal_attention_primitive(&x[0], &x[1], &x[2], scale).unwrap(),
+                        tol,
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn attention_blocks_cover_every_row_once_and_stop_at_their_last_query() {
+        for t in [1, 5, 64, 65, 200] {
+            let sh = AttnShape {
+                b: 3,
+                nh: 4,
+                kvh: 2,
+                t,
+                d: 2,
+                scale: 1.0,
+            };
+            for budget in [1, 64 * t, 2 * 64 * t, 1 << 30] {
+                let mut seen = vec![0; sh.items() * sh.rows()];
+                for blk in sh.blocks(budget) {
+                    assert!(blk.items >= 1 && blk.qb() >= 1, "{blk:?}");
+                    for i in 0..blk.items * blk.qb() {
+                        let (item, r, pos) = blk.row(&sh, i);
+                        assert!(pos < blk.t1);
+                        seen[item * sh.rows() + r] += 1;
+                    }
+                }
+                assert!(seen.iter().all(|&n| n == 1), "T {t}, budget {budget}");
+            }
+        }
+    }
+
+    #[test]
+    fn fast_exp_is_close_to_exp() {
+        let mut worst = 0f64;
+        let mut x = -80.0f32;
+        while x < 80.0 {
+            let (a, b) = (x.fast_exp() as f64, (x as f64).exp());
+            worst = worst.max((a - b).abs() / b);
+            x += 0.0137;
+        }
+        assert!(worst < 5e-7, "worst relative error {worst}");
+        assert!((-200.0f32).fast_exp() < 1e-37);
+        assert_eq!(0.0f32.fast_exp(), 1.0);
+    }
+
+    #[test]
+    fn bad_shapes_are_refused_with_the_shapes() {
+        let q = Tensor::zeros((1, 3, 4, 2), DType::F32, &Device::Cpu).unwrap();
+        let k = Tensor::zeros((1, 2, 4, 2), DType::F32, &Device::Cpu).unwrap();
+        let err = causal_attention(&q, &k, &k, 1.0).unwrap_err().to_string();
+        assert!(
+            err.contains("[1, 3, 4, 2]") && err.contains("KV dividing H"),
+            "{err}"
+        );
+        let w = Tensor::zeros(3, DType::F32, &Device::Cpu).unwrap();
+        let err = rms_norm(&q, &w, 1e-6).unwrap_err().to_string();
+        assert!(err.contains("expected [2]"), "{err}");
+    }
+}
