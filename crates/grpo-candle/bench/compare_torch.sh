@@ -31,17 +31,21 @@ compare() {
   echo "$theirs"
   # MIMALLOC_PURGE_DELAY=-1: keep freed pages instead of returning them to the OS, which otherwise
   # costs a page fault and a zeroed huge page per re-allocation (about a quarter of a CPU step).
-  ours="$(MIMALLOC_PURGE_DELAY=-1 RAYON_NUM_THREADS=$threads CANDLE_NUM_THREADS=$threads "$bin/bench_train" "$preset" --steps "$steps" 2>/dev/null)"
+  # Headline: the trainer's default CPU mode with candle's elementwise pool off: one micro-batch
+  # per thread, run at once on $threads rayon threads.
+  ours="$(MIMALLOC_PURGE_DELAY=-1 RAYON_NUM_THREADS=$threads CANDLE_NUM_THREADS=1 "$bin/bench_train" "$preset" --steps "$steps" 2>/dev/null)"
   echo "$ours"
-  # Also one thread: on a loaded machine candle's spinning thread pool can lose more than the
-  # second core gains.
+  # Also: one micro-batch with every op split across $threads threads, and a single thread.
+  oursop="$(MIMALLOC_PURGE_DELAY=-1 RAYON_NUM_THREADS=$threads CANDLE_NUM_THREADS=$threads "$bin/bench_train" "$preset" --steps "$steps" 2>/dev/null)"
+  echo "$oursop"
   ours1="$(MIMALLOC_PURGE_DELAY=-1 RAYON_NUM_THREADS=1 CANDLE_NUM_THREADS=1 "$bin/bench_train" "$preset" --steps "$steps" 2>/dev/null)"
   echo "$ours1"
-  python3 - "$ours" "$theirs" "$ours1" <<'PY'
+  python3 - "$ours" "$theirs" "$oursop" "$ours1" <<'PY'
 import json, sys
-o, t, o1 = json.loads(sys.argv[1]), json.loads(sys.argv[2]), json.loads(sys.argv[3])
-print(f"SUMMARY {o['preset']} (1 thread): grpo-candle {o1['tokens_per_s']:.0f} tok/s "
-      f"({o1['step_seconds_median']:.3f} s/step): ratio to torch (2 threads) {o1['tokens_per_s']/t['tokens_per_s']:.2f}x")
+o, t, op, o1 = (json.loads(a) for a in sys.argv[1:5])
+for label, r in (("ops split across threads", op), ("1 thread", o1)):
+    print(f"SUMMARY {o['preset']} ({label}): grpo-candle {r['tokens_per_s']:.0f} tok/s "
+          f"({r['step_seconds_median']:.3f} s/step): ratio to torch {r['tokens_per_s']/t['tokens_per_s']:.2f}x")
 print(f"SUMMARY {o['preset']}: grpo-candle {o['tokens_per_s']:.0f} tok/s ({o['step_seconds_median']:.3f} s/step, "
       f"peak {o['peak_rss_bytes']/2**20:.0f} MiB) vs torch {t['tokens_per_s']:.0f} tok/s "
       f"({t['step_seconds_median']:.3f} s/step, peak {t['peak_rss_bytes']/2**20:.0f} MiB): "

@@ -8,6 +8,10 @@
 //!     --vocab 8000 --batch 4 --seq 512 --dtype bf16 --device cuda
 //! ```
 //!
+//! On the CPU, when the trainer runs micro-batches at once (`--parallel N`; by default when
+//! `CANDLE_NUM_THREADS=1`), the batch is split into one micro-batch per thread
+//! (`--micro-batch-tokens` overrides); otherwise it is one micro-batch.
+//!
 //! Prints one JSON line: tokens/s (training tokens = batch x seq per step, median over the timed
 //! steps), seconds per step, peak resident memory (VmHWM) and, on CUDA, model FLOP utilisation
 //! against a given peak.
@@ -45,6 +49,7 @@ struct Args {
     device: String,
     peak_tflops: f64,
     micro_batch_tokens: Option<usize>,
+    parallel: usize,
 }
 
 fn parse() -> Result<Args> {
@@ -65,6 +70,7 @@ fn parse() -> Result<Args> {
         device: "cpu".into(),
         peak_tflops: 0.0,
         micro_batch_tokens: None,
+        parallel: 0,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -82,6 +88,7 @@ fn parse() -> Result<Args> {
             "--steps" => a.steps = val()?.parse()?,
             "--warmup" => a.warmup = val()?.parse()?,
             "--micro-batch-tokens" => a.micro_batch_tokens = Some(val()?.parse()?),
+            "--parallel" => a.parallel = val()?.parse()?,
             "--peak-tflops" => a.peak_tflops = val()?.parse()?,
             "--device" => a.device = val()?,
             "--dtype" => {
@@ -234,10 +241,24 @@ fn main() -> Result<()> {
             decay: DecayKind::Constant,
             min_lr_ratio: 1.0,
         },
-        micro_batch_tokens: a.micro_batch_tokens.unwrap_or(tokens_per_step),
+        // On the CPU, one micro-batch per thread by default, run at once.
+        micro_batch_tokens: a.micro_batch_tokens.unwrap_or(
+            if a.device == "cpu"
+                && (a.parallel > 1
+                    || (a.parallel == 0 && candle_core::utils::barrier_pool().n_workers() == 0))
+            {
+                a.seq
+                    * a.batch
+                        .div_ceil(candle_core::utils::get_num_threads().max(1))
+            } else {
+                tokens_per_step
+            },
+        ),
+        parallel_micro_batches: a.parallel,
         logprob: LogProbConfig::default(),
         ..TrainerConfig::default()
     };
+    let tcfg_micro = tcfg.micro_batch_tokens;
     let mut trainer = Trainer::new(&model, tcfg)?;
     let mut times = Vec::new();
     let mut cpu_times = Vec::new();
@@ -289,6 +310,8 @@ fn main() -> Result<()> {
         "mfu": if a.peak_tflops > 0.0 { achieved_tflops / a.peak_tflops } else { f64::NAN },
         "peak_rss_bytes": vm_hwm_bytes(),
         "threads": candle_core::utils::get_num_threads(),
+        "micro_batch_tokens": tcfg_micro,
+        "parallel_micro_batches": a.parallel,
     });
     println!("{out}");
     Ok(())

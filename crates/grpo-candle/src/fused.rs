@@ -43,8 +43,13 @@ const UNIT_ELEMS: usize = 1 << 14;
 
 /// Runs `f(i, item)` for every item, in parallel on candle's CPU thread pool when there is more
 /// than one item. Items are typically disjoint `&mut` chunks of output buffers.
+/// Inside a rayon worker (the trainer's concurrent micro-batches) it runs inline: the other
+/// cores are busy with the other micro-batches.
 pub(crate) fn par_each<W: Send>(items: Vec<W>, f: impl Fn(usize, W) + Sync) {
-    if items.len() <= 1 || candle_core::utils::get_num_threads() <= 1 {
+    if items.len() <= 1
+        || candle_core::utils::get_num_threads() <= 1
+        || rayon::current_thread_index().is_some()
+    {
         for (i, w) in items.into_iter().enumerate() {
             f(i, w);
         }
@@ -420,11 +425,11 @@ pub fn swiglu(gate: &Tensor, up: &Tensor) -> candle_core::Result<Tensor> {
 
 struct SwigluOp;
 
-fn sigmoid<T: Float>(x: T) -> T {
-    T::one() / (T::one() + (-x).exp())
+fn sigmoid<T: Float + FastExp>(x: T) -> T {
+    T::one() / (T::one() + (-x).fast_exp())
 }
 
-fn swiglu_fwd<T: WithDType + Float>(g: &[T], u: &[T]) -> Vec<T> {
+fn swiglu_fwd<T: WithDType + Float + FastExp>(g: &[T], u: &[T]) -> Vec<T> {
     let mut out = vec![T::zero(); g.len()];
     let items: Vec<_> = g
         .chunks(UNIT_ELEMS)
@@ -439,7 +444,7 @@ fn swiglu_fwd<T: WithDType + Float>(g: &[T], u: &[T]) -> Vec<T> {
     out
 }
 
-fn swiglu_bwd<T: WithDType + Float>(g: &[T], u: &[T], dy: &[T]) -> (Vec<T>, Vec<T>) {
+fn swiglu_bwd<T: WithDType + Float + FastExp>(g: &[T], u: &[T], dy: &[T]) -> (Vec<T>, Vec<T>) {
     let mut dg = vec![T::zero(); g.len()];
     let mut du = vec![T::zero(); g.len()];
     let items: Vec<_> = g
@@ -498,7 +503,7 @@ impl CustomOp2 for SwigluOp {
         _res: &Tensor,
         dy: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
-        fn run<T: WithDType + Float>(
+        fn run<T: WithDType + Float + FastExp>(
             gate: &Tensor,
             up: &Tensor,
             dy: &Tensor,
@@ -825,13 +830,10 @@ fn softmax_causal_row<T: Float + FastExp>(row: &mut [T], pos: usize, scale: T) -
         *x = *x * scale;
     }
     let m = max_of(vis);
-    let mut sum = T::zero();
     for x in vis.iter_mut() {
         *x = (*x - m).fast_exp();
     }
-    for &x in vis.iter() {
-        sum = sum + x;
-    }
+    let sum = sum_of(vis);
     let inv = T::one() / sum;
     for x in vis.iter_mut() {
         *x = *x * inv;
@@ -854,6 +856,21 @@ fn max_of<T: Float>(xs: &[T]) -> T {
         m = if x > m { x } else { m };
     }
     m
+}
+
+/// Sum of a slice, in eight independent lanes so that it vectorises.
+fn sum_of<T: Float>(xs: &[T]) -> T {
+    let mut lanes = [T::zero(); 8];
+    let mut chunks = xs.chunks_exact(8);
+    for c in &mut chunks {
+        for (l, &x) in lanes.iter_mut().zip(c) {
+            *l = *l + x;
+        }
+    }
+    lanes
+        .iter()
+        .chain(chunks.remainder())
+        .fold(T::zero(), |a, &x| a + x)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -1005,8 +1022,10 @@ impl FastExp for f32 {
                     + r * (1.0 / 6.0
                         + r * (1.0 / 24.0
                             + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r * (1.0 / 5040.0)))))));
-        let bits = ((n as i32 + 127) as u32) << 23;
-        p * f32::from_bits(bits)
+        // 2^n from the bits of n + 127 + 2^23, whose low mantissa bits hold the integer n + 127
+        // (in 1..=254 after the clamp): integer-free, so the loop around it vectorises.
+        let biased = (n + (127.0 + 8_388_608.0)).to_bits();
+        p * f32::from_bits(biased << 23)
     }
 }
 

@@ -8,7 +8,8 @@
 //! 2. Advantages per group (Eq. 6); each token's share `1 / (|B| N_x)` of Eq. 15.
 //! 3. The groups are split into `updates_per_step` mini-batches (shuffled with the trainer's RNG
 //!    when more than one). Each mini-batch is one optimizer update, accumulated over micro-batches
-//!    that fit a padded-token budget.
+//!    that fit a padded-token budget; on the CPU several micro-batches run at once, one per
+//!    thread, and their gradients are summed in order.
 //! 4. `pi_old` is the policy before the step. The first update runs on unchanged weights, so its
 //!    old log-probs are the current ones detached and no extra pass is made; later mini-batches get
 //!    theirs from a forward-only pass before the first update.
@@ -39,7 +40,7 @@ use crate::objective::{GrpoConfig, LossStats, TokenTerms, group_advantages, grpo
 /// and computes the chosen tokens' log-probs with the chunked op of [`crate::logprob`], so the
 /// `[tokens, vocab]` tensor never exists. Parameters are candle [`Var`]s the trainer updates in
 /// place; their names are the checkpoint's names (optimizer state is keyed by them).
-pub trait TrainableLm {
+pub trait TrainableLm: Send + Sync {
     /// Final hidden states (after the last norm) for right-padded token ids `[B, T]` (u32):
     /// `[B, T, H]`. Position `t` may only depend on positions `<= t`.
     fn hidden_states(&self, input_ids: &Tensor) -> Result<Tensor>;
@@ -214,6 +215,14 @@ pub struct TrainerConfig {
     /// correction weight of Eq. 16 compares like with like. Default 1.
     #[serde(default = "one")]
     pub temperature: f64,
+    /// Micro-batches run at once, each on its own CPU thread with its own activations. 0 (the
+    /// default) picks: on the CPU with candle's elementwise pool off (`CANDLE_NUM_THREADS=1`),
+    /// one per rayon thread (`RAYON_NUM_THREADS`); otherwise one. Results do not depend on it:
+    /// gradients are summed in micro-batch order. Running whole micro-batches side by side uses
+    /// the cores better than splitting every op across them on small and mid-sized models
+    /// (figures in `bench/README.md`).
+    #[serde(default)]
+    pub parallel_micro_batches: usize,
     /// Chunks of the log-prob op.
     #[serde(skip, default)]
     pub logprob: LogProbConfig,
@@ -236,6 +245,7 @@ impl Default for TrainerConfig {
             updates_per_step: 1,
             seed: 0,
             temperature: 1.0,
+            parallel_micro_batches: 0,
             logprob: LogProbConfig::default(),
         }
     }
@@ -493,6 +503,77 @@ pub(crate) fn score_sequences(
     Ok((out.logp, out.entropy))
 }
 
+/// What one micro-batch's forward and backward pass contributes to an update.
+struct MicroBatchResult {
+    loss: f64,
+    stats: LossStats,
+    entropy_sum: f64,
+    /// Per trainable variable, in the trainer's order.
+    grads: Vec<Option<Tensor>>,
+}
+
+/// Everything a micro-batch pass reads; shared by passes running at once.
+struct MicroBatchPass<'a> {
+    model: &'a dyn TrainableLm,
+    seqs: &'a [Sequence],
+    vars: &'a [(String, Var)],
+    cfg: &'a TrainerConfig,
+    /// `pi_old` per sequence for mini-batches after the first (`None`: on-policy, the pass's own
+    /// detached log-probs).
+    old_logp: Option<&'a HashMap<usize, Vec<f32>>>,
+    coef_of: &'a (dyn Fn(&Sequence) -> f32 + Sync),
+}
+
+impl MicroBatchPass<'_> {
+    fn run(&self, mb: &[usize]) -> Result<MicroBatchResult> {
+        let (seqs, cfg) = (self.seqs, self.cfg);
+        let (logp_new, entropy) =
+            score_sequences(self.model, seqs, mb, &cfg.logprob, cfg.temperature)?;
+        let dev = logp_new.device().clone();
+        let logp_old = match self.old_logp {
+            None => logp_new.detach().to_dtype(DType::F32)?,
+            Some(old) => {
+                let v: Vec<f32> = mb.iter().flat_map(|i| old[i].iter().copied()).collect();
+                let n = v.len();
+                Tensor::from_vec(v, n, &dev)?
+            }
+        };
+        let mut q = Vec::new();
+        let mut a = Vec::new();
+        let mut c = Vec::new();
+        for &i in mb {
+            let s = &seqs[i];
+            q.extend_from_slice(&s.rollout_logp);
+            a.extend(std::iter::repeat_n(s.advantage, s.policy_pos.len()));
+            c.extend(std::iter::repeat_n((self.coef_of)(s), s.policy_pos.len()));
+        }
+        let t = q.len();
+        let terms = TokenTerms {
+            logp_old,
+            logp_rollout: Tensor::from_vec(q, t, &dev)?,
+            advantage: Tensor::from_vec(a, t, &dev)?,
+            coef: Tensor::from_vec(c, t, &dev)?,
+        };
+        let (loss, stats) = grpo_loss(&logp_new, &terms, &cfg.grpo)?;
+        let entropy_sum = entropy
+            .to_dtype(DType::F64)?
+            .sum_all()?
+            .to_scalar::<f64>()?;
+        let loss_value = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+        let grads = loss.backward()?;
+        Ok(MicroBatchResult {
+            loss: loss_value,
+            stats,
+            entropy_sum,
+            grads: self
+                .vars
+                .iter()
+                .map(|(_, var)| grads.get(var.as_tensor()).cloned())
+                .collect(),
+        })
+    }
+}
+
 /// The GRPO trainer: optimizer state, step counter and RNG around a model's [`Var`]s.
 pub struct Trainer {
     cfg: TrainerConfig,
@@ -554,6 +635,22 @@ impl Trainer {
             step: 0,
             rng: ChaCha8Rng::seed_from_u64(cfg.seed),
         })
+    }
+
+    /// Micro-batches to run at once for `model` (see [`TrainerConfig::parallel_micro_batches`]).
+    fn parallel_micro_batches(&self, model: &dyn TrainableLm) -> usize {
+        match self.cfg.parallel_micro_batches {
+            // candle's elementwise thread pool takes one caller at a time: with it on
+            // (`CANDLE_NUM_THREADS` > 1), concurrent micro-batches queue for it and lose more
+            // than they gain, so they are used only when it is off.
+            0 if model.lm_head_weight().device().is_cpu()
+                && candle_core::utils::barrier_pool().n_workers() == 0 =>
+            {
+                candle_core::utils::get_num_threads().max(1)
+            }
+            0 => 1,
+            n => n,
+        }
     }
 
     /// Updates done so far.
@@ -660,54 +757,41 @@ impl Trainer {
 
         let mut stats = LossStats::default();
         let mut entropy_sum = 0.0f64;
+        let parallel = self.parallel_micro_batches(model);
         for (u, idx) in mb_seqs.iter().enumerate() {
             let mut acc: Vec<Option<Tensor>> = vec![None; self.vars.len()];
             let mut loss_total = 0.0f64;
-            for mb in micro_batches(&seqs, idx, self.cfg.micro_batch_tokens) {
-                metrics.micro_batches += 1;
-                let (logp_new, entropy) =
-                    score_sequences(model, &seqs, &mb, &self.cfg.logprob, self.cfg.temperature)?;
-                let dev = logp_new.device().clone();
-                let logp_old = if u == 0 {
-                    logp_new.detach().to_dtype(DType::F32)?
+            let mbs = micro_batches(&seqs, idx, self.cfg.micro_batch_tokens);
+            let pass = MicroBatchPass {
+                model,
+                seqs: &seqs,
+                vars: &self.vars,
+                cfg: &self.cfg,
+                old_logp: (u > 0).then_some(&old_logp),
+                coef_of: &coef_of,
+            };
+            // Up to `parallel` micro-batches at a time; results are merged in micro-batch order,
+            // so the update does not depend on how many ran at once.
+            for wave in mbs.chunks(parallel) {
+                let results: Vec<Result<MicroBatchResult>> = if wave.len() > 1 {
+                    use rayon::prelude::*;
+                    wave.par_iter().map(|mb| pass.run(mb)).collect()
                 } else {
-                    let v: Vec<f32> = mb
-                        .iter()
-                        .flat_map(|i| old_logp[i].iter().copied())
-                        .collect();
-                    let n = v.len();
-                    Tensor::from_vec(v, n, &dev)?
+                    wave.iter().map(|mb| pass.run(mb)).collect()
                 };
-                let mut q = Vec::new();
-                let mut a = Vec::new();
-                let mut c = Vec::new();
-                for &i in &mb {
-                    let s = &seqs[i];
-                    q.extend_from_slice(&s.rollout_logp);
-                    a.extend(std::iter::repeat_n(s.advantage, s.policy_pos.len()));
-                    c.extend(std::iter::repeat_n(coef_of(s), s.policy_pos.len()));
-                }
-                let t = q.len();
-                let terms = TokenTerms {
-                    logp_old,
-                    logp_rollout: Tensor::from_vec(q, t, &dev)?,
-                    advantage: Tensor::from_vec(a, t, &dev)?,
-                    coef: Tensor::from_vec(c, t, &dev)?,
-                };
-                let (loss, st) = grpo_loss(&logp_new, &terms, &self.cfg.grpo)?;
-                stats.merge(&st);
-                entropy_sum += entropy
-                    .to_dtype(DType::F64)?
-                    .sum_all()?
-                    .to_scalar::<f64>()?;
-                loss_total += loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
-                let grads = loss.backward()?;
-                for (k, (_, var)) in self.vars.iter().enumerate() {
-                    if let Some(g) = grads.get(var.as_tensor()) {
-                        acc[k] = Some(match acc[k].take() {
-                            Some(prev) => (prev + g)?,
-                            None => g.clone(),
-                        });
+                for r in results {
+                    let r = r?;
+                    metrics.micro_batches += 1;
+                    stats.merge(&r.stats);
+                    entropy_sum += r.entropy_sum;
+                    loss_total += r.loss;
+                    for (slot, g) in acc.iter_mut().zip(r.grads) {
+                        if let Some(g) = g {
+                            *slot = Some(match slot.take() {
+                                Some(prev) => (prev + g)?,
+                                None => g,
+                            });
+                        }
                     }
                 }
             }

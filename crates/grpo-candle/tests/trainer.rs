@@ -152,6 +152,40 @@ fn gradient_accumulation_does_not_change_the_step() {
 }
 
 #[test]
+fn concurrent_micro_batches_give_the_same_update_bit_for_bit() {
+    // Two steps (the second with two updates, so mini-batches after the first read pi_old) with
+    // micro-batches run one at a time and three at a time.
+    let run = |parallel: usize| {
+        let model = tiny_model(DType::F32);
+        let mut cfg = config(24, 1);
+        cfg.parallel_micro_batches = parallel;
+        let mut trainer = Trainer::new(&model, cfg).unwrap();
+        let m1 = trainer
+            .step_rollouts(&model, &synthetic_groups(3, 3, 4))
+            .unwrap();
+        let mut trainer2 = Trainer::new(&model, config(24, 2)).unwrap();
+        let m2 = trainer2
+            .step_rollouts(&model, &synthetic_groups(4, 4, 3))
+            .unwrap();
+        (m1, m2, weights(&model))
+    };
+    let (a1, a2, wa) = run(1);
+    let (b1, b2, wb) = run(3);
+    assert!(
+        a1.micro_batches >= 3,
+        "budget 24 should give several micro-batches"
+    );
+    assert_eq!(a1.micro_batches, b1.micro_batches);
+    assert_eq!((a1.loss, a1.grad_norm), (b1.loss, b1.grad_norm));
+    assert_eq!((a2.loss, a2.grad_norm), (b2.loss, b2.grad_norm));
+    assert_eq!(
+        (a1.entropy_mean, a1.ratio_mean),
+        (b1.entropy_mean, b1.ratio_mean)
+    );
+    assert_eq!(wa, wb);
+}
+
+#[test]
 fn several_updates_per_step_use_the_pre_update_policy_as_old() {
     let model = tiny_model(DType::F32);
     let mut trainer = Trainer::new(&model, config(64, 2)).unwrap();
