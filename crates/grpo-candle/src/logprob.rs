@@ -52,6 +52,10 @@ pub struct LogProbConfig {
     pub token_chunk: usize,
     /// Vocabulary entries per block (columns of the logits processed together).
     pub vocab_chunk: usize,
+    /// When all of a call's logits take at most this many bytes, the forward keeps its blocks
+    /// for the backward instead of recomputing them (one matmul of four saved). Memory stays
+    /// bounded by this budget; 0 always recomputes.
+    pub cache_bytes: usize,
     /// Use the device-agnostic tensor-op path even where a hand-written one exists (tests use this
     /// to check the path CUDA takes on a CPU).
     #[doc(hidden)]
@@ -64,6 +68,7 @@ impl Default for LogProbConfig {
         Self {
             token_chunk: 1024,
             vocab_chunk: 8192,
+            cache_bytes: 256 << 20,
             force_tensor_path: false,
         }
     }
@@ -114,8 +119,20 @@ pub fn token_logprobs(
         candle_core::bail!("token_logprobs: chunk sizes must be positive, got {cfg:?}");
     }
     let targets = targets.to_dtype(DType::U32)?.detach();
-    let stats = forward_stats(&hidden.detach(), &weight.detach(), &targets, cfg)?;
-    let op = LogProbOp { targets, cfg: *cfg };
+    let logits_bytes = n * v * hidden.dtype().size_in_bytes();
+    let mut cache = (logits_bytes <= cfg.cache_bytes).then(BlockCache::new);
+    let stats = forward_stats(
+        &hidden.detach(),
+        &weight.detach(),
+        &targets,
+        cfg,
+        cache.as_mut(),
+    )?;
+    let op = LogProbOp {
+        targets,
+        cfg: *cfg,
+        cache,
+    };
     let out = hidden.apply_op3(weight, &stats, op)?;
     Ok(TokenLogProbs {
         logp: out.narrow(1, COL_LOGP, 1)?.squeeze(1)?,
@@ -161,12 +178,17 @@ fn use_cpu_loops(t: &Tensor, cfg: &LogProbConfig) -> bool {
     !cfg.force_tensor_path && t.device().is_cpu() && matches!(t.dtype(), DType::F32 | DType::F64)
 }
 
-/// `[N, 3]` = (logp, entropy, lse) per token, detached.
+/// Logits blocks kept by the forward for the backward, by (first token, first vocabulary id).
+type BlockCache = std::collections::HashMap<(usize, usize), Tensor>;
+
+/// `[N, 3]` = (logp, entropy, lse) per token, detached. With a cache, every logits block is
+/// stored in it.
 fn forward_stats(
     hidden: &Tensor,
     weight: &Tensor,
     targets: &Tensor,
     cfg: &LogProbConfig,
+    mut cache: Option<&mut BlockCache>,
 ) -> candle_core::Result<Tensor> {
     let (n, _) = hidden.dims2()?;
     let (v, _) = weight.dims2()?;
@@ -175,13 +197,18 @@ fn forward_stats(
         let tc = cfg.token_chunk.min(n - t0);
         let hc = hidden.narrow(0, t0, tc)?;
         let yc = targets.narrow(0, t0, tc)?;
+        let mut keep = |v0: usize, z: &Tensor| {
+            if let Some(c) = cache.as_deref_mut() {
+                c.insert((t0, v0), z.clone());
+            }
+        };
         let part = if use_cpu_loops(hidden, cfg) {
             match hidden.dtype() {
-                DType::F32 => cpu_forward_chunk::<f32>(&hc, weight, &yc, v, cfg)?,
-                _ => cpu_forward_chunk::<f64>(&hc, weight, &yc, v, cfg)?,
+                DType::F32 => cpu_forward_chunk::<f32>(&hc, weight, &yc, v, cfg, &mut keep)?,
+                _ => cpu_forward_chunk::<f64>(&hc, weight, &yc, v, cfg, &mut keep)?,
             }
         } else {
-            tensor_forward_chunk(&hc, weight, &yc, v, cfg)?
+            tensor_forward_chunk(&hc, weight, &yc, v, cfg, &mut keep)?
         };
         parts.push(part);
     }
@@ -224,6 +251,7 @@ fn cpu_forward_chunk<T: WithDType + num_traits::Float + FastExp>(
     yc: &Tensor,
     v: usize,
     cfg: &LogProbConfig,
+    keep: &mut dyn FnMut(usize, &Tensor),
 ) -> candle_core::Result<Tensor> {
     let tc = hc.dim(0)?;
     let ys: Vec<u32> = yc.to_vec1()?;
@@ -243,6 +271,7 @@ fn cpu_forward_chunk<T: WithDType + num_traits::Float + FastExp>(
         let vc = cfg.vocab_chunk.min(v - v0);
         let wc = weight.narrow(0, v0, vc)?;
         let z = hc.matmul(&wc.t()?)?;
+        keep(v0, &z);
         cpu_slice::<T, ()>(&z, |z| {
             let per = (1usize << 14).div_ceil(vc).max(1);
             let items: Vec<&mut [Online<T>]> = state.chunks_mut(per).collect();
@@ -300,6 +329,7 @@ fn tensor_forward_chunk(
     yc: &Tensor,
     v: usize,
     cfg: &LogProbConfig,
+    keep: &mut dyn FnMut(usize, &Tensor),
 ) -> candle_core::Result<Tensor> {
     let sd = stats_dtype(hc.dtype());
     let mut m: Option<Tensor> = None;
@@ -308,7 +338,9 @@ fn tensor_forward_chunk(
     for v0 in (0..v).step_by(cfg.vocab_chunk) {
         let vc = cfg.vocab_chunk.min(v - v0);
         let wc = weight.narrow(0, v0, vc)?;
-        let z = hc.matmul(&wc.t()?)?.to_dtype(sd)?;
+        let z = hc.matmul(&wc.t()?)?;
+        keep(v0, &z);
+        let z = z.to_dtype(sd)?;
         let bm = z.max_keepdim(1)?;
         let (m_new, s_old, u_old) = match (&m, &s, &u) {
             (Some(m), Some(s), Some(u)) => {
@@ -358,6 +390,8 @@ fn chosen_logits(
 struct LogProbOp {
     targets: Tensor,
     cfg: LogProbConfig,
+    /// The forward's logits blocks, when they fit [`LogProbConfig::cache_bytes`].
+    cache: Option<BlockCache>,
 }
 
 fn copy_cpu(s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
@@ -420,6 +454,7 @@ impl CustomOp3 for LogProbOp {
             &res.detach(),
             &grad_res.detach(),
             &self.cfg,
+            self.cache.as_ref(),
         )?;
         Ok((Some(dh), Some(dw), None))
     }
@@ -433,6 +468,7 @@ fn backward(
     res: &Tensor,
     grad_res: &Tensor,
     cfg: &LogProbConfig,
+    cache: Option<&BlockCache>,
 ) -> candle_core::Result<(Tensor, Tensor)> {
     let (n, h) = hidden.dims2()?;
     let (v, _) = weight.dims2()?;
@@ -470,7 +506,10 @@ fn backward(
                 lse.narrow(0, t0, tc)?,
                 targets.narrow(0, t0, tc)?,
             );
-            let z = hc.matmul(&wc.t()?)?;
+            let z = match cache.and_then(|c| c.get(&(t0, v0))) {
+                Some(z) => z.clone(),
+                None => hc.matmul(&wc.t()?)?,
+            };
             let dz = if use_cpu_loops(hidden, cfg) {
                 match dtype {
                     DType::F32 => cpu_block_grad::<f32>(&z, &gc, &ac, &bc, &lc, &yc, v0)?,
@@ -628,6 +667,7 @@ mod tests {
         LogProbConfig {
             token_chunk: tc,
             vocab_chunk: vc,
+            cache_bytes: 0,
             force_tensor_path: false,
         }
     }
@@ -636,6 +676,19 @@ mod tests {
     fn chunked_matches_naive_f32_forward_and_gradient() {
         check(37, 16, 101, DType::F32, small(8, 24), 1e-5);
         check(5, 8, 64, DType::F32, small(64, 64), 1e-5);
+    }
+
+    #[test]
+    fn cached_logits_give_the_same_values_and_gradients() {
+        for force_tensor_path in [false, true] {
+            let cfg = LogProbConfig {
+                cache_bytes: 1 << 30,
+                force_tensor_path,
+                ..small(8, 24)
+            };
+            check(37, 16, 101, DType::F32, cfg, 1e-5);
+            check(23, 12, 77, DType::F64, cfg, 1e-12);
+        }
     }
 
     #[test]
