@@ -16,9 +16,11 @@
 //!   through candle's CPU matmul (the `gemm` crate); masking, softmax and its gradient are loops
 //!   over the block.
 //!
-//! Each function checks [`fusable`] and otherwise falls back to the differentiable primitives
-//! (CUDA, half precision), so callers need not care which path runs. Tests compare both paths,
-//! values and gradients.
+//! Each function checks [`fusable`] and otherwise falls back to candle ops (CUDA, half
+//! precision): differentiable primitives for the elementwise ops, and for attention
+//! [`causal_attention_tensor_ops`], the same blocked algorithm with memory linear in `T`. Callers
+//! need not care which path runs. Tests compare every path with the primitives, values and
+//! gradients.
 
 use std::sync::{Mutex, OnceLock};
 
@@ -579,7 +581,252 @@ pub(crate) fn causal_attention_blocked(
             .contiguous()?
             .apply_op3(&k.contiguous()?, &v.contiguous()?, op);
     }
-    causal_attention_primitive(q, k, v, scale)
+    causal_attention_tensor_ops(q, k, v, scale, TENSOR_QUERY_BLOCK)
+}
+
+/// Query positions per block of [`causal_attention_tensor_ops`].
+const TENSOR_QUERY_BLOCK: usize = 256;
+
+/// The same blocked algorithm as the fused CPU kernel, from candle tensor ops, for any device
+/// and dtype (CUDA: cuBLAS matmuls and candle's kernels): the forward walks blocks of `qb`
+/// query positions against the keys up to the block's end, keeps the output and one
+/// log-sum-exp per query row, and the backward recomputes each block's probabilities. Scores
+/// exist one block at a time (`B x heads x qb x T`), never `B x heads x T x T` per layer.
+/// Softmax maths is in f32 (f64 for f64 inputs).
+pub fn causal_attention_tensor_ops(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    scale: f64,
+    qb: usize,
+) -> candle_core::Result<Tensor> {
+    let t = q.dim(2)?;
+    let kvh = k.dim(1)?;
+    let qb = qb.clamp(1, t.max(1));
+    let (out, lse) = blocked_forward(&q.detach(), &k.detach(), &v.detach(), scale, qb)?;
+    // k and v travel as one argument (the op has three): candle's `cat` backward splits the
+    // gradient between them.
+    let kv = Tensor::cat(&[k, v], 1)?;
+    let op = BlockedAttention {
+        out: out.clone(),
+        lse,
+        scale,
+        qb,
+        kvh,
+    };
+    q.apply_op3(&kv, &out, op)
+}
+
+/// Softmax dtype for `dtype`: f64 stays f64, everything else is f32.
+fn work_dtype(dtype: DType) -> DType {
+    if dtype == DType::F64 {
+        DType::F64
+    } else {
+        DType::F32
+    }
+}
+
+/// Additive causal mask of a block: `[groups * (t1 - t0), t1]`, row `i` (position
+/// `t0 + i % (t1 - t0)`) sees columns up to its position.
+fn block_mask(
+    groups: usize,
+    t0: usize,
+    t1: usize,
+    dtype: DType,
+    device: &candle_core::Device,
+) -> candle_core::Result<Tensor> {
+    let qb = t1 - t0;
+    let m: Vec<f32> = (0..groups * qb)
+        .flat_map(|i| {
+            let pos = t0 + i % qb;
+            (0..t1).map(move |j| if j <= pos { 0.0 } else { f32::NEG_INFINITY })
+        })
+        .collect();
+    Tensor::from_vec(m, (groups * qb, t1), device)?.to_dtype(dtype)
+}
+
+/// A block's queries `[B, kvh, groups * qb, d]` (heads sharing a key/value head stacked).
+fn block_queries(q: &Tensor, kvh: usize, t0: usize, t1: usize) -> candle_core::Result<Tensor> {
+    let (b, nh, _, d) = q.dims4()?;
+    q.narrow(2, t0, t1 - t0)?
+        .contiguous()?
+        .reshape((b, kvh, (nh / kvh) * (t1 - t0), d))
+}
+
+/// Probabilities of a block (`[B, kvh, groups * qb, t1]`, work dtype) given its row
+/// log-sum-exps `[B, kvh, groups * qb, 1]`, or (with `lse: None`) the probabilities and the
+/// log-sum-exps.
+fn block_probs(
+    qs: &Tensor,
+    kp: &Tensor,
+    mask: &Tensor,
+    scale: f64,
+    lse: Option<&Tensor>,
+) -> candle_core::Result<(Tensor, Tensor)> {
+    let work = mask.dtype();
+    let s = (qs.matmul(&kp.t()?)?.to_dtype(work)? * scale)?.broadcast_add(mask)?;
+    match lse {
+        Some(l) => Ok((s.broadcast_sub(l)?.exp()?, l.clone())),
+        None => {
+            let m = s.max_keepdim(D::Minus1)?;
+            let e = s.broadcast_sub(&m)?.exp()?;
+            let sum = e.sum_keepdim(D::Minus1)?;
+            let p = e.broadcast_div(&sum)?;
+            Ok((p, (m + sum.log()?)?))
+        }
+    }
+}
+
+/// Output `[B, T, heads * d]` and log-sum-exps `[B, kvh, groups, T]` (work dtype).
+fn blocked_forward(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    scale: f64,
+    qb: usize,
+) -> candle_core::Result<(Tensor, Tensor)> {
+    let (b, nh, t, d) = q.dims4()?;
+    let kvh = k.dim(1)?;
+    let groups = nh / kvh;
+    let work = work_dtype(q.dtype());
+    let mut outs = Vec::new();
+    let mut lses = Vec::new();
+    for t0 in (0..t).step_by(qb) {
+        let t1 = (t0 + qb).min(t);
+        let qs = block_queries(q, kvh, t0, t1)?;
+        let kp = k.narrow(2, 0, t1)?;
+        let vp = v.narrow(2, 0, t1)?;
+        let mask = block_mask(groups, t0, t1, work, q.device())?;
+        let (p, lse) = block_probs(&qs, &kp, &mask, scale, None)?;
+        let o = p.to_dtype(q.dtype())?.matmul(&vp.contiguous()?)?;
+        outs.push(o.reshape((b, nh, t1 - t0, d))?);
+        lses.push(lse.reshape((b, kvh, groups, t1 - t0))?);
+    }
+    let out = Tensor::cat(&outs, 2)?
+        .transpose(1, 2)?
+        .reshape((b, t, nh * d))?
+        .contiguous()?;
+    Ok((out, Tensor::cat(&lses, 3)?.contiguous()?))
+}
+
+/// The op of [`causal_attention_tensor_ops`]: arguments `(q, cat(k, v), out)`; its forward hands
+/// back `out` (computed beforehand), its backward recomputes block by block.
+struct BlockedAttention {
+    out: Tensor,
+    lse: Tensor,
+    scale: f64,
+    qb: usize,
+    kvh: usize,
+}
+
+impl CustomOp3 for BlockedAttention {
+    fn name(&self) -> &'static str {
+        "grpo-causal-attention-blocked"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        Ok((s3.try_clone(l3)?, l3.shape().clone()))
+    }
+
+    fn cuda_fwd(
+        &self,
+        _: &candle_core::CudaStorage,
+        _: &Layout,
+        _: &candle_core::CudaStorage,
+        _: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        Ok((s3.try_clone(l3)?, l3.shape().clone()))
+    }
+
+    fn metal_fwd(
+        &self,
+        _: &candle_core::MetalStorage,
+        _: &Layout,
+        _: &candle_core::MetalStorage,
+        _: &Layout,
+        s3: &candle_core::MetalStorage,
+        l3: &Layout,
+    ) -> candle_core::Result<(candle_core::MetalStorage, Shape)> {
+        Ok((s3.try_clone(l3)?, l3.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        q: &Tensor,
+        kv: &Tensor,
+        _out: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let (q, kv) = (q.detach(), kv.detach());
+        let (b, nh, t, d) = q.dims4()?;
+        let kvh = self.kvh;
+        let groups = nh / kvh;
+        let k = kv.narrow(1, 0, kvh)?.contiguous()?;
+        let v = kv.narrow(1, kvh, kvh)?.contiguous()?;
+        let work = work_dtype(q.dtype());
+        // Upstream gradient as [B, heads, T, d], and D = rowsum(dO * O) as [B, kvh, groups, T].
+        let g = grad
+            .detach()
+            .to_dtype(q.dtype())?
+            .reshape((b, t, nh, d))?
+            .transpose(1, 2)?
+            .contiguous()?;
+        let o = self
+            .out
+            .reshape((b, t, nh, d))?
+            .transpose(1, 2)?
+            .contiguous()?;
+        let dsum = (g.to_dtype(work)? * o.to_dtype(work)?)?
+            .sum(D::Minus1)?
+            .reshape((b, kvh, groups, t))?;
+        let dk = Tensor::zeros((b, kvh, t, d), work, q.device())?;
+        let dv = Tensor::zeros((b, kvh, t, d), work, q.device())?;
+        let mut dqs = Vec::new();
+        for t0 in (0..t).step_by(self.qb) {
+            let t1 = (t0 + self.qb).min(t);
+            let rows = groups * (t1 - t0);
+            let qs = block_queries(&q, kvh, t0, t1)?;
+            let kp = k.narrow(2, 0, t1)?;
+            let vp = v.narrow(2, 0, t1)?;
+            let mask = block_mask(groups, t0, t1, work, q.device())?;
+            let lse = self
+                .lse
+                .narrow(3, t0, t1 - t0)?
+                .contiguous()?
+                .reshape((b, kvh, rows, 1))?;
+            let (p, _) = block_probs(&qs, &kp, &mask, self.scale, Some(&lse))?;
+            let gs = block_queries(&g, kvh, t0, t1)?;
+            let dr = dsum
+                .narrow(3, t0, t1 - t0)?
+                .contiguous()?
+                .reshape((b, kvh, rows, 1))?;
+            // dV += P^T dO; dS = P (dO V^T - D) scale; dQ = dS K; dK += dS^T Q.
+            let dv_blk = p.t()?.matmul(&gs.to_dtype(work)?)?;
+            let dp = gs.matmul(&vp.t()?)?.to_dtype(work)?;
+            let ds = ((p * dp.broadcast_sub(&dr)?)? * self.scale)?;
+            let dq = ds.matmul(&kp.to_dtype(work)?)?;
+            let dk_blk = ds.t()?.matmul(&qs.to_dtype(work)?)?;
+            let acc_dk = (dk.narrow(2, 0, t1)? + dk_blk)?;
+            dk.slice_set(&acc_dk.contiguous()?, 2, 0)?;
+            let acc_dv = (dv.narrow(2, 0, t1)? + dv_blk)?;
+            dv.slice_set(&acc_dv.contiguous()?, 2, 0)?;
+            dqs.push(dq.reshape((b, nh, t1 - t0, d))?);
+        }
+        let dq = Tensor::cat(&dqs, 2)?.to_dtype(q.dtype())?;
+        let dkv = Tensor::cat(&[dk, dv], 1)?.to_dtype(kv.dtype())?;
+        Ok((Some(dq), Some(dkv), None))
+    }
 }
 
 /// The reference path: scores, additive causal mask, softmax, weighted sum; `O(T^2)` memory.
@@ -1260,6 +1507,25 @@ mod tests {
                         tol,
                     );
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn tensor_op_attention_matches_primitives() {
+        // The path CUDA takes, run on the CPU: several query blocks, GQA, f32 and f64.
+        for (b, nh, kvh, t, d, qb) in [(2, 4, 2, 9, 8, 4), (1, 3, 3, 5, 4, 5), (2, 2, 1, 1, 6, 3)] {
+            for (dtype, tol) in [(DType::F64, 1e-12), (DType::F32, 2e-5)] {
+                let q = random(&[b, nh, t, d], dtype, 21);
+                let k = random(&[b, kvh, t, d], dtype, 22);
+                let v = random(&[b, kvh, t, d], dtype, 23);
+                let scale = 1.0 / (d as f64).sqrt();
+                check(
+                    &[&q, &k, &v],
+                    |x| causal_attention_tensor_ops(&x[0], &x[1], &x[2], scale, qb).unwrap(),
+                    |x| causal_attention_primitive(&x[0], &x[1], &x[2], scale).unwrap(),
+                    tol,
+                );
             }
         }
     }

@@ -9,13 +9,16 @@
 //! # Map
 //! - [`model`]: the stateless Qwen2/Qwen3 decoder ([`Qwen`]), trainable end to end, with an
 //!   explicit [`KvCache`] for sampling; [`config`] reads HF `config.json`.
+//! - [`fused`]: the training forward's CPU ops with their own backward (RMSNorm, rotary
+//!   embedding, SwiGLU, causal attention with memory linear in the sequence length).
 //! - [`checkpoint`]: [`PolicyModel`] = model + tokenizer + chat template + stop tokens, loaded from
 //!   a folder or the hub ([`loading`]), created fresh and tiny from a seed, saved in HF format.
 //! - [`chat_template`]: Qwen ChatML rendering; [`tokenizer`]: `tokenizer.json` helpers and the
 //!   built-in byte-level BPE.
 //! - [`sampler`]: batched KV-cached decoding with per-token log-probs;
 //!   [`policy`]: [`CandlePolicy`], harness-core's `Policy`.
-//! - [`logprob`], [`objective`], [`trainer`]: the chunked log-prob op, the GRPO loss, the trainer.
+//! - [`logprob`], [`objective`], [`trainer`]: the chunked log-prob op (CUDA kernels with the
+//!   `cuda` feature), the GRPO loss, the trainer.
 //! - [`teacher`], [`sft`]: the warm start: a reference solver's turns recorded in the policy's own
 //!   tokens, and supervised updates on them.
 //!
@@ -47,6 +50,8 @@
 //! # Ok::<(), grpo_candle::Error>(())
 //! ```
 
+#[cfg(feature = "cuda")]
+mod cuda;
 pub mod fused;
 pub mod logprob;
 pub mod objective;

@@ -23,9 +23,12 @@
 //!
 //! # Devices
 //! On the CPU with f32/f64 the per-block statistics and block gradients are hand-written loops
-//! over the matmul output (one pass each). Elsewhere (CUDA, and half types on the CPU) the same
-//! maths runs as candle tensor ops on each block; matmuls always go through candle (gemm on the
-//! CPU, cuBLAS on CUDA). Half-precision inputs produce f32 statistics.
+//! over the matmul output (one pass each). With the `cuda` feature, on a CUDA device in
+//! f32/bf16/f16, two CUDA kernels (`src/cuda/logprob.cu`) do the same, one launch per block.
+//! Elsewhere (f64 on CUDA, half types on the CPU) the maths runs as candle tensor ops on each
+//! block. Matmuls always go through candle (gemm on the CPU, cuBLAS on CUDA). Half-precision
+//! inputs produce f32 statistics. When all the logits fit [`LogProbConfig::cache_bytes`], the
+//! backward reuses the forward's blocks instead of recomputing them.
 
 use candle_core::backend::BackendStorage;
 
@@ -174,6 +177,90 @@ fn stats_dtype(dtype: DType) -> DType {
     if is_half(dtype) { DType::F32 } else { dtype }
 }
 
+/// Whether the hand-written CUDA kernels run the per-block work (`cuda` feature, a CUDA tensor
+/// in f32, bf16 or f16).
+fn use_cuda_kernels(t: &Tensor, cfg: &LogProbConfig) -> bool {
+    cfg!(feature = "cuda")
+        && !cfg.force_tensor_path
+        && t.device().is_cuda()
+        && matches!(t.dtype(), DType::F32 | DType::BF16 | DType::F16)
+}
+
+/// One token chunk's `[tc, 3]` f32 statistics with the CUDA kernels: cuBLAS logits blocks, each
+/// folded into the running state by one kernel launch.
+#[cfg(feature = "cuda")]
+fn cuda_forward_chunk(
+    hc: &Tensor,
+    weight: &Tensor,
+    yc: &Tensor,
+    v: usize,
+    cfg: &LogProbConfig,
+    keep: &mut dyn FnMut(usize, &Tensor),
+) -> candle_core::Result<Tensor> {
+    let tc = hc.dim(0)?;
+    let init: Vec<f32> = (0..tc)
+        .flat_map(|_| [f32::NEG_INFINITY, 0.0, 0.0, 0.0])
+        .collect();
+    let state = Tensor::from_vec(init, (tc, 4), hc.device())?;
+    let yc = yc.contiguous()?;
+    for v0 in (0..v).step_by(cfg.vocab_chunk) {
+        let vc = cfg.vocab_chunk.min(v - v0);
+        let wc = weight.narrow(0, v0, vc)?;
+        let z = hc.matmul(&wc.t()?)?.contiguous()?;
+        keep(v0, &z);
+        state.inplace_op3(&z, &yc, &crate::cuda::StatsUpdate { v0 })?;
+    }
+    let col = |i| state.narrow(1, i, 1);
+    let (m, s, u, zy) = (col(0)?, col(1)?, col(2)?, col(3)?);
+    let log_s = s.log()?;
+    let lse = (m + &log_s)?;
+    let logp = (zy - &lse)?;
+    let entropy = (log_s - (u / s)?)?;
+    Tensor::cat(&[logp, entropy, lse], 1)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_forward_chunk(
+    _: &Tensor,
+    _: &Tensor,
+    _: &Tensor,
+    _: usize,
+    _: &LogProbConfig,
+    _: &mut dyn FnMut(usize, &Tensor),
+) -> candle_core::Result<Tensor> {
+    candle_core::bail!("token_logprobs: built without the `cuda` feature")
+}
+
+/// The gradient of one logits block with the CUDA kernel, in place on (a copy of a cached) `z`.
+#[cfg(feature = "cuda")]
+fn cuda_block_grad(
+    z: Tensor,
+    cached: bool,
+    terms: [&Tensor; 4],
+    targets: &Tensor,
+    v0: usize,
+) -> candle_core::Result<Tensor> {
+    let z = if cached { z.copy()? } else { z.contiguous()? };
+    let coef = Tensor::cat(&terms, 1)?.to_dtype(DType::F32)?.contiguous()?;
+    z.inplace_op3(
+        &coef,
+        &targets.contiguous()?,
+        &crate::cuda::BlockGrad { v0 },
+    )?;
+    Ok(z)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_block_grad(
+    _: Tensor,
+    _: bool,
+    _: [&Tensor; 4],
+    _: &Tensor,
+    _: usize,
+) -> candle_core::Result<Tensor> {
+    candle_core::bail!("token_logprobs: built without the `cuda` feature")
+}
+
 fn use_cpu_loops(t: &Tensor, cfg: &LogProbConfig) -> bool {
     !cfg.force_tensor_path && t.device().is_cpu() && matches!(t.dtype(), DType::F32 | DType::F64)
 }
@@ -207,6 +294,8 @@ fn forward_stats(
                 DType::F32 => cpu_forward_chunk::<f32>(&hc, weight, &yc, v, cfg, &mut keep)?,
                 _ => cpu_forward_chunk::<f64>(&hc, weight, &yc, v, cfg, &mut keep)?,
             }
+        } else if use_cuda_kernels(hidden, cfg) {
+            cuda_forward_chunk(&hc, weight, &yc, v, cfg, &mut keep)?
         } else {
             tensor_forward_chunk(&hc, weight, &yc, v, cfg, &mut keep)?
         };
@@ -506,7 +595,8 @@ fn backward(
                 lse.narrow(0, t0, tc)?,
                 targets.narrow(0, t0, tc)?,
             );
-            let z = match cache.and_then(|c| c.get(&(t0, v0))) {
+            let cached = cache.and_then(|c| c.get(&(t0, v0)));
+            let z = match cached {
                 Some(z) => z.clone(),
                 None => hc.matmul(&wc.t()?)?,
             };
@@ -515,6 +605,8 @@ fn backward(
                     DType::F32 => cpu_block_grad::<f32>(&z, &gc, &ac, &bc, &lc, &yc, v0)?,
                     _ => cpu_block_grad::<f64>(&z, &gc, &ac, &bc, &lc, &yc, v0)?,
                 }
+            } else if use_cuda_kernels(hidden, cfg) {
+                cuda_block_grad(z, cached.is_some(), [&gc, &ac, &bc, &lc], &yc, v0)?
             } else {
                 let z = z.to_dtype(sd)?;
                 let p = z.broadcast_sub(&lc)?.exp()?;

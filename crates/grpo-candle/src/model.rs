@@ -1,8 +1,10 @@
 //! A stateless, trainable Qwen2/Qwen3 dense decoder.
 //!
-//! Every operation on the forward path is built from candle primitives that have a backward pass
-//! (matmul, exp, sum, sqrt, narrow, cat, index_select, ...): candle-nn's fused `softmax_last_dim`,
-//! `rms_norm` and `rope` kernels are forward-only and would silently cut the gradient. Parameters
+//! Every operation on the forward path has a backward pass: candle primitives (matmul, exp, sum,
+//! narrow, cat, index_select, ...) or this crate's fused CPU ops with their own backward
+//! ([`crate::fused`]: RMSNorm, rotary embedding, SwiGLU, causal attention), which fall back to
+//! primitives on other devices. candle-nn's fused `softmax_last_dim`, `rms_norm` and `rope`
+//! kernels are forward-only and would silently cut the gradient, so they are not used. Parameters
 //! live in a [`VarMap`] under the Hugging Face names (`model.layers.0.self_attn.q_proj.weight`, ...),
 //! so the trainer updates them in place and checkpoints are plain HF safetensors.
 //!
