@@ -63,7 +63,8 @@ struct RunConfig {
     warm_start_steps: usize,
     /// Training tasks per environment used for the warm start.
     warm_start_tasks: usize,
-    /// Longest warm-start sequence, in tokens (training attention is quadratic in length).
+    /// Longest warm-start sequence, in tokens (longer reference solutions are left out; a step's
+    /// time grows with sequence length).
     warm_start_max_tokens: usize,
     /// GRPO updates.
     grpo_steps: usize,
