@@ -724,41 +724,7 @@ impl CustomOp3 for BlockedAttention {
         "grpo-causal-attention-blocked"
     }
 
-    fn cpu_fwd(
-        &self,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-        s3: &CpuStorage,
-        l3: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        Ok((s3.try_clone(l3)?, l3.shape().clone()))
-    }
-
-    fn cuda_fwd(
-        &self,
-        _: &candle_core::CudaStorage,
-        _: &Layout,
-        _: &candle_core::CudaStorage,
-        _: &Layout,
-        s3: &candle_core::CudaStorage,
-        l3: &Layout,
-    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
-        Ok((s3.try_clone(l3)?, l3.shape().clone()))
-    }
-
-    fn metal_fwd(
-        &self,
-        _: &candle_core::MetalStorage,
-        _: &Layout,
-        _: &candle_core::MetalStorage,
-        _: &Layout,
-        s3: &candle_core::MetalStorage,
-        l3: &Layout,
-    ) -> candle_core::Result<(candle_core::MetalStorage, Shape)> {
-        Ok((s3.try_clone(l3)?, l3.shape().clone()))
-    }
+    crate::logprob::forward_returns_third_arg!();
 
     fn bwd(
         &self,
@@ -1484,49 +1450,52 @@ mod tests {
         }
     }
 
-    #[test]
-    fn causal_attention_matches_primitives_for_every_block_split() {
-        // (batch, heads, kv heads, T, d); T = 150 spans three query blocks.
-        for (b, nh, kvh, t, d) in [
-            (2, 4, 2, 7, 8),
-            (1, 3, 3, 5, 4),
-            (2, 2, 1, 1, 6),
-            (2, 2, 1, 150, 4),
-        ] {
-            // Every item in one run, and one item per run.
-            for budget in [1 << 24, 1] {
-                for (dtype, tol) in [(DType::F64, 1e-12), (DType::F32, 2e-5)] {
-                    let q = random(&[b, nh, t, d], dtype, 11);
-                    let k = random(&[b, kvh, t, d], dtype, 12);
-                    let v = random(&[b, kvh, t, d], dtype, 13);
-                    let scale = 1.0 / (d as f64).sqrt();
-                    check(
-                        &[&q, &k, &v],
-                        |x| causal_attention_blocked(&x[0], &x[1], &x[2], scale, budget).unwrap(),
-                        |x| causal_attention_primitive(&x[0], &x[1], &x[2], scale).unwrap(),
-                        tol,
-                    );
-                }
+    /// `attention(q, k, v, scale)` against the primitives on random inputs of the given shapes
+    /// `(batch, heads, kv heads, T, d)`, in f64 and f32.
+    fn check_attention(
+        shapes: &[(usize, usize, usize, usize, usize)],
+        attention: impl Fn(&Tensor, &Tensor, &Tensor, f64) -> Tensor,
+    ) {
+        for &(b, nh, kvh, t, d) in shapes {
+            for (dtype, tol) in [(DType::F64, 1e-12), (DType::F32, 2e-5)] {
+                let q = random(&[b, nh, t, d], dtype, 11);
+                let k = random(&[b, kvh, t, d], dtype, 12);
+                let v = random(&[b, kvh, t, d], dtype, 13);
+                let scale = 1.0 / (d as f64).sqrt();
+                check(
+                    &[&q, &k, &v],
+                    |x| attention(&x[0], &x[1], &x[2], scale),
+                    |x| causal_attention_primitive(&x[0], &x[1], &x[2], scale).unwrap(),
+                    tol,
+                );
             }
         }
     }
 
     #[test]
+    fn causal_attention_matches_primitives_for_every_block_split() {
+        // T = 150 spans three query blocks. Every item in one run, and one item per run.
+        let shapes = [
+            (2, 4, 2, 7, 8),
+            (1, 3, 3, 5, 4),
+            (2, 2, 1, 1, 6),
+            (2, 2, 1, 150, 4),
+        ];
+        for budget in [1 << 24, 1] {
+            check_attention(&shapes, |q, k, v, s| {
+                causal_attention_blocked(q, k, v, s, budget).unwrap()
+            });
+        }
+    }
+
+    #[test]
     fn tensor_op_attention_matches_primitives() {
-        // The path CUDA takes, run on the CPU: several query blocks, GQA, f32 and f64.
-        for (b, nh, kvh, t, d, qb) in [(2, 4, 2, 9, 8, 4), (1, 3, 3, 5, 4, 5), (2, 2, 1, 1, 6, 3)] {
-            for (dtype, tol) in [(DType::F64, 1e-12), (DType::F32, 2e-5)] {
-                let q = random(&[b, nh, t, d], dtype, 21);
-                let k = random(&[b, kvh, t, d], dtype, 22);
-                let v = random(&[b, kvh, t, d], dtype, 23);
-                let scale = 1.0 / (d as f64).sqrt();
-                check(
-                    &[&q, &k, &v],
-                    |x| causal_attention_tensor_ops(&x[0], &x[1], &x[2], scale, qb).unwrap(),
-                    |x| causal_attention_primitive(&x[0], &x[1], &x[2], scale).unwrap(),
-                    tol,
-                );
-            }
+        // The path CUDA takes, run on the CPU, with several query blocks.
+        let shapes = [(2, 4, 2, 9, 8), (1, 3, 3, 5, 4), (2, 2, 1, 1, 6)];
+        for qb in [1, 4, 5] {
+            check_attention(&shapes, |q, k, v, s| {
+                causal_attention_tensor_ops(q, k, v, s, qb).unwrap()
+            });
         }
     }
 

@@ -30,13 +30,9 @@
 //! inputs produce f32 statistics. When all the logits fit [`LogProbConfig::cache_bytes`], the
 //! backward reuses the forward's blocks instead of recomputing them.
 
-use candle_core::backend::BackendStorage;
+use candle_core::{CustomOp3, DType, Storage, Tensor, WithDType};
 
 use crate::fused::{FastExp, par_each};
-use candle_core::{
-    CpuStorage, CudaStorage, CustomOp3, DType, Layout, MetalStorage, Shape, Storage, Tensor,
-    WithDType,
-};
 
 /// Column of the op's `[N, 3]` output holding the chosen tokens' log-probs.
 const COL_LOGP: usize = 0;
@@ -475,6 +471,55 @@ fn chosen_logits(
     (hidden * wy)?.sum(1)
 }
 
+/// The forward methods of a [`CustomOp3`] whose result is computed beforehand (with tensor ops
+/// on detached inputs) and passed as its third argument: they hand back a copy of it, on every
+/// device, and the op's `bwd` does the real work.
+macro_rules! forward_returns_third_arg {
+    () => {
+        fn cpu_fwd(
+            &self,
+            _: &candle_core::CpuStorage,
+            _: &candle_core::Layout,
+            _: &candle_core::CpuStorage,
+            _: &candle_core::Layout,
+            s3: &candle_core::CpuStorage,
+            l3: &candle_core::Layout,
+        ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
+            use candle_core::backend::BackendStorage;
+            Ok((s3.try_clone(l3)?, l3.shape().clone()))
+        }
+
+        fn cuda_fwd(
+            &self,
+            _: &candle_core::CudaStorage,
+            _: &candle_core::Layout,
+            _: &candle_core::CudaStorage,
+            _: &candle_core::Layout,
+            s3: &candle_core::CudaStorage,
+            l3: &candle_core::Layout,
+        ) -> candle_core::Result<(candle_core::CudaStorage, candle_core::Shape)> {
+            #[allow(unused_imports)]
+            use candle_core::backend::BackendStorage;
+            Ok((s3.try_clone(l3)?, l3.shape().clone()))
+        }
+
+        fn metal_fwd(
+            &self,
+            _: &candle_core::MetalStorage,
+            _: &candle_core::Layout,
+            _: &candle_core::MetalStorage,
+            _: &candle_core::Layout,
+            s3: &candle_core::MetalStorage,
+            l3: &candle_core::Layout,
+        ) -> candle_core::Result<(candle_core::MetalStorage, candle_core::Shape)> {
+            #[allow(unused_imports)]
+            use candle_core::backend::BackendStorage;
+            Ok((s3.try_clone(l3)?, l3.shape().clone()))
+        }
+    };
+}
+pub(crate) use forward_returns_third_arg;
+
 /// The candle op: forward returns the precomputed statistics, backward is the blocked gradient.
 struct LogProbOp {
     targets: Tensor,
@@ -483,50 +528,12 @@ struct LogProbOp {
     cache: Option<BlockCache>,
 }
 
-fn copy_cpu(s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
-    Ok((s.try_clone(l)?, l.shape().clone()))
-}
-
 impl CustomOp3 for LogProbOp {
     fn name(&self) -> &'static str {
         "grpo-token-logprobs"
     }
 
-    fn cpu_fwd(
-        &self,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-        s3: &CpuStorage,
-        l3: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        copy_cpu(s3, l3)
-    }
-
-    fn cuda_fwd(
-        &self,
-        _: &CudaStorage,
-        _: &Layout,
-        _: &CudaStorage,
-        _: &Layout,
-        s3: &CudaStorage,
-        l3: &Layout,
-    ) -> candle_core::Result<(CudaStorage, Shape)> {
-        Ok((s3.try_clone(l3)?, l3.shape().clone()))
-    }
-
-    fn metal_fwd(
-        &self,
-        _: &MetalStorage,
-        _: &Layout,
-        _: &MetalStorage,
-        _: &Layout,
-        s3: &MetalStorage,
-        l3: &Layout,
-    ) -> candle_core::Result<(MetalStorage, Shape)> {
-        Ok((s3.try_clone(l3)?, l3.shape().clone()))
-    }
+    crate::logprob::forward_returns_third_arg!();
 
     fn bwd(
         &self,
