@@ -627,7 +627,7 @@ fn work_dtype(dtype: DType) -> DType {
 }
 
 /// Additive causal mask of a block: `[groups * (t1 - t0), t1]`, row `i` (position
-/// `t0 + i % (t1 - t0)`) sees columns up to its position.
+/// `t0 + i % (t1 - t0)`) sees columns up to its position. Built on the device (no host copy).
 fn block_mask(
     groups: usize,
     t0: usize,
@@ -635,14 +635,15 @@ fn block_mask(
     dtype: DType,
     device: &candle_core::Device,
 ) -> candle_core::Result<Tensor> {
-    let qb = t1 - t0;
-    let m: Vec<f32> = (0..groups * qb)
-        .flat_map(|i| {
-            let pos = t0 + i % qb;
-            (0..t1).map(move |j| if j <= pos { 0.0 } else { f32::NEG_INFINITY })
-        })
-        .collect();
-    Tensor::from_vec(m, (groups * qb, t1), device)?.to_dtype(dtype)
+    let rows = groups * (t1 - t0);
+    let cols = Tensor::arange(0u32, t1 as u32, device)?.unsqueeze(0)?;
+    let pos = Tensor::arange(t0 as u32, t1 as u32, device)?
+        .repeat(groups)?
+        .unsqueeze(1)?;
+    let visible = cols.broadcast_le(&pos)?;
+    let open = Tensor::zeros((rows, t1), dtype, device)?;
+    let shut = Tensor::full(f32::NEG_INFINITY, (rows, t1), device)?.to_dtype(dtype)?;
+    visible.where_cond(&open, &shut)
 }
 
 /// A block's queries `[B, kvh, groups * qb, d]` (heads sharing a key/value head stacked).
