@@ -8,9 +8,9 @@
 //!     --vocab 8000 --batch 4 --seq 512 --dtype bf16 --device cuda
 //! ```
 //!
-//! On the CPU, when the trainer runs micro-batches at once (`--parallel N`; by default when
-//! `CANDLE_NUM_THREADS=1`), the batch is split into one micro-batch per thread
-//! (`--micro-batch-tokens` overrides); otherwise it is one micro-batch.
+//! The batch is split into as many micro-batches as the trainer runs at once (`--parallel N`;
+//! by default, on the CPU with `CANDLE_NUM_THREADS=1`, one per thread, otherwise one);
+//! `--micro-batch-tokens` overrides.
 //!
 //! Prints one JSON line: tokens/s (training tokens = batch x seq per step, median over the timed
 //! steps), seconds per step, peak resident memory (VmHWM) and, on CUDA, model FLOP utilisation
@@ -233,7 +233,7 @@ fn main() -> Result<()> {
     let cfg = model_config(&a)?;
     let model = Qwen::new_random(&cfg, 0, a.dtype, &device)?;
     let tokens_per_step = a.batch * a.seq;
-    let tcfg = TrainerConfig {
+    let mut tcfg = TrainerConfig {
         schedule: Schedule {
             lr: 1e-5,
             warmup_steps: 0,
@@ -241,23 +241,16 @@ fn main() -> Result<()> {
             decay: DecayKind::Constant,
             min_lr_ratio: 1.0,
         },
-        // On the CPU, one micro-batch per thread by default, run at once.
-        micro_batch_tokens: a.micro_batch_tokens.unwrap_or(
-            if a.device == "cpu"
-                && (a.parallel > 1
-                    || (a.parallel == 0 && candle_core::utils::barrier_pool().n_workers() == 0))
-            {
-                a.seq
-                    * a.batch
-                        .div_ceil(candle_core::utils::get_num_threads().max(1))
-            } else {
-                tokens_per_step
-            },
-        ),
+        micro_batch_tokens: tokens_per_step,
         parallel_micro_batches: a.parallel,
         logprob: LogProbConfig::default(),
         ..TrainerConfig::default()
     };
+    // One micro-batch per sequence group the trainer runs at once.
+    let at_once = tcfg.micro_batches_at_once(&device);
+    tcfg.micro_batch_tokens = a
+        .micro_batch_tokens
+        .unwrap_or(a.seq * a.batch.div_ceil(at_once));
     let tcfg_micro = tcfg.micro_batch_tokens;
     let mut trainer = Trainer::new(&model, tcfg)?;
     let mut times = Vec::new();
@@ -311,7 +304,7 @@ fn main() -> Result<()> {
         "peak_rss_bytes": vm_hwm_bytes(),
         "threads": candle_core::utils::get_num_threads(),
         "micro_batch_tokens": tcfg_micro,
-        "parallel_micro_batches": a.parallel,
+        "micro_batches_at_once": at_once,
     });
     println!("{out}");
     Ok(())

@@ -30,9 +30,11 @@ use candle_core::{
 };
 use num_traits::Float;
 
-/// Elements of a scores block in [`causal_attention`] (16 MiB in f32). A block is a run of whole
-/// query rows of one or more (batch, key/value head) items; one block of scores and, in the
-/// backward, one block of their gradients are alive at a time.
+use crate::logprob::cpu_slice;
+
+/// Elements of a scores block in [`causal_attention`] (16 MiB in f32): it bounds how many
+/// (batch, key/value head) items share one block of 64 query positions. One block of scores and,
+/// in the backward, one block of their gradients are alive at a time.
 pub const ATTENTION_BLOCK_ELEMS: usize = 1 << 22;
 
 /// Whether the fused CPU kernels apply to `t`: on the CPU in f32 or f64.
@@ -69,16 +71,8 @@ pub(crate) fn par_each<W: Send>(items: Vec<W>, f: impl Fn(usize, W) + Sync) {
 }
 
 /// Rows per parallel unit for rows of `width` elements.
-fn rows_per_unit(width: usize) -> usize {
+pub(crate) fn rows_per_unit(width: usize) -> usize {
     (UNIT_ELEMS / width.max(1)).max(1)
-}
-
-/// The elements of a contiguous tensor on the CPU, as a copy-free slice handed to `f`.
-fn with_cpu<T: WithDType, R>(
-    t: &Tensor,
-    f: impl FnOnce(&[T]) -> candle_core::Result<R>,
-) -> candle_core::Result<R> {
-    crate::logprob::cpu_slice(t, f)
 }
 
 /// The contiguous elements a layout addresses in a CPU storage.
@@ -227,9 +221,9 @@ impl CustomOp2 for RmsNormOp {
             g: &Tensor,
             eps: f64,
         ) -> candle_core::Result<(Tensor, Tensor)> {
-            let (dx, dw) = with_cpu::<T, _>(x, |xs| {
-                with_cpu::<T, _>(w, |ws| {
-                    with_cpu::<T, _>(g, |gs| Ok(rms_norm_bwd(xs, ws, gs, eps)))
+            let (dx, dw) = cpu_slice::<T, _>(x, |xs| {
+                cpu_slice::<T, _>(w, |ws| {
+                    cpu_slice::<T, _>(g, |gs| Ok(rms_norm_bwd(xs, ws, gs, eps)))
                 })
             })?;
             Ok((
@@ -390,9 +384,9 @@ impl CustomOp3 for RopeOp {
             g: &Tensor,
         ) -> candle_core::Result<Tensor> {
             let dims = x.dims4()?;
-            let dx = with_cpu::<T, _>(g, |gs| {
-                with_cpu::<T, _>(cos, |c| {
-                    with_cpu::<T, _>(sin, |s| Ok(rope_backward(gs, c, s, dims)))
+            let dx = cpu_slice::<T, _>(g, |gs| {
+                cpu_slice::<T, _>(cos, |c| {
+                    cpu_slice::<T, _>(sin, |s| Ok(rope_backward(gs, c, s, dims)))
                 })
             })?;
             Tensor::from_vec(dx, x.shape(), x.device())
@@ -510,8 +504,8 @@ impl CustomOp2 for SwigluOp {
             up: &Tensor,
             dy: &Tensor,
         ) -> candle_core::Result<(Tensor, Tensor)> {
-            let (dg, du) = with_cpu::<T, _>(gate, |g| {
-                with_cpu::<T, _>(up, |u| with_cpu::<T, _>(dy, |d| Ok(swiglu_bwd(g, u, d))))
+            let (dg, du) = cpu_slice::<T, _>(gate, |g| {
+                cpu_slice::<T, _>(up, |u| cpu_slice::<T, _>(dy, |d| Ok(swiglu_bwd(g, u, d))))
             })?;
             Ok((
                 Tensor::from_vec(dg, gate.shape(), gate.device())?,
@@ -535,8 +529,8 @@ impl CustomOp2 for SwigluOp {
 /// `h / (heads / kv_heads)`, and position `i` attends to positions `0..=i`. Returns
 /// `[B, T, heads * d]` (the layout the output projection reads), with gradients to `q`, `k`, `v`.
 ///
-/// Fused on the CPU in f32/f64 with memory linear in `T` (see the module docs); elsewhere the
-/// primitives with a materialised mask and softmax.
+/// Fused on the CPU in f32/f64 (see the module docs); elsewhere
+/// [`causal_attention_tensor_ops`]. Memory is linear in `T` on both paths.
 pub fn causal_attention(
     q: &Tensor,
     k: &Tensor,
@@ -608,7 +602,6 @@ pub fn causal_attention_tensor_ops(
     // gradient between them.
     let kv = Tensor::cat(&[k, v], 1)?;
     let op = BlockedAttention {
-        out: out.clone(),
         lse,
         scale,
         qb,
@@ -654,28 +647,14 @@ fn block_queries(q: &Tensor, kvh: usize, t0: usize, t1: usize) -> candle_core::R
         .reshape((b, kvh, (nh / kvh) * (t1 - t0), d))
 }
 
-/// Probabilities of a block (`[B, kvh, groups * qb, t1]`, work dtype) given its row
-/// log-sum-exps `[B, kvh, groups * qb, 1]`, or (with `lse: None`) the probabilities and the
-/// log-sum-exps.
-fn block_probs(
+/// Scaled, masked scores of a block, `[B, kvh, groups * qb, t1]` in the mask's (work) dtype.
+fn block_scores(
     qs: &Tensor,
     kp: &Tensor,
     mask: &Tensor,
     scale: f64,
-    lse: Option<&Tensor>,
-) -> candle_core::Result<(Tensor, Tensor)> {
-    let work = mask.dtype();
-    let s = (qs.matmul(&kp.t()?)?.to_dtype(work)? * scale)?.broadcast_add(mask)?;
-    match lse {
-        Some(l) => Ok((s.broadcast_sub(l)?.exp()?, l.clone())),
-        None => {
-            let m = s.max_keepdim(D::Minus1)?;
-            let e = s.broadcast_sub(&m)?.exp()?;
-            let sum = e.sum_keepdim(D::Minus1)?;
-            let p = e.broadcast_div(&sum)?;
-            Ok((p, (m + sum.log()?)?))
-        }
-    }
+) -> candle_core::Result<Tensor> {
+    (qs.matmul(&kp.t()?)?.to_dtype(mask.dtype())? * scale)?.broadcast_add(mask)
 }
 
 /// Output `[B, T, heads * d]` and log-sum-exps `[B, kvh, groups, T]` (work dtype).
@@ -698,7 +677,12 @@ fn blocked_forward(
         let kp = k.narrow(2, 0, t1)?;
         let vp = v.narrow(2, 0, t1)?;
         let mask = block_mask(groups, t0, t1, work, q.device())?;
-        let (p, lse) = block_probs(&qs, &kp, &mask, scale, None)?;
+        let s = block_scores(&qs, &kp, &mask, scale)?;
+        let m = s.max_keepdim(D::Minus1)?;
+        let e = s.broadcast_sub(&m)?.exp()?;
+        let sum = e.sum_keepdim(D::Minus1)?;
+        let p = e.broadcast_div(&sum)?;
+        let lse = (m + sum.log()?)?;
         let o = p.to_dtype(q.dtype())?.matmul(&vp.contiguous()?)?;
         outs.push(o.reshape((b, nh, t1 - t0, d))?);
         lses.push(lse.reshape((b, kvh, groups, t1 - t0))?);
@@ -713,7 +697,6 @@ fn blocked_forward(
 /// The op of [`causal_attention_tensor_ops`]: arguments `(q, cat(k, v), out)`; its forward hands
 /// back `out` (computed beforehand), its backward recomputes block by block.
 struct BlockedAttention {
-    out: Tensor,
     lse: Tensor,
     scale: f64,
     qb: usize,
@@ -731,7 +714,7 @@ impl CustomOp3 for BlockedAttention {
         &self,
         q: &Tensor,
         kv: &Tensor,
-        _out: &Tensor,
+        out: &Tensor,
         _res: &Tensor,
         grad: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
@@ -749,11 +732,7 @@ impl CustomOp3 for BlockedAttention {
             .reshape((b, t, nh, d))?
             .transpose(1, 2)?
             .contiguous()?;
-        let o = self
-            .out
-            .reshape((b, t, nh, d))?
-            .transpose(1, 2)?
-            .contiguous()?;
+        let o = out.reshape((b, t, nh, d))?.transpose(1, 2)?.contiguous()?;
         let dsum = (g.to_dtype(work)? * o.to_dtype(work)?)?
             .sum(D::Minus1)?
             .reshape((b, kvh, groups, t))?;
@@ -772,7 +751,9 @@ impl CustomOp3 for BlockedAttention {
                 .narrow(3, t0, t1 - t0)?
                 .contiguous()?
                 .reshape((b, kvh, rows, 1))?;
-            let (p, _) = block_probs(&qs, &kp, &mask, self.scale, Some(&lse))?;
+            let p = block_scores(&qs, &kp, &mask, self.scale)?
+                .broadcast_sub(&lse)?
+                .exp()?;
             let gs = block_queries(&g, kvh, t0, t1)?;
             let dr = dsum
                 .narrow(3, t0, t1 - t0)?
@@ -806,18 +787,11 @@ pub fn causal_attention_primitive(
     let (b, nh, t, d) = q.dims4()?;
     let kvh = k.dim(1)?;
     let groups = nh / kvh;
-    let work = if q.dtype() == DType::F64 {
-        DType::F64
-    } else {
-        DType::F32
-    };
+    let work = work_dtype(q.dtype());
     let qs = (q * scale)?.reshape((b, kvh, groups * t, d))?;
     let scores = qs.matmul(&k.t()?)?.to_dtype(work)?;
     let scores = scores.reshape((b, kvh, groups, t, t))?;
-    let mask: Vec<f32> = (0..t)
-        .flat_map(|i| (0..t).map(move |j| if j <= i { 0.0 } else { -1.0e9 }))
-        .collect();
-    let mask = Tensor::from_vec(mask, (1, 1, 1, t, t), q.device())?.to_dtype(work)?;
+    let mask = block_mask(1, 0, t, work, q.device())?.reshape((1, 1, 1, t, t))?;
     let probs = crate::model::softmax_last_dim(&scores.broadcast_add(&mask)?)
         .map_err(candle_core::Error::wrap)?
         .to_dtype(q.dtype())?;
@@ -1043,21 +1017,32 @@ fn softmax_causal_row<T: Float + FastExp>(row: &mut [T], pos: usize, scale: T) -
     for x in vis.iter_mut() {
         *x = *x * scale;
     }
-    let m = max_of(vis);
-    for x in vis.iter_mut() {
+    hidden.fill(T::zero());
+    softmax_in_place(vis)
+}
+
+/// Softmax of a row in place; returns its log-sum-exp. A row with no finite maximum is shifted
+/// by 0, and a row whose exponentials sum to 0 becomes all zeros.
+pub(crate) fn softmax_in_place<T: Float + FastExp>(row: &mut [T]) -> T {
+    let m = max_of(row);
+    let m = if m.is_finite() { m } else { T::zero() };
+    for x in row.iter_mut() {
         *x = (*x - m).fast_exp();
     }
-    let sum = sum_of(vis);
-    let inv = T::one() / sum;
-    for x in vis.iter_mut() {
+    let sum = sum_of(row);
+    let inv = if sum > T::zero() {
+        T::one() / sum
+    } else {
+        T::zero()
+    };
+    for x in row.iter_mut() {
         *x = *x * inv;
     }
-    hidden.fill(T::zero());
     m + sum.ln()
 }
 
-/// Maximum of a non-empty slice, in eight independent lanes so that it vectorises.
-fn max_of<T: Float>(xs: &[T]) -> T {
+/// Maximum of a slice (`-inf` when empty), in eight independent lanes so that it vectorises.
+pub(crate) fn max_of<T: Float>(xs: &[T]) -> T {
     let mut lanes = [T::neg_infinity(); 8];
     let mut chunks = xs.chunks_exact(8);
     for c in &mut chunks {
@@ -1312,32 +1297,23 @@ impl CustomOp3 for AttentionOp {
             res: &Tensor,
             grad: &Tensor,
             lse: &CpuStorage,
-        ) -> candle_core::Result<(Vec<T>, Vec<T>, Vec<T>)> {
-            with_cpu::<T, _>(res, |o| {
-                with_cpu::<T, _>(grad, |g| {
+        ) -> candle_core::Result<(Tensor, Tensor, Tensor)> {
+            let (dq, dk, dv) = cpu_slice::<T, _>(res, |o| {
+                cpu_slice::<T, _>(grad, |g| {
                     attention_bwd(sh, budget, q, k, v, o, g, T::cpu_storage_as_slice(lse)?)
                 })
-            })
+            })?;
+            let dev = res.device();
+            Ok((
+                Tensor::from_vec(dq, q.1.shape(), dev)?,
+                Tensor::from_vec(dk, k.1.shape(), dev)?,
+                Tensor::from_vec(dv, v.1.shape(), dev)?,
+            ))
         }
         let (q_arg, k_arg, v_arg) = ((qs, ql), (ks, kl), (vs, vl));
-        let dev = q.device();
         let (dq, dk, dv) = match q.dtype() {
-            DType::F32 => {
-                let (a, b, c) = run::<f32>(sh, budget, q_arg, k_arg, v_arg, res, &grad, lse)?;
-                (
-                    Tensor::from_vec(a, q.shape(), dev)?,
-                    Tensor::from_vec(b, k.shape(), dev)?,
-                    Tensor::from_vec(c, v.shape(), dev)?,
-                )
-            }
-            _ => {
-                let (a, b, c) = run::<f64>(sh, budget, q_arg, k_arg, v_arg, res, &grad, lse)?;
-                (
-                    Tensor::from_vec(a, q.shape(), dev)?,
-                    Tensor::from_vec(b, k.shape(), dev)?,
-                    Tensor::from_vec(c, v.shape(), dev)?,
-                )
-            }
+            DType::F32 => run::<f32>(sh, budget, q_arg, k_arg, v_arg, res, &grad, lse)?,
+            _ => run::<f64>(sh, budget, q_arg, k_arg, v_arg, res, &grad, lse)?,
         };
         Ok((Some(dq), Some(dk), Some(dv)))
     }

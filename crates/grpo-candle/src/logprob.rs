@@ -32,7 +32,7 @@
 
 use candle_core::{CustomOp3, DType, Storage, Tensor, WithDType};
 
-use crate::fused::{FastExp, par_each};
+use crate::fused::{FastExp, max_of, par_each, rows_per_unit};
 
 /// Column of the op's `[N, 3]` output holding the chosen tokens' log-probs.
 const COL_LOGP: usize = 0;
@@ -173,92 +173,46 @@ fn stats_dtype(dtype: DType) -> DType {
     if is_half(dtype) { DType::F32 } else { dtype }
 }
 
-/// Whether the hand-written CUDA kernels run the per-block work (`cuda` feature, a CUDA tensor
-/// in f32, bf16 or f16).
-fn use_cuda_kernels(t: &Tensor, cfg: &LogProbConfig) -> bool {
-    cfg!(feature = "cuda")
-        && !cfg.force_tensor_path
-        && t.device().is_cuda()
-        && matches!(t.dtype(), DType::F32 | DType::BF16 | DType::F16)
+/// Which code does the per-block work between the matmuls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BlockPath {
+    /// Hand-written loops (CPU, f32/f64).
+    CpuLoops,
+    /// The CUDA kernels of [`crate::cuda`] (f32/bf16/f16).
+    #[cfg(feature = "cuda")]
+    CudaKernels,
+    /// candle tensor ops, any device and dtype.
+    TensorOps,
 }
 
-/// One token chunk's `[tc, 3]` f32 statistics with the CUDA kernels: cuBLAS logits blocks, each
-/// folded into the running state by one kernel launch.
-#[cfg(feature = "cuda")]
-fn cuda_forward_chunk(
-    hc: &Tensor,
-    weight: &Tensor,
-    yc: &Tensor,
-    v: usize,
-    cfg: &LogProbConfig,
-    keep: &mut dyn FnMut(usize, &Tensor),
-) -> candle_core::Result<Tensor> {
-    let tc = hc.dim(0)?;
-    let init: Vec<f32> = (0..tc)
-        .flat_map(|_| [f32::NEG_INFINITY, 0.0, 0.0, 0.0])
-        .collect();
-    let state = Tensor::from_vec(init, (tc, 4), hc.device())?;
-    let yc = yc.contiguous()?;
-    for v0 in (0..v).step_by(cfg.vocab_chunk) {
-        let vc = cfg.vocab_chunk.min(v - v0);
-        let wc = weight.narrow(0, v0, vc)?;
-        let z = hc.matmul(&wc.t()?)?.contiguous()?;
-        keep(v0, &z);
-        state.inplace_op3(&z, &yc, &crate::cuda::StatsUpdate { v0 })?;
+fn block_path(t: &Tensor, cfg: &LogProbConfig) -> BlockPath {
+    if cfg.force_tensor_path {
+        return BlockPath::TensorOps;
     }
-    let col = |i| state.narrow(1, i, 1);
-    let (m, s, u, zy) = (col(0)?, col(1)?, col(2)?, col(3)?);
+    let dtype = t.dtype();
+    if t.device().is_cpu() && matches!(dtype, DType::F32 | DType::F64) {
+        return BlockPath::CpuLoops;
+    }
+    #[cfg(feature = "cuda")]
+    if t.device().is_cuda() && matches!(dtype, DType::F32 | DType::BF16 | DType::F16) {
+        return BlockPath::CudaKernels;
+    }
+    BlockPath::TensorOps
+}
+
+/// `[tc, 3]` = (logp, entropy, lse) from running softmax statistics `[tc, 1]` each: max `m`,
+/// `s = sum exp(z - m)`, `u = sum exp(z - m) (z - m)`, and the target's logit `zy`.
+pub(crate) fn stats_from_online(
+    m: &Tensor,
+    s: &Tensor,
+    u: &Tensor,
+    zy: &Tensor,
+) -> candle_core::Result<Tensor> {
     let log_s = s.log()?;
     let lse = (m + &log_s)?;
     let logp = (zy - &lse)?;
     let entropy = (log_s - (u / s)?)?;
     Tensor::cat(&[logp, entropy, lse], 1)
-}
-
-#[cfg(not(feature = "cuda"))]
-fn cuda_forward_chunk(
-    _: &Tensor,
-    _: &Tensor,
-    _: &Tensor,
-    _: usize,
-    _: &LogProbConfig,
-    _: &mut dyn FnMut(usize, &Tensor),
-) -> candle_core::Result<Tensor> {
-    candle_core::bail!("token_logprobs: built without the `cuda` feature")
-}
-
-/// The gradient of one logits block with the CUDA kernel, in place on (a copy of a cached) `z`.
-#[cfg(feature = "cuda")]
-fn cuda_block_grad(
-    z: Tensor,
-    cached: bool,
-    terms: [&Tensor; 4],
-    targets: &Tensor,
-    v0: usize,
-) -> candle_core::Result<Tensor> {
-    let z = if cached { z.copy()? } else { z.contiguous()? };
-    let coef = Tensor::cat(&terms, 1)?.to_dtype(DType::F32)?.contiguous()?;
-    z.inplace_op3(
-        &coef,
-        &targets.contiguous()?,
-        &crate::cuda::BlockGrad { v0 },
-    )?;
-    Ok(z)
-}
-
-#[cfg(not(feature = "cuda"))]
-fn cuda_block_grad(
-    _: Tensor,
-    _: bool,
-    _: [&Tensor; 4],
-    _: &Tensor,
-    _: usize,
-) -> candle_core::Result<Tensor> {
-    candle_core::bail!("token_logprobs: built without the `cuda` feature")
-}
-
-fn use_cpu_loops(t: &Tensor, cfg: &LogProbConfig) -> bool {
-    !cfg.force_tensor_path && t.device().is_cpu() && matches!(t.dtype(), DType::F32 | DType::F64)
 }
 
 /// Logits blocks kept by the forward for the backward, by (first token, first vocabulary id).
@@ -285,15 +239,16 @@ fn forward_stats(
                 c.insert((t0, v0), z.clone());
             }
         };
-        let part = if use_cpu_loops(hidden, cfg) {
-            match hidden.dtype() {
-                DType::F32 => cpu_forward_chunk::<f32>(&hc, weight, &yc, v, cfg, &mut keep)?,
-                _ => cpu_forward_chunk::<f64>(&hc, weight, &yc, v, cfg, &mut keep)?,
+        let part = match block_path(hidden, cfg) {
+            BlockPath::CpuLoops if hidden.dtype() == DType::F32 => {
+                cpu_forward_chunk::<f32>(&hc, weight, &yc, v, cfg, &mut keep)?
             }
-        } else if use_cuda_kernels(hidden, cfg) {
-            cuda_forward_chunk(&hc, weight, &yc, v, cfg, &mut keep)?
-        } else {
-            tensor_forward_chunk(&hc, weight, &yc, v, cfg, &mut keep)?
+            BlockPath::CpuLoops => cpu_forward_chunk::<f64>(&hc, weight, &yc, v, cfg, &mut keep)?,
+            #[cfg(feature = "cuda")]
+            BlockPath::CudaKernels => {
+                crate::cuda::forward_chunk(&hc, weight, &yc, v, cfg, &mut keep)?
+            }
+            BlockPath::TensorOps => tensor_forward_chunk(&hc, weight, &yc, v, cfg, &mut keep)?,
         };
         parts.push(part);
     }
@@ -358,7 +313,7 @@ fn cpu_forward_chunk<T: WithDType + num_traits::Float + FastExp>(
         let z = hc.matmul(&wc.t()?)?;
         keep(v0, &z);
         cpu_slice::<T, ()>(&z, |z| {
-            let per = (1usize << 14).div_ceil(vc).max(1);
+            let per = rows_per_unit(vc);
             let items: Vec<&mut [Online<T>]> = state.chunks_mut(per).collect();
             par_each(items, |i, block| {
                 for (dr, st) in block.iter_mut().enumerate() {
@@ -385,7 +340,7 @@ fn cpu_forward_chunk<T: WithDType + num_traits::Float + FastExp>(
 }
 
 fn online_update<T: num_traits::Float + FastExp>(st: &mut Online<T>, row: &[T]) {
-    let mx = row.iter().copied().fold(T::neg_infinity(), T::max);
+    let mx = max_of(row);
     if mx > st.m {
         if st.s > T::zero() {
             // Rescale to the new max: exp(z - m') = exp(z - m) c, (z - m') = (z - m) + (m - m').
@@ -454,11 +409,7 @@ fn tensor_forward_chunk(
     }
     let (m, s, u) = (m.unwrap(), s.unwrap(), u.unwrap());
     let zy = chosen_logits(hc, weight, yc)?.to_dtype(sd)?.unsqueeze(1)?;
-    let log_s = s.log()?;
-    let lse = (&m + &log_s)?;
-    let logp = (zy - &lse)?;
-    let entropy = (log_s - (u / s)?)?;
-    Tensor::cat(&[logp, entropy, lse], 1)
+    stats_from_online(&m, &s, &u, &zy)
 }
 
 /// `z[i, y_i] = hidden_i . weight[y_i]`, `[N]`.
@@ -607,21 +558,25 @@ fn backward(
                 Some(z) => z.clone(),
                 None => hc.matmul(&wc.t()?)?,
             };
-            let dz = if use_cpu_loops(hidden, cfg) {
-                match dtype {
-                    DType::F32 => cpu_block_grad::<f32>(&z, &gc, &ac, &bc, &lc, &yc, v0)?,
-                    _ => cpu_block_grad::<f64>(&z, &gc, &ac, &bc, &lc, &yc, v0)?,
+            let dz = match block_path(hidden, cfg) {
+                BlockPath::CpuLoops if dtype == DType::F32 => {
+                    cpu_block_grad::<f32>(&z, &gc, &ac, &bc, &lc, &yc, v0)?
                 }
-            } else if use_cuda_kernels(hidden, cfg) {
-                cuda_block_grad(z, cached.is_some(), [&gc, &ac, &bc, &lc], &yc, v0)?
-            } else {
-                let z = z.to_dtype(sd)?;
-                let p = z.broadcast_sub(&lc)?.exp()?;
-                let coef = ac.broadcast_sub(&z.broadcast_mul(&bc)?)?;
-                // One-hot part: g where the column is the row's target.
-                let cols = Tensor::arange(v0 as u32, (v0 + vc) as u32, z.device())?.unsqueeze(0)?;
-                let onehot = cols.broadcast_eq(&yc.unsqueeze(1)?)?.to_dtype(sd)?;
-                ((p * coef)? + onehot.broadcast_mul(&gc)?)?.to_dtype(dtype)?
+                BlockPath::CpuLoops => cpu_block_grad::<f64>(&z, &gc, &ac, &bc, &lc, &yc, v0)?,
+                #[cfg(feature = "cuda")]
+                BlockPath::CudaKernels => {
+                    crate::cuda::block_grad(z, cached.is_some(), [&gc, &ac, &bc, &lc], &yc, v0)?
+                }
+                BlockPath::TensorOps => {
+                    let z = z.to_dtype(sd)?;
+                    let p = z.broadcast_sub(&lc)?.exp()?;
+                    let coef = ac.broadcast_sub(&z.broadcast_mul(&bc)?)?;
+                    // One-hot part: g where the column is the row's target.
+                    let cols =
+                        Tensor::arange(v0 as u32, (v0 + vc) as u32, z.device())?.unsqueeze(0)?;
+                    let onehot = cols.broadcast_eq(&yc.unsqueeze(1)?)?.to_dtype(sd)?;
+                    ((p * coef)? + onehot.broadcast_mul(&gc)?)?.to_dtype(dtype)?
+                }
             };
             let dh_k = dz.matmul(&wc)?;
             dh_parts[k] = Some(match dh_parts[k].take() {
@@ -667,7 +622,7 @@ fn cpu_block_grad<T: WithDType + num_traits::Float + FastExp>(
     let mut out = vec![T::zero(); tc * vc];
     cpu_slice::<T, ()>(z, |z| {
         // Rows are independent: split the output by rows across threads.
-        let per = (1usize << 14).div_ceil(vc).max(1);
+        let per = rows_per_unit(vc);
         let items: Vec<&mut [T]> = out.chunks_mut(per * vc).collect();
         par_each(items, |i, block| {
             let r0 = i * per;
@@ -788,6 +743,27 @@ mod tests {
             check(37, 16, 101, DType::F32, cfg, 1e-5);
             check(23, 12, 77, DType::F64, cfg, 1e-12);
         }
+    }
+
+    #[test]
+    fn the_forward_caches_every_block_and_the_backward_reads_them() {
+        // 37 tokens x 101 ids in chunks of 8 x 24: 5 x 5 blocks.
+        let (hid, w, y) = rand_inputs(37, 16, 101, DType::F32, 5);
+        let cfg = small(8, 24);
+        let (h, w) = (hid.as_tensor(), w.as_tensor());
+        let mut cache = BlockCache::new();
+        let stats = forward_stats(h, w, &y, &cfg, Some(&mut cache)).unwrap();
+        assert_eq!(cache.len(), 25);
+        let grad = Tensor::ones((37, 3), DType::F32, &Device::Cpu).unwrap();
+        let grads = |c: Option<&BlockCache>| backward(h, w, &y, &stats, &grad, &cfg, c).unwrap();
+        let (dh0, dw0) = grads(None);
+        let (dh1, dw1) = grads(Some(&cache));
+        assert!(max_abs_diff(&dh0, &dh1) < 1e-6 && max_abs_diff(&dw0, &dw1) < 1e-6);
+        // A changed cached block changes the gradient: the backward used the cache.
+        let block = cache.get_mut(&(0, 0)).unwrap();
+        *block = block.zeros_like().unwrap();
+        let (dh2, _) = grads(Some(&cache));
+        assert!(max_abs_diff(&dh0, &dh2) > 1e-3);
     }
 
     #[test]

@@ -26,18 +26,6 @@ use crate::fused;
 /// key masked (a left-padding query) yields a uniform softmax instead of NaN.
 const MASKED: f32 = -1.0e9;
 
-/// Which keys each query may see.
-enum Mask {
-    /// Every key (one query per row, no padding).
-    None,
-    /// Keys up to the query's own position, for whole sequences starting at position 0 (or
-    /// continuing a cache without padding).
-    Causal,
-    /// An additive mask broadcastable to `[B, kv_heads, groups, T, S]` (0 visible, [`MASKED`]
-    /// hidden).
-    Additive(Tensor),
-}
-
 /// How a parameter is initialised in a fresh model.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Init {
@@ -596,7 +584,7 @@ impl Qwen {
         let (b, t) = ids.dims2()?;
         let positions: Vec<f32> = (0..b).flat_map(|_| (0..t).map(|p| p as f32)).collect();
         let positions = Tensor::from_vec(positions, (b, t, 1), &self.device)?;
-        self.run(ids, &positions, Mask::Causal, None)
+        self.run(ids, &positions, None, None)
     }
 
     /// Logits `[B, T, vocab]` of final hidden states (full vocabulary: for small cases only; the
@@ -649,21 +637,23 @@ impl Qwen {
                     }
                 }
             }
-            Mask::Additive(Tensor::from_vec(m, (b, 1, 1, t, total), &self.device)?)
+            Some(Tensor::from_vec(m, (b, 1, 1, t, total), &self.device)?)
         } else {
-            Mask::None
+            None
         };
         let out = self.run(ids, &positions, mask, Some(cache))?;
         cache.len = total;
         Ok(out)
     }
 
-    /// The decoder stack. `positions` is `[B, T, 1]` f32.
+    /// The decoder stack. `positions` is `[B, T, 1]` f32. Without a cache the rows are whole
+    /// sequences from position 0 and attention is causal; with one, `mask` (additive,
+    /// broadcastable to `[B, kv_heads, groups, T, S]`) says which cached columns a query sees.
     fn run(
         &self,
         ids: &Tensor,
         positions: &Tensor,
-        mask: Mask,
+        mask: Option<Tensor>,
         mut cache: Option<&mut KvCache>,
     ) -> Result<Tensor> {
         let (b, t) = ids.dims2()?;
@@ -677,14 +667,11 @@ impl Qwen {
         let emb = Tensor::cat(&[&freqs, &freqs], D::Minus1)?.unsqueeze(1)?;
         let cos = emb.cos()?.to_dtype(self.dtype)?;
         let sin = emb.sin()?.to_dtype(self.dtype)?;
-        let mask = match mask {
-            Mask::Additive(m) => Mask::Additive(m.to_dtype(self.softmax_dtype())?),
-            other => other,
-        };
+        let mask = mask.map(|m| m.to_dtype(self.softmax_dtype())).transpose()?;
         for (li, layer) in self.layers.iter().enumerate() {
             let kv = cache.as_deref_mut().map(|c| (&mut c.layers[li], c.len));
             let normed = rms_norm(&x, &layer.input_norm, self.cfg.rms_norm_eps)?;
-            let attn = self.attention(layer, &normed, &cos, &sin, &mask, kv)?;
+            let attn = self.attention(layer, &normed, &cos, &sin, mask.as_ref(), kv)?;
             x = (x + attn)?;
             let normed = rms_norm(&x, &layer.post_norm, self.cfg.rms_norm_eps)?;
             let act = fused::swiglu(&layer.gate.forward(&normed)?, &layer.up.forward(&normed)?)?;
@@ -707,7 +694,7 @@ impl Qwen {
         x: &Tensor,
         cos: &Tensor,
         sin: &Tensor,
-        mask: &Mask,
+        mask: Option<&Tensor>,
         kv: Option<(&mut Option<(Tensor, Tensor)>, usize)>,
     ) -> Result<Tensor> {
         let (b, t, _) = x.dims3()?;
@@ -730,33 +717,20 @@ impl Qwen {
         let q = fused::rope_to_heads(&q, cos, sin)?;
         let k = fused::rope_to_heads(&k, cos, sin)?;
         let v = v.transpose(1, 2)?.contiguous()?;
-        if kv.is_none() && matches!(mask, Mask::Causal | Mask::None) {
+        let Some((slot, past)) = kv else {
             // Whole sequences from position 0: causal attention without a materialised mask.
             let out = fused::causal_attention(&q, &k, &v, scale)?;
             return layer.o.forward(&out);
-        }
-        let (k, v) = match kv {
-            Some((slot, past)) => append_kv(slot, past, &k, &v)?,
-            None => (k, v),
         };
+        let (k, v) = append_kv(slot, past, &k, &v)?;
         let s = k.dim(2)?;
         // Grouped-query attention without copying keys: the `groups` query heads that share a
         // key/value head are stacked along the time axis of one matmul.
         let q = (q * scale)?.reshape((b, kvh, groups * t, hd))?;
         let scores = q.matmul(&k.t()?)?.to_dtype(self.softmax_dtype())?;
         let mut scores = scores.reshape((b, kvh, groups, t, s))?;
-        match mask {
-            Mask::Additive(m) => scores = scores.broadcast_add(m)?,
-            Mask::Causal if t > 1 => {
-                let past = s - t;
-                let m: Vec<f32> = (0..t)
-                    .flat_map(|i| (0..s).map(move |j| if j <= past + i { 0.0 } else { MASKED }))
-                    .collect();
-                let m = Tensor::from_vec(m, (1, 1, 1, t, s), &self.device)?
-                    .to_dtype(self.softmax_dtype())?;
-                scores = scores.broadcast_add(&m)?;
-            }
-            _ => {}
+        if let Some(m) = mask {
+            scores = scores.broadcast_add(m)?;
         }
         let probs = softmax_last_dim(&scores)?.to_dtype(self.dtype)?;
         let out = probs.reshape((b, kvh, groups * t, s))?.matmul(&v)?;
@@ -822,29 +796,19 @@ pub fn softmax_last_dim_primitive(x: &Tensor) -> Result<Tensor> {
 /// Row-wise softmax with its own backward (CPU, f32/f64).
 struct FusedSoftmax;
 
-fn softmax_rows<T: num_traits::Float + Send + Sync>(src: &[T], out: &mut [T], width: usize) {
-    let rows = |src: &[T], out: &mut [T]| {
-        for (x, y) in src.chunks_exact(width).zip(out.chunks_exact_mut(width)) {
-            let max = x.iter().copied().fold(T::neg_infinity(), T::max);
-            let max = if max.is_finite() { max } else { T::zero() };
-            let mut sum = T::zero();
-            for (yi, &xi) in y.iter_mut().zip(x) {
-                *yi = (xi - max).exp();
-                sum = sum + *yi;
-            }
-            let inv = if sum > T::zero() {
-                T::one() / sum
-            } else {
-                T::zero()
-            };
-            for yi in y.iter_mut() {
-                *yi = *yi * inv;
-            }
+fn softmax_rows<T: num_traits::Float + fused::FastExp + Send + Sync>(
+    src: &[T],
+    out: &mut [T],
+    width: usize,
+) {
+    out.copy_from_slice(src);
+    let per = fused::rows_per_unit(width) * width.max(1);
+    let items: Vec<&mut [T]> = out.chunks_mut(per).collect();
+    fused::par_each(items, |_, rows| {
+        for row in rows.chunks_exact_mut(width) {
+            fused::softmax_in_place(row);
         }
-    };
-    let per = (1usize << 14).div_ceil(width.max(1)) * width.max(1);
-    let items: Vec<_> = src.chunks(per).zip(out.chunks_mut(per)).collect();
-    fused::par_each(items, |_, (x, y)| rows(x, y));
+    });
 }
 
 impl candle_core::CustomOp1 for FusedSoftmax {

@@ -228,6 +228,23 @@ pub struct TrainerConfig {
     pub logprob: LogProbConfig,
 }
 
+impl TrainerConfig {
+    /// Micro-batches run at once for a model on `device`: [`Self::parallel_micro_batches`], or
+    /// when it is 0 the choice it describes.
+    pub fn micro_batches_at_once(&self, device: &Device) -> usize {
+        match self.parallel_micro_batches {
+            // candle's elementwise thread pool takes one caller at a time: with it on
+            // (`CANDLE_NUM_THREADS` > 1), concurrent micro-batches queue for it and lose more
+            // than they gain, so they are used only when it is off.
+            0 if device.is_cpu() && candle_core::utils::barrier_pool().n_workers() == 0 => {
+                candle_core::utils::get_num_threads().max(1)
+            }
+            0 => 1,
+            n => n,
+        }
+    }
+}
+
 impl Default for TrainerConfig {
     fn default() -> Self {
         Self {
@@ -637,22 +654,6 @@ impl Trainer {
         })
     }
 
-    /// Micro-batches to run at once for `model` (see [`TrainerConfig::parallel_micro_batches`]).
-    fn parallel_micro_batches(&self, model: &dyn TrainableLm) -> usize {
-        match self.cfg.parallel_micro_batches {
-            // candle's elementwise thread pool takes one caller at a time: with it on
-            // (`CANDLE_NUM_THREADS` > 1), concurrent micro-batches queue for it and lose more
-            // than they gain, so they are used only when it is off.
-            0 if model.lm_head_weight().device().is_cpu()
-                && candle_core::utils::barrier_pool().n_workers() == 0 =>
-            {
-                candle_core::utils::get_num_threads().max(1)
-            }
-            0 => 1,
-            n => n,
-        }
-    }
-
     /// Updates done so far.
     pub fn step_count(&self) -> u64 {
         self.step
@@ -757,7 +758,9 @@ impl Trainer {
 
         let mut stats = LossStats::default();
         let mut entropy_sum = 0.0f64;
-        let parallel = self.parallel_micro_batches(model);
+        let parallel = self
+            .cfg
+            .micro_batches_at_once(model.lm_head_weight().device());
         for (u, idx) in mb_seqs.iter().enumerate() {
             let mut acc: Vec<Option<Tensor>> = vec![None; self.vars.len()];
             let mut loss_total = 0.0f64;
