@@ -18,18 +18,54 @@ use harness_testkit::conformance::{ConformanceConfig, check_environment};
 use proptest::prelude::*;
 use serde_json::json;
 
+/// The dev split (test data outside the repository), or `None` to skip. Under CI (`CI=true`)
+/// the data must be there: a missing file fails the test instead of passing it silently.
 fn dev_split() -> Option<PathBuf> {
     let path =
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/dbbench/dev.jsonl");
-    if path.exists() {
-        Some(path)
-    } else {
-        println!(
-            "skipping: the DBBench dev split is not at {} (it is test data outside the repository)",
-            path.display()
-        );
-        None
+    match locate_dev_split(path, std::env::var("CI").ok().as_deref()) {
+        Ok(found) => found,
+        Err(message) => panic!("{message}"),
     }
+}
+
+/// `Ok(Some(path))` when the file exists; when it does not, `Err` under CI (`ci` is `true` or
+/// `1`, as CI services set it) and `Ok(None)` with a printed skip notice elsewhere.
+fn locate_dev_split(path: PathBuf, ci: Option<&str>) -> Result<Option<PathBuf>, String> {
+    if path.exists() {
+        return Ok(Some(path));
+    }
+    let under_ci =
+        ci.is_some_and(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "true" | "1"));
+    if under_ci {
+        return Err(format!(
+            "the DBBench dev split is not at {} and CI=true: put AgentBench's dev.jsonl there (it is test data outside the repository)",
+            path.display()
+        ));
+    }
+    println!(
+        "skipping: the DBBench dev split is not at {} (it is test data outside the repository; under CI=true this fails)",
+        path.display()
+    );
+    Ok(None)
+}
+
+#[test]
+fn a_missing_dev_split_fails_under_ci_and_skips_elsewhere() {
+    let missing = std::env::temp_dir().join("harness-envs-no-such-dir/dev.jsonl");
+    let err = locate_dev_split(missing.clone(), Some("true")).unwrap_err();
+    assert!(
+        err.contains("dev.jsonl") && err.contains("CI=true"),
+        "{err}"
+    );
+    assert!(locate_dev_split(missing.clone(), Some("1")).is_err());
+    assert_eq!(locate_dev_split(missing.clone(), None), Ok(None));
+    assert_eq!(locate_dev_split(missing.clone(), Some("false")), Ok(None));
+    let present = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
+    assert_eq!(
+        locate_dev_split(present.clone(), Some("true")),
+        Ok(Some(present))
+    );
 }
 
 fn small_env() -> DbBench {
@@ -198,6 +234,102 @@ async fn an_episode_without_a_commit_scores_zero_even_after_the_right_change() {
     assert_eq!(t.reward(), 0.0);
 }
 
+/// AgentBench's function-calling DBBench scores only `commit_final_answer`: the right answer in
+/// prose, or the right change followed by a closing text, scores 0.
+#[tokio::test]
+async fn only_a_committed_answer_scores_in_the_tool_format() {
+    let env = small_env();
+    let tasks = all_tasks(&env);
+    let question = tasks
+        .iter()
+        .find(|t| !dbbench::db_task(t).unwrap().is_modification())
+        .unwrap();
+    let label = dbbench::db_task(question).unwrap().label;
+    let prose = [
+        format!("The answer is {}.", label.join(", ")),
+        json!(label).to_string(),
+        format!("Action: Answer\nFinal Answer: {}", json!(label)),
+    ];
+    for text in &prose {
+        let policy = ScriptedPolicy::new(vec![text.clone()]);
+        let t = run_episode(&policy, &base_harness(), &env, question, 0)
+            .await
+            .unwrap();
+        assert_eq!(t.reward(), 0.0, "{text}: {}", t.outcome.details);
+        // The turn was a failed round and the episode went on to the round limit.
+        assert_eq!(t.counts.parse_failures, MAX_ROUNDS, "{text}");
+        assert_eq!(t.termination, harness_core::Termination::MaxModelCalls);
+    }
+    // The same session type with a closing text and no commit, judged directly.
+    let mut session = env.reset(question, 0).await.unwrap();
+    assert!(
+        !session
+            .verify(Some(&json!(label).to_string()))
+            .await
+            .unwrap()
+            .is_success()
+    );
+
+    let change = tasks
+        .iter()
+        .find(|t| dbbench::db_task(t).unwrap().is_modification())
+        .unwrap();
+    let gold = dbbench::db_task(change).unwrap().gold_sql.unwrap();
+    let sql = ToolCall::new(SQL_TOOL, json!({ "query": gold })).to_tool_call_block();
+    let policy = ScriptedPolicy::new(vec![sql.clone(), "Done.".into()]);
+    let t = run_episode(&policy, &base_harness(), &env, change, 0)
+        .await
+        .unwrap();
+    assert_eq!(t.reward(), 0.0, "{}", t.outcome.details);
+    // A plain `tool_call` harness ends the episode on the closing text; still no commit, no reward.
+    let mut plain = base_harness();
+    plain.tool_view.format = harness_core::TOOL_CALL_FORMAT.into();
+    let t = run_episode(&policy, &plain, &env, change, 0).await.unwrap();
+    assert_eq!(t.termination, harness_core::Termination::PolicyFinished);
+    assert_eq!(t.reward(), 0.0, "{}", t.outcome.details);
+}
+
+/// A turn without a tool call is answered with an error and the episode goes on: a commit on
+/// a later turn still counts.
+#[tokio::test]
+async fn a_turn_without_a_tool_call_is_a_failed_round_not_the_end() {
+    let env = small_env();
+    let task = all_tasks(&env)
+        .into_iter()
+        .find(|t| !dbbench::db_task(t).unwrap().is_modification())
+        .unwrap();
+    let label = dbbench::db_task(&task).unwrap().label;
+    let commit = ToolCall::new(COMMIT_TOOL, json!({ "answers": label })).to_tool_call_block();
+    let policy = ScriptedPolicy::new(vec!["Let me think about it.".into(), commit]);
+    let t = run_episode(&policy, &base_harness(), &env, &task, 0)
+        .await
+        .unwrap();
+    assert!(t.is_success(), "{}", t.outcome.details);
+    assert_eq!(t.counts.parse_failures, 1);
+    assert_eq!(t.counts.model_calls, 2);
+    let error = t
+        .messages
+        .iter()
+        .find(|m| m.content.contains("has no tool call"))
+        .expect("an error message for the turn without a tool call");
+    assert!(error.content.contains(COMMIT_TOOL), "{}", error.content);
+}
+
+/// The classic text format keeps the text fallback: a closing text is read as the answer.
+#[tokio::test]
+async fn the_text_format_reads_a_closing_text_as_the_answer() {
+    let env = small_env();
+    let task = all_tasks(&env)
+        .into_iter()
+        .find(|t| !dbbench::db_task(t).unwrap().is_modification())
+        .unwrap();
+    let label = dbbench::db_task(&task).unwrap().label;
+    let mut session = env.reset(&task, 0).await.unwrap();
+    assert!(session.action_parser(dbbench::TEXT_FORMAT).is_some());
+    let closing = format!("Final Answer: {}", json!(label));
+    assert!(session.verify(Some(&closing)).await.unwrap().is_success());
+}
+
 #[test]
 fn sixteen_episodes_on_a_multi_thread_runtime_do_not_interfere() {
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -238,6 +370,7 @@ fn base_harness_limits_follow_agentbench() {
     assert_eq!(harness.limits.max_model_calls, MAX_ROUNDS);
     assert_eq!(harness.limits.max_env_actions, MAX_ROUNDS);
     assert_eq!(text_harness().tool_view.format, dbbench::TEXT_FORMAT);
+    assert_eq!(harness.tool_view.format, dbbench::TOOL_FORMAT);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -10,9 +10,17 @@
 //! - Tools: `execute_sql{query}` (one statement; the observation is the rows printed as the
 //!   MySQL connector's Python result, e.g. `[('Giza',)]`, or the error, cut to
 //!   [`OBSERVATION_CHARS`] characters) and `commit_final_answer{answers}` (a submit tool that
-//!   ends the episode). The classic text format (`Action: Operation` + a ```sql block,
-//!   `Action: Answer` + `Final Answer: [...]`) is available as [`TEXT_FORMAT`]
+//!   ends the episode). [`base_harness`] calls them in [`TOOL_FORMAT`]
+//!   (`tool_view.format = "dbbench_tool_call"`): `<tool_call>` blocks as in the default format,
+//!   but, as in AgentBench's function-calling DBBench, a turn without a tool call is answered
+//!   with an error and the episode goes on. The classic text format (`Action: Operation` + a
+//!   ```sql block, `Action: Answer` + `Final Answer: [...]`) is available as [`TEXT_FORMAT`]
 //!   (`tool_view.format = "dbbench_text"`); see [`text_harness`].
+//! - Only a committed answer is scored. In the tool formats that is a `commit_final_answer`
+//!   call: an answer written in prose, or the right change made without a commit, scores 0, and
+//!   so does an episode that reaches the round limit. Only a session whose harness uses the
+//!   classic text format also reads a closing text as the answer (a `Final Answer: [...]` part,
+//!   else the whole text), as AgentBench's text-format evaluation does.
 //! - The verifier scores as AgentBench does: question answers are normalised and compared
 //!   ([`answer`]: numbers within 1e-2, lists as sets); INSERT/UPDATE/DELETE tasks compare
 //!   AgentBench's table hash (per row, `md5(concat_ws(',', cells))` cut to 5 hex digits; sorted,
@@ -73,11 +81,12 @@ pub mod text_format;
 
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use async_trait::async_trait;
 use harness_core::{
-    ActionParser, EnvSession, Environment, Harness, Observation, Outcome, Split, Task, ToolCall,
-    ToolKind, ToolSpec, cut_text,
+    ActionParser, EnvSession, Environment, Harness, Observation, Outcome, ParsedAction, Split,
+    Task, ToolCall, ToolCallParser, ToolKind, ToolSpec, cut_text,
 };
 use serde_json::{Value, json};
 
@@ -87,6 +96,11 @@ pub use db::{Database, DbLimits};
 pub use generate::{GeneratorConfig, generate_tasks};
 pub use oracle::{OraclePolicy, oracle_turns};
 pub use text_format::{DbBenchTextParser, TEXT_FORMAT};
+
+/// The action format of [`base_harness`]: `<tool_call>` blocks, where a turn without a tool
+/// call is a failed round instead of the end of the episode (AgentBench's function-calling
+/// DBBench answers such a turn with an error and goes on).
+pub const TOOL_FORMAT: &str = "dbbench_tool_call";
 
 use crate::error::{Error, Result};
 
@@ -246,6 +260,9 @@ pub struct DbSession {
     db: Database,
     limits: DbLimits,
     committed: Option<Vec<String>>,
+    /// Whether the episode runs in the classic text format (set when the loop asks for its
+    /// parser). Only then is a closing text read as the answer.
+    text_format: AtomicBool,
 }
 
 impl DbSession {
@@ -263,6 +280,7 @@ impl DbSession {
             db,
             limits,
             committed: None,
+            text_format: AtomicBool::new(false),
         })
     }
 
@@ -418,10 +436,14 @@ impl EnvSession for DbSession {
     }
 
     async fn verify(&mut self, final_answer: Option<&str>) -> harness_core::Result<Outcome> {
-        let answers = self
-            .committed
-            .clone()
-            .or_else(|| final_answer.map(answers_from_text));
+        // In the tool formats a closing text is not an answer: reading one would reward prose
+        // answers, and a right change followed by "Done.", that were never committed.
+        let text_answer = || {
+            final_answer
+                .filter(|_| self.text_format.load(Ordering::Relaxed))
+                .map(answers_from_text)
+        };
+        let answers = self.committed.clone().or_else(text_answer);
         self.judge(answers)
     }
 
@@ -432,7 +454,34 @@ impl EnvSession for DbSession {
     }
 
     fn action_parser(&self, format: &str) -> Option<Arc<dyn ActionParser>> {
-        (format == TEXT_FORMAT).then(|| Arc::new(DbBenchTextParser) as Arc<dyn ActionParser>)
+        match format {
+            TEXT_FORMAT => {
+                self.text_format.store(true, Ordering::Relaxed);
+                Some(Arc::new(DbBenchTextParser))
+            }
+            TOOL_FORMAT => Some(Arc::new(DbBenchToolParser)),
+            _ => None,
+        }
+    }
+}
+
+/// The parser of [`TOOL_FORMAT`]: the `<tool_call>` format, with a turn without a tool call
+/// read as invalid (a failed round) instead of as a final answer.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DbBenchToolParser;
+
+impl ActionParser for DbBenchToolParser {
+    fn format(&self) -> &str {
+        TOOL_FORMAT
+    }
+
+    fn parse(&self, text: &str, tools: &[ToolSpec]) -> ParsedAction {
+        match ToolCallParser.parse(text, tools) {
+            ParsedAction::Final(_) => ParsedAction::Invalid(format!(
+                "it has no tool call. Every turn must call a tool: `{SQL_TOOL}` to run SQL, or `{COMMIT_TOOL}` to commit the final answer (the answer counts only when committed). Call a tool with <tool_call>{{\"name\": ..., \"arguments\": {{...}}}}</tool_call>"
+            )),
+            other => other,
+        }
     }
 }
 
@@ -447,16 +496,19 @@ Rules:
 - When the question asks for values, commit exactly the values asked for (one string per value, no extra words); when the task is to insert, update or delete rows, make the change and then commit an empty answer.
 - Commit only once, when you are sure.";
 
-/// The base harness H0 for DBBench in the `<tool_call>` format, with AgentBench's limit of
-/// [`MAX_ROUNDS`] rounds.
+/// The base harness H0 for DBBench in the `<tool_call>` format ([`TOOL_FORMAT`]: a turn
+/// without a tool call is a failed round), with AgentBench's limit of [`MAX_ROUNDS`] rounds.
 pub fn base_harness() -> Harness {
     let mut harness = Harness::new("dbbench-H0", SYSTEM_PROMPT);
     harness.description =
         "Base harness for DBBench: SQL through execute_sql, answers through commit_final_answer."
             .into();
+    harness.tool_view.format = TOOL_FORMAT.into();
     harness.prompt.slots.insert(
         "action_guidance".into(),
-        format!("Call `{SQL_TOOL}` to run SQL and `{COMMIT_TOOL}` to give your final answer."),
+        format!(
+            "Call `{SQL_TOOL}` to run SQL and `{COMMIT_TOOL}` to give your final answer. Every reply must call one of them: an answer counts only when it is committed."
+        ),
     );
     harness.limits.max_model_calls = MAX_ROUNDS;
     harness.limits.max_env_actions = MAX_ROUNDS;
