@@ -102,6 +102,22 @@ pub enum Error {
     /// A harness selector (router) failed.
     #[error("harness selector: {0}")]
     Selector(String),
+    /// A learner (the policy update) failed.
+    #[error("learner `{learner}`: {message}")]
+    Learner {
+        /// The learner's name.
+        learner: String,
+        /// What failed.
+        message: String,
+    },
+    /// A calibrator (router re-anchoring) failed.
+    #[error("calibrator `{calibrator}`: {message}")]
+    Calibration {
+        /// The calibrator's name.
+        calibrator: String,
+        /// What failed.
+        message: String,
+    },
 }
 
 impl Error {

@@ -14,6 +14,9 @@
 //!   hooks, steps the environment and records a [`Trajectory`] with every policy turn's context
 //!   tokens, generated tokens and rollout log-probs.
 //! - [`Group`]: one task's retained trajectories for a GRPO update.
+//! - The seams the training loop meets the rest through: [`HarnessSelector`] (which siblings
+//!   rescue a task), [`Calibrate`] (re-anchoring the router's evidence) and [`Learner`] (the
+//!   policy update).
 //!
 //! ```
 //! use harness_core::{Harness, HarnessEdit, EditOp};
@@ -41,28 +44,32 @@
 //! ```
 
 pub mod action;
+pub mod calibrate;
 pub mod chat;
 pub mod env;
 pub mod episode;
 pub mod error;
 pub mod fsutil;
 pub mod harness;
+pub mod learner;
 pub mod policy;
 pub mod selector;
 pub mod task;
 pub mod trajectory;
 
 pub use action::{ActionParser, ParsedAction, TOOL_CALL_FORMAT, ToolCall, ToolCallParser};
+pub use calibrate::{Calibrate, CalibrationPoint, CalibrationSummary};
 pub use chat::{ChatMessage, ChatModel, ChatRequest, ChatResponse, Role, Usage};
 pub use env::{EnvSession, Environment, Observation, Outcome, ToolKind, ToolSpec};
 pub use episode::{EpisodeOptions, call_seed, cut_text, run_episode, run_episode_with};
 pub use error::{Error, Location, Result};
 pub use harness::{
     CONDITIONS, CompiledHook, Condition, ContextPolicy, EditOp, Harness, HarnessEdit, HarnessId,
-    HookAction, HookEvent, HookSpec, Limits, Lineage, MemoryPolicy, NOTE_TOOL, PromptRule,
-    PromptSpec, Skill, ToolView, canonical_json,
+    HookAction, HookEvent, HookSpec, Limits, Lineage, LocalEval, MemoryPolicy, NOTE_TOOL,
+    PromptRule, PromptSpec, Skill, ToolView, canonical_json,
 };
-pub use policy::{FinishReason, Policy, PolicyRequest, PolicyTurn, SamplingParams};
+pub use learner::{Learner, UpdateReport};
+pub use policy::{FinishReason, Policy, PolicyRequest, PolicyTurn, SamplingParams, TurnSampling};
 pub use selector::{HarnessSelector, SelectionMode, SelectionRequest};
 pub use task::{Split, Task};
 pub use trajectory::{

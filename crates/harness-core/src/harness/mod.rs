@@ -277,6 +277,31 @@ pub struct Lineage {
     /// The editor's notes and self-review.
     #[serde(default)]
     pub notes: Vec<String>,
+    /// The root causes (failure-analysis labels) the edit targets.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub causes: Vec<String>,
+    /// What local evaluation measured when the harness came from evolution.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local_eval: Option<LocalEval>,
+}
+
+/// A candidate harness's local evaluation against its parent (paper appendix "Directional
+/// Harness Evolution: Prompts and Settings": at most 30 tasks, at most 10 successful controls).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LocalEval {
+    /// Tasks run.
+    pub tasks: usize,
+    /// Of which the parent's targeted failures.
+    pub targeted_failures: usize,
+    /// Of which tasks the parent solved (controls).
+    pub controls: usize,
+    /// Task ids the parent failed and the candidate solved.
+    pub repaired: Vec<String>,
+    /// Task ids the parent solved and the candidate failed.
+    pub regressed: Vec<String>,
+    /// The candidate's success rate on the tasks run.
+    pub success_rate: f64,
 }
 
 impl Harness {
