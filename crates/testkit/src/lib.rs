@@ -25,6 +25,7 @@
 //! ```
 
 pub mod conformance;
+pub mod harness_sensitive;
 mod policy;
 mod scripted_env;
 
