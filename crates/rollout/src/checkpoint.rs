@@ -1,0 +1,179 @@
+//! Crash-safe checkpoints of a run. Each is a folder `checkpoints/update-NNNNNNNN/` holding
+//! `state.json` (the loop's position, counters, offsets, the calibrator's snapshot) and
+//! `learner/` (whatever [`harness_core::Learner::save_checkpoint`] writes: weights, optimizer,
+//! RNG). A checkpoint is written into `.update-NNNNNNNN.partial/`, renamed into place when
+//! complete, and only then named by `checkpoints/latest` (replaced atomically); older ones are
+//! pruned after that, so a crash at any moment leaves the previous complete checkpoint loadable.
+
+use std::path::{Path, PathBuf};
+
+use harness_core::{HarnessId, Learner};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::files::{CHECKPOINT_DIR, Offsets};
+use crate::metrics::Cost;
+use crate::order::Cursor;
+
+/// The pointer file naming the latest complete checkpoint.
+pub const LATEST_FILE: &str = "latest";
+/// The loop's state inside a checkpoint folder (written last).
+pub const STATE_FILE: &str = "state.json";
+/// The learner's folder inside a checkpoint folder.
+pub const LEARNER_DIR: &str = "learner";
+/// The `format` of [`CheckpointState`].
+pub const CHECKPOINT_FORMAT: u32 = 1;
+
+/// Everything besides the learner that the next update depends on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointState {
+    /// Always [`CHECKPOINT_FORMAT`].
+    pub format: u32,
+    /// Updates applied.
+    pub update: u64,
+    /// Position in the task order. Every other random draw of the loop is derived from the run
+    /// seed and this position (see [`crate::seed`]), so this is the loop's whole RNG state; the
+    /// learner's RNG is in `learner/`.
+    pub cursor: Cursor,
+    /// The policy version rollouts use next.
+    pub policy_version: u64,
+    /// Calibrations taken (the next one's index).
+    pub calibrations: u32,
+    /// Whether the final re-anchoring has run (the run is complete).
+    pub finished: bool,
+    /// Lengths of the JSONL files after this update.
+    pub offsets: Offsets,
+    /// Cost totals so far.
+    pub cost: Cost,
+    /// The calibrator's [`harness_core::Calibrate::snapshot`].
+    pub calibrator: serde_json::Value,
+    /// The run's config, to refuse resuming with another.
+    pub config: serde_json::Value,
+    /// The pool's members in order, to refuse resuming with another pool.
+    pub pool: Vec<HarnessId>,
+}
+
+fn folder_name(update: u64) -> String {
+    format!("update-{update:08}")
+}
+
+/// Write a checkpoint of `state` and `learner` under `run_dir`, keep the newest `keep`
+/// complete ones, and return the new folder.
+pub fn write_checkpoint(
+    run_dir: &Path,
+    state: &CheckpointState,
+    learner: &dyn Learner,
+    keep: usize,
+) -> Result<PathBuf> {
+    let root = run_dir.join(CHECKPOINT_DIR);
+    std::fs::create_dir_all(&root).map_err(|e| Error::io(&root, e))?;
+    let name = folder_name(state.update);
+    let partial = root.join(format!(".{name}.partial"));
+    if partial.exists() {
+        std::fs::remove_dir_all(&partial).map_err(|e| Error::io(&partial, e))?;
+    }
+    let learner_dir = partial.join(LEARNER_DIR);
+    std::fs::create_dir_all(&learner_dir).map_err(|e| Error::io(&learner_dir, e))?;
+    learner.save_checkpoint(&learner_dir)?;
+    let json = serde_json::to_vec_pretty(state)
+        .unwrap_or_else(|_| unreachable!("the state is plain data"));
+    harness_core::fsutil::write_atomic(&partial.join(STATE_FILE), &json)?;
+    sync_dir(&partial);
+    let target = root.join(&name);
+    if target.exists() {
+        // The final checkpoint of a run can land on the update of a periodic one: swap it.
+        // `latest` still names `target`; a crash before the rename below makes the loader
+        // fall back to the newest complete folder.
+        std::fs::remove_dir_all(&target).map_err(|e| Error::io(&target, e))?;
+    }
+    std::fs::rename(&partial, &target).map_err(|e| Error::io(&target, e))?;
+    sync_dir(&root);
+    harness_core::fsutil::write_atomic(&root.join(LATEST_FILE), name.as_bytes())?;
+    prune(&root, keep)?;
+    Ok(target)
+}
+
+fn sync_dir(dir: &Path) {
+    // Best effort: makes the renames durable across power loss; a process crash does not need it.
+    if let Ok(f) = std::fs::File::open(dir) {
+        let _ = f.sync_all();
+    }
+}
+
+/// Complete checkpoint folders, oldest first.
+fn complete(root: &Path) -> Result<Vec<(u64, PathBuf)>> {
+    let mut out = Vec::new();
+    let entries = match std::fs::read_dir(root) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+        Err(e) => return Err(Error::io(root, e)),
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(n) = name
+            .strip_prefix("update-")
+            .and_then(|n| n.parse::<u64>().ok())
+        else {
+            continue;
+        };
+        if entry.path().join(STATE_FILE).is_file() {
+            out.push((n, entry.path()));
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+fn prune(root: &Path, keep: usize) -> Result<()> {
+    let all = complete(root)?;
+    let drop = all.len().saturating_sub(keep.max(1));
+    for (_, path) in &all[..drop] {
+        std::fs::remove_dir_all(path).map_err(|e| Error::io(path, e))?;
+    }
+    // Partial folders of crashed writes.
+    for entry in std::fs::read_dir(root)
+        .map_err(|e| Error::io(root, e))?
+        .flatten()
+    {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with('.') && name.ends_with(".partial") {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+    Ok(())
+}
+
+/// The latest complete checkpoint of `run_dir`: the folder `latest` names when it is complete,
+/// else the newest complete folder. `None` when there is none.
+pub fn latest_checkpoint(run_dir: &Path) -> Result<Option<(PathBuf, CheckpointState)>> {
+    let root = run_dir.join(CHECKPOINT_DIR);
+    let named = std::fs::read_to_string(root.join(LATEST_FILE))
+        .ok()
+        .map(|n| root.join(n.trim()))
+        .filter(|p| p.join(STATE_FILE).is_file());
+    let dir = match named {
+        Some(dir) => dir,
+        None => match complete(&root)?.pop() {
+            Some((_, dir)) => dir,
+            None => return Ok(None),
+        },
+    };
+    let state_path = dir.join(STATE_FILE);
+    let text = std::fs::read_to_string(&state_path).map_err(|e| Error::io(&state_path, e))?;
+    let de = &mut serde_json::Deserializer::from_str(&text);
+    let state: CheckpointState = serde_path_to_error::deserialize(de).map_err(|e| {
+        let at = e.path().to_string();
+        Error::run_dir(&state_path, format!("at `{at}`: {}", e.into_inner()))
+    })?;
+    if state.format != CHECKPOINT_FORMAT {
+        return Err(Error::run_dir(
+            &state_path,
+            format!(
+                "checkpoint format {} is not the supported {CHECKPOINT_FORMAT}",
+                state.format
+            ),
+        ));
+    }
+    Ok(Some((dir, state)))
+}

@@ -1,0 +1,588 @@
+//! The rescue loop against scripted policies, environments, selectors and learners: Eq. 5,
+//! every strategy's allocation, strict selector checks, seeds, calibration and the run files.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+
+use common::*;
+use harness_core::{GroupOrigin, HarnessId, SelectionMode, Source};
+use harness_pool::SiblingPool;
+use harness_rollout::{
+    GroupRecord, RandomSelector, RescueConfig, RescueTrainer, TrainingSetup, UpdateRecord,
+};
+
+struct Fixture {
+    cfg: RescueConfig,
+    pool: SiblingPool,
+    env: Arc<CountingEnv>,
+    seen: Arc<Mutex<Vec<Vec<harness_core::Group>>>>,
+    dir: tempfile::TempDir,
+}
+
+fn fixture(strategy: &str, updates: u64) -> Fixture {
+    let cfg = RescueConfig::from_json(
+        &format!(
+            r#"{{"seed": 11, "updates": {updates}, "group_size": 4, "batch_tasks": 3, "concurrency": 5,
+                 "strategy": {strategy}, "checkpoint_every": 0}}"#
+        ),
+        None,
+    )
+    .unwrap();
+    Fixture {
+        cfg,
+        pool: pool(5),
+        env: Arc::new(CountingEnv::new()),
+        seen: Arc::default(),
+        dir: tempfile::tempdir().unwrap(),
+    }
+}
+
+impl Fixture {
+    fn setup(
+        &self,
+        policy: Arc<dyn harness_core::Policy>,
+        selector: Option<Arc<dyn harness_core::HarnessSelector>>,
+    ) -> TrainingSetup {
+        TrainingSetup {
+            policy,
+            environments: vec![self.env.clone()],
+            pool: self.pool.clone(),
+            train_tasks: tasks(3),
+            validation_tasks: Vec::new(),
+            learner: Box::new(ScriptedLearner {
+                seen: self.seen.clone(),
+                ..ScriptedLearner::default()
+            }),
+            selector,
+            calibrator: None,
+            weight_sync: None,
+        }
+    }
+
+    fn groups(&self) -> Vec<GroupRecord> {
+        jsonl(&self.dir.path().join("groups.jsonl"))
+            .into_iter()
+            .map(|v| serde_json::from_value(v).unwrap())
+            .collect()
+    }
+
+    fn metrics(&self) -> Vec<UpdateRecord> {
+        jsonl(&self.dir.path().join("metrics.jsonl"))
+            .into_iter()
+            .filter(|v| v["kind"] == "update")
+            .map(|v| serde_json::from_value(v).unwrap())
+            .collect()
+    }
+
+    fn id(&self, name: &str) -> HarnessId {
+        self.pool
+            .members()
+            .iter()
+            .find(|h| h.name == name)
+            .unwrap()
+            .id()
+    }
+}
+
+/// t0: H0 succeeds on some seeds; t1 and t2: H0 always fails, siblings S2 and S4 succeed.
+fn mixed_policy() -> Arc<dyn harness_core::Policy> {
+    oracle(|h, t, s| match (h, t) {
+        ("H0", "t0") => s % 2 == 0,
+        ("H0", _) => false,
+        ("S2" | "S4", "t1" | "t2") => true,
+        _ => false,
+    })
+}
+
+fn reverse_selector(
+    pool: &SiblingPool,
+) -> Arc<
+    ScriptedSelector<
+        impl Fn(&harness_core::SelectionRequest) -> Vec<HarnessId> + Send + Sync + use<>,
+    >,
+> {
+    let aux: Vec<HarnessId> = pool
+        .auxiliaries()
+        .map(|h| h.id())
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect();
+    Arc::new(ScriptedSelector::new(
+        move |r: &harness_core::SelectionRequest| aux.iter().take(r.k).cloned().collect(),
+    ))
+}
+
+#[tokio::test]
+async fn rescue_triggers_iff_all_base_rollouts_fail_and_the_retained_group_is_eq5() {
+    let f = fixture(r#"{"kind": "router"}"#, 3);
+    let selector = reverse_selector(&f.pool);
+    let mut t = RescueTrainer::new(
+        f.cfg.clone(),
+        f.setup(mixed_policy(), Some(selector.clone())),
+        f.dir.path(),
+    )
+    .unwrap();
+    t.run().await.unwrap();
+    let groups = f.groups();
+    assert_eq!(groups.len(), 9);
+    let order: Vec<HarnessId> = f
+        .pool
+        .auxiliaries()
+        .map(|h| h.id())
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .take(4)
+        .collect();
+    let seen = f.seen.lock().unwrap();
+    for (i, g) in groups.iter().enumerate() {
+        let any_success = g.base_rewards.iter().any(|r| *r >= 1.0);
+        assert_eq!(g.base_rewards.len(), 4);
+        assert_eq!(g.rescued(), !any_success, "{g:?}");
+        let learner_group = &seen[i / 3][i % 3];
+        assert_eq!(learner_group.task.id, g.task_id);
+        if any_success {
+            assert_eq!(g.origin, GroupOrigin::Base);
+            assert_eq!(g.retained_rewards, g.base_rewards);
+            assert!(g.rescue_harnesses.is_empty());
+            assert!(
+                learner_group
+                    .trajectories
+                    .iter()
+                    .all(|t| t.harness_id == *f.pool.base_id())
+            );
+        } else {
+            // Eq. 5: the rescue group replaces the failed one, in the selector's order.
+            assert_eq!(g.origin, GroupOrigin::Rescue);
+            assert_eq!(g.rescue_harnesses, order);
+            assert_eq!(g.retained_harnesses, order);
+            assert_eq!(g.retained_rewards, g.rescue_rewards);
+            assert!(!g.retained_harnesses.contains(f.pool.base_id()));
+            let ids: Vec<HarnessId> = learner_group
+                .trajectories
+                .iter()
+                .map(|t| t.harness_id.clone())
+                .collect();
+            assert_eq!(ids, order);
+        }
+    }
+    // t1 and t2 always fail under H0; S2 and S4 rescue them.
+    assert!(
+        groups
+            .iter()
+            .filter(|g| g.task_id != "t0")
+            .all(|g| g.rescued())
+    );
+    let m = f.metrics();
+    assert!(m.iter().all(|m| m.rescue_success == Some(1.0)));
+    let requests = selector.requests.lock().unwrap();
+    assert_eq!(
+        requests.len(),
+        groups.iter().filter(|g| g.rescued()).count()
+    );
+    assert!(
+        requests
+            .iter()
+            .all(|r| r.mode == SelectionMode::Rescue && r.k == 4)
+    );
+}
+
+#[tokio::test]
+async fn each_rollout_starts_from_a_fresh_session_and_rescue_never_reuses_a_base_seed() {
+    let f = fixture(r#"{"kind": "h0_rescue"}"#, 2);
+    let mut t =
+        RescueTrainer::new(f.cfg.clone(), f.setup(mixed_policy(), None), f.dir.path()).unwrap();
+    t.run().await.unwrap();
+    let groups = f.groups();
+    let rollouts: usize = groups
+        .iter()
+        .map(|g| g.base_rewards.len() + g.rescue_rewards.len())
+        .sum();
+    let resets = f.env.resets.lock().unwrap().clone();
+    assert_eq!(
+        resets.len(),
+        rollouts,
+        "one environment session per rollout"
+    );
+    let trajectories = harness_core::read_jsonl(f.dir.path().join("trajectories.jsonl")).unwrap();
+    assert_eq!(trajectories.len(), rollouts);
+    let mut seeds: Vec<u64> = trajectories.iter().map(|t| t.seed).collect();
+    seeds.sort();
+    seeds.dedup();
+    assert_eq!(
+        seeds.len(),
+        rollouts,
+        "every rollout of the run has its own seed"
+    );
+    // h0_rescue: K fresh H0 rollouts for every all-failure task.
+    for g in groups.iter().filter(|g| g.rescued()) {
+        assert_eq!(g.rescue_harnesses, vec![f.pool.base_id().clone()]);
+        assert_eq!(g.retained_harnesses, vec![f.pool.base_id().clone(); 4]);
+    }
+    assert!(groups.iter().any(|g| g.rescued()));
+}
+
+#[tokio::test]
+async fn plain_grpo_keeps_every_initial_group() {
+    let f = fixture(r#"{"kind": "grpo"}"#, 2);
+    let mut t =
+        RescueTrainer::new(f.cfg.clone(), f.setup(mixed_policy(), None), f.dir.path()).unwrap();
+    let cost = t.run().await.unwrap();
+    assert!(
+        f.groups()
+            .iter()
+            .all(|g| g.origin == GroupOrigin::Base && g.retained_rewards == g.base_rewards)
+    );
+    assert!(
+        f.metrics()
+            .iter()
+            .all(|m| m.rescue_trigger_rate == 0.0 && m.all_fail_rate > 0.0)
+    );
+    assert_eq!(cost.training_rollouts.total, 2 * 3 * 4);
+    assert_eq!(cost.rollouts_relative_to_plain_grpo, 1.0);
+}
+
+#[tokio::test]
+async fn top_m_x_n_gives_n_rollouts_to_each_of_m_harnesses() {
+    let f = fixture(
+        r#"{"kind": "router", "allocation": {"kind": "top_m_x_n", "m": 2, "n": 2}}"#,
+        2,
+    );
+    let selector = reverse_selector(&f.pool);
+    let mut t = RescueTrainer::new(
+        f.cfg.clone(),
+        f.setup(mixed_policy(), Some(selector.clone())),
+        f.dir.path(),
+    )
+    .unwrap();
+    t.run().await.unwrap();
+    let (a, b) = (f.id("S5"), f.id("S4"));
+    let rescued: Vec<GroupRecord> = f.groups().into_iter().filter(|g| g.rescued()).collect();
+    assert!(!rescued.is_empty());
+    for g in rescued {
+        assert_eq!(g.rescue_harnesses, vec![a.clone(), b.clone()]);
+        assert_eq!(
+            g.retained_harnesses,
+            vec![a.clone(), a.clone(), b.clone(), b.clone()]
+        );
+    }
+    assert!(selector.requests.lock().unwrap().iter().all(|r| r.k == 2));
+}
+
+#[tokio::test]
+async fn fixed_mixture_honours_its_counts_on_every_task_without_waiting_for_failure() {
+    let f = fixture(
+        r#"{"kind": "fixed_mixture", "mixture": [{"harness": "base", "rollouts": 1}, {"harness": "S3", "rollouts": 3}]}"#,
+        2,
+    );
+    let mut t =
+        RescueTrainer::new(f.cfg.clone(), f.setup(mixed_policy(), None), f.dir.path()).unwrap();
+    let cost = t.run().await.unwrap();
+    let s3 = f.id("S3");
+    for g in f.groups() {
+        assert_eq!(g.origin, GroupOrigin::Mixture);
+        assert_eq!(
+            g.retained_harnesses,
+            vec![f.pool.base_id().clone(), s3.clone(), s3.clone(), s3.clone()]
+        );
+        assert!(g.rescue_harnesses.is_empty());
+    }
+    assert_eq!(cost.training_rollouts.mixture, 2 * 3 * 4);
+    assert_eq!(cost.rollouts_relative_to_plain_grpo, 1.0);
+}
+
+#[tokio::test]
+async fn random_harness_rescues_with_k_distinct_auxiliaries() {
+    let f = fixture(r#"{"kind": "random_harness"}"#, 3);
+    let mut t =
+        RescueTrainer::new(f.cfg.clone(), f.setup(mixed_policy(), None), f.dir.path()).unwrap();
+    t.run().await.unwrap();
+    let rescued: Vec<GroupRecord> = f.groups().into_iter().filter(|g| g.rescued()).collect();
+    assert!(!rescued.is_empty());
+    let mut orders = std::collections::HashSet::new();
+    for g in rescued {
+        let mut ids = g.rescue_harnesses.clone();
+        ids.sort();
+        ids.dedup();
+        assert_eq!(ids.len(), 4);
+        assert!(
+            ids.iter()
+                .all(|id| id != f.pool.base_id() && f.pool.contains(id))
+        );
+        orders.insert(g.rescue_harnesses);
+    }
+    assert!(orders.len() > 1, "draws differ between tasks and updates");
+}
+
+#[tokio::test]
+async fn dynamic_sampling_keeps_only_groups_with_reward_variance_and_draws_more_tasks() {
+    let f = fixture(r#"{"kind": "dynamic_sampling", "max_batches": 3}"#, 2);
+    let mut t =
+        RescueTrainer::new(f.cfg.clone(), f.setup(mixed_policy(), None), f.dir.path()).unwrap();
+    t.run().await.unwrap();
+    let groups = f.groups();
+    for g in &groups {
+        let mixed =
+            g.base_rewards.iter().any(|r| *r >= 1.0) && g.base_rewards.iter().any(|r| *r < 1.0);
+        if g.retained {
+            assert!(mixed, "{g:?}");
+        } else {
+            assert!(g.retained_rewards.is_empty());
+        }
+    }
+    // Only t0 can have mixed rewards, so every update draws the bound of 3 batches.
+    let m = f.metrics();
+    assert!(m.iter().all(|m| m.tasks == 9 && m.eg_rate == 1.0), "{m:?}");
+}
+
+async fn bad_answer(answer: impl Fn(&SiblingPool) -> Vec<HarnessId>) -> String {
+    let f = fixture(r#"{"kind": "router"}"#, 1);
+    let ids = answer(&f.pool);
+    let selector = Arc::new(ScriptedSelector::new(
+        move |_: &harness_core::SelectionRequest| ids.clone(),
+    ));
+    let mut t = RescueTrainer::new(
+        f.cfg.clone(),
+        f.setup(mixed_policy(), Some(selector)),
+        f.dir.path(),
+    )
+    .unwrap();
+    let err = t.run().await.unwrap_err().to_string();
+    assert!(err.contains("scripted-selector"), "{err}");
+    err
+}
+
+#[tokio::test]
+async fn bad_selector_answers_are_errors_naming_the_selector_and_its_answer() {
+    let aux = |p: &SiblingPool| p.auxiliaries().map(|h| h.id()).collect::<Vec<_>>();
+    let err = bad_answer(|p| aux(p)[..3].to_vec()).await;
+    assert!(err.contains("3 harnesses instead of 4"), "{err}");
+    let err = bad_answer(|p| [vec![p.base_id().clone()], aux(p)[..3].to_vec()].concat()).await;
+    assert!(err.contains("is the base harness H0"), "{err}");
+    let err = bad_answer(|p| {
+        let a = aux(p);
+        vec![a[0].clone(), a[1].clone(), a[2].clone(), a[0].clone()]
+    })
+    .await;
+    assert!(err.contains("appears twice"), "{err}");
+    let err = bad_answer(|p| {
+        [
+            aux(p)[..3].to_vec(),
+            vec![HarnessId("feedfacefeedface".into())],
+        ]
+        .concat()
+    })
+    .await;
+    assert!(
+        err.contains("`feedfacefeedface` is not a member of the pool"),
+        "{err}"
+    );
+    let err = bad_answer(|p| aux(p)).await;
+    assert!(err.contains("5 harnesses instead of 4"), "{err}");
+}
+
+#[tokio::test]
+async fn rescue_trajectories_reach_the_learner_in_their_own_generating_context() {
+    let f = fixture(r#"{"kind": "router"}"#, 1);
+    let selector = Arc::new(RandomSelector::new(&f.pool));
+    let mut t = RescueTrainer::new(
+        f.cfg.clone(),
+        f.setup(mixed_policy(), Some(selector)),
+        f.dir.path(),
+    )
+    .unwrap();
+    t.run().await.unwrap();
+    let seen = f.seen.lock().unwrap();
+    let mut checked = 0;
+    for g in seen
+        .iter()
+        .flatten()
+        .filter(|g| g.origin == GroupOrigin::Rescue)
+    {
+        for tr in &g.trajectories {
+            let sibling = f.pool.get(&tr.harness_id).unwrap();
+            assert_ne!(sibling.name, "H0");
+            for turn in &tr.turns {
+                // The scripted policy's context tokens are the rendered prompt's bytes.
+                let context =
+                    String::from_utf8(turn.context_tokens.iter().map(|t| *t as u8).collect())
+                        .unwrap();
+                assert!(
+                    context.contains(&format!("harness={}.", sibling.name)),
+                    "{context}"
+                );
+                assert!(!context.contains("harness=H0."));
+                let i = turn.message_index.unwrap();
+                assert_eq!(tr.messages[i].source, Source::Policy);
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked > 0);
+}
+
+#[tokio::test]
+async fn calibration_runs_before_training_when_due_and_with_the_final_policy() {
+    let mut f = fixture(r#"{"kind": "router"}"#, 5);
+    f.cfg.calibrate_every = 2;
+    let calibrator = Arc::new(RecordingCalibrator::default());
+    let mut setup = f.setup(mixed_policy(), Some(Arc::new(RandomSelector::new(&f.pool))));
+    setup.calibrator = Some(calibrator.clone());
+    let mut t = RescueTrainer::new(f.cfg.clone(), setup, f.dir.path()).unwrap();
+    let cost = t.run().await.unwrap();
+    let points = calibrator.points.lock().unwrap();
+    let at: Vec<(u32, u64, bool)> = points
+        .iter()
+        .map(|p| (p.index, p.update, p.is_final))
+        .collect();
+    assert_eq!(
+        at,
+        vec![(0, 0, false), (1, 2, false), (2, 4, false), (3, 5, true)]
+    );
+    assert_eq!(cost.calibration_rollouts, 16);
+    assert_eq!(cost.external_llm_tokens["profiler"].prompt_tokens, 400);
+    let lines = jsonl(&f.dir.path().join("metrics.jsonl"));
+    assert_eq!(
+        lines.iter().filter(|l| l["kind"] == "calibration").count(),
+        4
+    );
+}
+
+#[tokio::test]
+async fn the_router_strategy_without_a_selector_and_a_too_small_pool_are_config_errors() {
+    let f = fixture(r#"{"kind": "router"}"#, 1);
+    let err = RescueTrainer::new(f.cfg.clone(), f.setup(mixed_policy(), None), f.dir.path())
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("`strategy`") && err.contains("selector"),
+        "{err}"
+    );
+    let mut setup = f.setup(mixed_policy(), Some(Arc::new(RandomSelector::new(&f.pool))));
+    setup.pool = pool(3);
+    let err = RescueTrainer::new(f.cfg.clone(), setup, f.dir.path())
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("needs 4 distinct auxiliary harnesses but the pool has 3"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn the_run_files_carry_the_documented_fields() {
+    let mut f = fixture(r#"{"kind": "router"}"#, 2);
+    f.cfg.eval_every = 1;
+    let mut setup = f.setup(mixed_policy(), Some(Arc::new(RandomSelector::new(&f.pool))));
+    setup.validation_tasks = tasks(2)
+        .into_iter()
+        .map(|mut t| {
+            t.split = harness_core::Split::Validation;
+            t
+        })
+        .collect();
+    let mut t = RescueTrainer::new(f.cfg.clone(), setup, f.dir.path()).unwrap();
+    t.run().await.unwrap();
+    let lines = jsonl(&f.dir.path().join("metrics.jsonl"));
+    let update = lines.iter().find(|l| l["kind"] == "update").unwrap();
+    for field in [
+        "update",
+        "strategy",
+        "eg_rate",
+        "effective_token_share",
+        "rescue_trigger_rate",
+        "rescue_success",
+        "rescue_use",
+        "base_reward_mean",
+        "retained_reward_mean",
+        "rollouts_base",
+        "rollouts_rescue",
+        "policy_tokens",
+        "loss",
+        "grad_norm",
+        "clip_frac_low",
+        "clip_frac_high",
+        "weight_mean",
+        "weight_clipped_frac",
+        "lr",
+        "rollout_seconds",
+        "update_seconds",
+        "calibration_seconds",
+    ] {
+        assert!(
+            update.get(field).is_some(),
+            "metrics.jsonl lacks `{field}`: {update}"
+        );
+    }
+    let eval = lines.iter().find(|l| l["kind"] == "eval").unwrap();
+    assert_eq!(eval["k"], 3);
+    assert!(eval["pass_at_k"].is_number() && eval["avg_at_k"].is_number());
+    let group = &jsonl(&f.dir.path().join("groups.jsonl"))[0];
+    for field in [
+        "update",
+        "task_id",
+        "origin",
+        "base_rewards",
+        "rescue_harnesses",
+        "retained_rewards",
+        "retained_harnesses",
+        "policy_tokens",
+    ] {
+        assert!(
+            group.get(field).is_some(),
+            "groups.jsonl lacks `{field}`: {group}"
+        );
+    }
+    let cost: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(f.dir.path().join("cost.json")).unwrap())
+            .unwrap();
+    for field in [
+        "training_rollouts",
+        "rollouts_relative_to_plain_grpo",
+        "rollout_seconds",
+        "update_seconds",
+        "calibration_seconds",
+        "external_llm_tokens",
+    ] {
+        assert!(
+            cost.get(field).is_some(),
+            "cost.json lacks `{field}`: {cost}"
+        );
+    }
+    // A fresh run refuses a directory that holds one.
+    let again = RescueTrainer::new(
+        f.cfg.clone(),
+        f.setup(mixed_policy(), Some(Arc::new(RandomSelector::new(&f.pool)))),
+        f.dir.path(),
+    );
+    assert!(
+        again
+            .err()
+            .unwrap()
+            .to_string()
+            .contains("already holds a run")
+    );
+}
+
+#[tokio::test]
+async fn selection_and_task_order_are_reproducible_from_the_seed() {
+    let run = || async {
+        let f = fixture(r#"{"kind": "random_harness"}"#, 3);
+        let mut t = RescueTrainer::new(
+            f.cfg.clone(),
+            f.setup(oracle(hashed(5, 0.2, 0.5)), None),
+            f.dir.path(),
+        )
+        .unwrap();
+        t.run().await.unwrap();
+        (
+            without_timings(jsonl(&f.dir.path().join("metrics.jsonl"))),
+            jsonl(&f.dir.path().join("groups.jsonl")),
+        )
+    };
+    assert_eq!(run().await, run().await);
+}
