@@ -45,6 +45,15 @@ pub enum Error {
     /// A request was invalid (bad sampling parameters, empty prompt, ...).
     #[error("invalid request: {0}")]
     Request(String),
+    /// Rollouts the trainer cannot train on (e.g. sampled with settings its `pi_old` does not
+    /// describe).
+    #[error("{location}: {message}")]
+    Rollout {
+        /// Which group, trajectory, turn and field.
+        location: String,
+        /// What was found and what was expected.
+        message: String,
+    },
     /// Something else, with a description.
     #[error("{0}")]
     Msg(String),

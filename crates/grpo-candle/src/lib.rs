@@ -25,10 +25,12 @@
 //! # Log-prob conventions
 //! [`CandlePolicy`] reports in `PolicyTurn::logprobs` the log-probability of each sampled token
 //! under the distribution it was actually drawn from (temperature, top-k, top-p applied and
-//! renormalised): that is `q` of the paper's Eq. 16, and the trainer's detached weight
-//! `clip(pi_old / q, 0, 2)` corrects for the gap between it and the temperature-1 policy
-//! `pi_old`. Greedy turns have `q = 1` (log-prob 0). The raw model log-probs are available from
-//! the [`sampler`] ([`Sample::raw_logprobs`]).
+//! renormalised): that is `q` of the paper's Eq. 16. The trainer's `pi_old` is the model at its
+//! configured temperature over the full vocabulary, so the detached weight
+//! `clip(pi_old / q, 0, 2)` is an importance weight only when rollouts are sampled at that
+//! temperature without top-k or top-p; [`Trainer::step`](trainer::Trainer::step) checks the
+//! settings every trajectory records and refuses others. Greedy turns have `q = 1` (log-prob 0).
+//! The raw model log-probs are available from the [`sampler`] ([`Sample::raw_logprobs`]).
 //!
 //! # Example
 //! ```

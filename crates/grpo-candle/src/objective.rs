@@ -93,6 +93,9 @@ pub struct LossStats {
     pub weight_min: f64,
     /// Largest `w`.
     pub weight_max: f64,
+    /// Tokens whose `pi_old / q` exceeded the cap (their `w` was clipped).
+    #[serde(default)]
+    pub weight_clipped: usize,
 }
 
 impl LossStats {
@@ -114,6 +117,7 @@ impl LossStats {
         self.weight_sum += o.weight_sum;
         self.weight_min = self.weight_min.min(o.weight_min);
         self.weight_max = self.weight_max.max(o.weight_max);
+        self.weight_clipped += o.weight_clipped;
     }
 }
 
@@ -179,6 +183,7 @@ pub fn grpo_loss(
             clipped_const.push(0f32);
         }
         let wk = importance_weight(lo[k] as f64, lq[k] as f64, cfg.weight_cap);
+        stats.weight_clipped += ((lo[k] as f64 - lq[k] as f64).exp() > cfg.weight_cap) as usize;
         w.push(wk as f32);
         stats.ratio_sum += rho;
         stats.ratio_min = stats.ratio_min.min(rho);

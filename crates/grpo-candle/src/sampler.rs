@@ -9,10 +9,13 @@
 //! # Which log-probs
 //! [`Sample::logprobs`] are log-probabilities under the **processed** distribution the token was
 //! actually drawn from: logits / temperature, restricted to the top-k and then the top-p nucleus,
-//! renormalised. This is `q` of the paper's Eq. 16; the trainer's importance weight
-//! `clip(pi_old / q, 0, 2)` corrects exactly for that mismatch between the sampling distribution
-//! and the (temperature-1, untruncated) policy `pi_old`. At temperature 1 without truncation both
-//! coincide. Greedy decoding (temperature 0) samples from a point mass: its processed log-prob is 0.
+//! renormalised. This is `q` of the paper's Eq. 16. The trainer's `pi_old` is the model at
+//! [`TrainerConfig::temperature`](crate::trainer::TrainerConfig::temperature) over the full
+//! vocabulary, so its weight `clip(pi_old / q, 0, 2)` is an importance weight only for rollouts
+//! sampled at that temperature without top-k or top-p: with truncation `q` is renormalised over
+//! the kept tokens and the weight is biased on every token, and `Trainer::step` refuses such
+//! rollouts (each trajectory records its turns' settings). Greedy decoding (temperature 0)
+//! samples from a point mass: its processed log-prob is 0, whatever the model's probability.
 //! [`Sample::raw_logprobs`] are the untouched model's log-probs (temperature 1, full vocabulary)
 //! of the same tokens, for diagnostics and for trainers that want them.
 

@@ -212,6 +212,10 @@ pub struct SftMetrics {
     pub sequence_tokens: usize,
     /// Micro-batches run.
     pub micro_batches: usize,
+    /// The update was skipped because no sequence had a scored token: the step counter, the
+    /// learning-rate schedule and AdamW's bias correction did not move.
+    #[serde(default)]
+    pub skipped: bool,
     /// Wall-clock seconds.
     pub seconds: f64,
 }
@@ -390,7 +394,16 @@ impl SftTrainer {
             sequence_tokens: internal.iter().map(|s| s.ids.len() - 1).sum(),
             ..SftMetrics::default()
         };
-        let scale = 1.0 / total.max(1) as f64;
+        if total == 0 {
+            // No gradient: an AdamW step would still advance the schedule and the bias
+            // correction and decay the weights, for nothing.
+            tracing::warn!("SFT update: no scored tokens; no optimizer update");
+            metrics.skipped = true;
+            metrics.step = self.step;
+            metrics.seconds = started.elapsed().as_secs_f64();
+            return Ok(metrics);
+        }
+        let scale = 1.0 / total as f64;
         let mut acc: Vec<Option<Tensor>> = vec![None; self.vars.len()];
         let mut nll = 0.0f64;
         let mut confident = 0usize;
@@ -596,5 +609,26 @@ mod tests {
             policy_pos: vec![],
         };
         assert_eq!(t.evaluate(&m, &[empty]).unwrap().tokens, 0);
+    }
+
+    #[test]
+    fn an_update_without_scored_tokens_is_a_reported_no_op() {
+        let m = model(5);
+        let mut t = SftTrainer::new(&m, cfg(64, 0)).unwrap();
+        let before = weights(&m);
+        let empty = SftSequence {
+            ids: vec![1, 2],
+            policy_pos: vec![],
+        };
+        for batch in [vec![], vec![empty]] {
+            let metrics = t.step(&m, &batch).unwrap();
+            assert!(metrics.skipped && metrics.tokens == 0, "{metrics:?}");
+            assert_eq!((metrics.step, t.step_count()), (0, 0));
+        }
+        assert_eq!(weights(&m), before);
+        // The next real update is the first: warmup's first rate and bias correction at t = 1.
+        let first = t.step(&m, &seqs()).unwrap();
+        assert_eq!(first.step, 1);
+        assert_eq!(first.lr, t.cfg.schedule.lr_at(0));
     }
 }

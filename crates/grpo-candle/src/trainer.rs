@@ -1,10 +1,13 @@
 //! The GRPO trainer: groups of trajectories in, one (or a few) AdamW updates out.
 //!
 //! Data flow of [`Trainer::step`]:
+//! 0. [`Trainer::step`] checks every turn's recorded sampling settings against the trainer's own
+//!    (see "Which q" below) and refuses rollouts it cannot weight correctly.
 //! 1. Every trajectory's policy turns become training sequences in their own generating context:
-//!    consecutive turns whose `context_tokens` extend the previous turn's context + tokens are
-//!    packed into one sequence; any other turn starts a new one. Only generated tokens are scored
-//!    (the loss mask); harness text and observations are context.
+//!    turns without generated tokens (a context overflow) are skipped; consecutive turns whose
+//!    `context_tokens` extend the previous turn's context + tokens are packed into one sequence;
+//!    any other turn starts a new one. Only generated tokens are scored (the loss mask); harness
+//!    text and observations are context.
 //! 2. Advantages per group (Eq. 6); each token's share `1 / (|B| N_x)` of Eq. 15.
 //! 3. The groups are split into `updates_per_step` mini-batches (shuffled with the trainer's RNG
 //!    when more than one). Each mini-batch is one optimizer update, accumulated over micro-batches
@@ -14,6 +17,19 @@
 //!    old log-probs are the current ones detached and no extra pass is made; later mini-batches get
 //!    theirs from a forward-only pass before the first update.
 //! 5. Global grad-norm clipping, AdamW with decoupled weight decay, warmup + cosine/linear decay.
+//!    A mini-batch without scored tokens makes no update: the step counter, the schedule and
+//!    AdamW's bias correction stay where they were, and [`StepMetrics::skipped_updates`] counts it.
+//!
+//! # Which q
+//! The trainer's `pi_old` is the model at [`TrainerConfig::temperature`] over the full
+//! vocabulary, so Eq. 16's `w = clip(pi_old / q, 0, 2)` is an importance weight only when `q`
+//! is that same distribution. A rollout sampled with top-p < 1 or a top-k records `q`
+//! renormalised over the kept tokens (every `w` is then biased), a greedy rollout records
+//! log q = 0 (a point mass), and one at another temperature compares different distributions:
+//! [`Trainer::step`] refuses all three with an error naming the trajectory, the turn and the
+//! setting. [`Trainer::step_rollouts`] takes plain log-probs and cannot check them; its caller
+//! vouches for them. [`StepMetrics::weight_mean`] and [`StepMetrics::weight_clip_frac`] show a
+//! remaining mismatch (on-policy they are 1 and 0).
 //!
 //! [`Trainer::save_checkpoint`] writes the model (through a callback, e.g. the HF writer), the
 //! optimizer moments, the step and the RNG state into a folder atomically; [`Trainer::resume`]
@@ -73,7 +89,8 @@ pub struct TurnTokens {
     pub context: Vec<u32>,
     /// The generated tokens (the only scored tokens).
     pub tokens: Vec<u32>,
-    /// The rollout backend's log-prob of each generated token (`q`).
+    /// The rollout backend's log-prob of each generated token (`q`): at the trainer's
+    /// temperature over the full vocabulary (see "Which q" in the module docs).
     pub logprobs: Vec<f32>,
 }
 
@@ -210,9 +227,10 @@ pub struct TrainerConfig {
     pub updates_per_step: usize,
     /// Seed of the trainer's RNG (mini-batch shuffling).
     pub seed: u64,
-    /// Temperature the trainer's `pi_theta` is computed at (logits divided by it). Keep it equal
-    /// to the rollout's, and feed the sampler's log-probs at that temperature as `q`, so that the
-    /// correction weight of Eq. 16 compares like with like. Default 1.
+    /// Temperature the trainer's `pi_theta` is computed at (logits divided by it), over the full
+    /// vocabulary. Rollouts must be sampled at this temperature without top-p or top-k, so that
+    /// the correction weight of Eq. 16 compares like with like; [`Trainer::step`] refuses
+    /// rollouts recorded with other settings. Default 1.
     #[serde(default = "one")]
     pub temperature: f64,
     /// Micro-batches run at once, each on its own CPU thread with its own activations. 0 (the
@@ -281,6 +299,12 @@ pub struct StepMetrics {
     pub grad_norm: f64,
     /// Updates made.
     pub updates: usize,
+    /// Mini-batches skipped because they had no scored tokens (Eq. 15 gives them no gradient):
+    /// no optimizer update, so neither the step counter nor the learning-rate schedule nor
+    /// AdamW's bias correction moved for them. A step with no scored tokens at all reports
+    /// `updates == 0` and skips every planned mini-batch.
+    #[serde(default)]
+    pub skipped_updates: usize,
     /// Groups in the batch.
     pub groups: usize,
     /// Groups with both successes and failures.
@@ -308,12 +332,17 @@ pub struct StepMetrics {
     pub ratio_min: f64,
     /// Largest `rho`.
     pub ratio_max: f64,
-    /// Mean, min, max of the correction weight `w`.
+    /// Mean of the correction weight `w = clip(pi_old / q, 0, 2)` (Eq. 16) over policy tokens:
+    /// 1 on-policy; away from 1 when the rollout's `q` is not the trainer's `pi_old` (another
+    /// temperature, truncated sampling, stale weights).
     pub weight_mean: f64,
     /// Smallest `w`.
     pub weight_min: f64,
     /// Largest `w`.
     pub weight_max: f64,
+    /// Fraction of policy tokens whose `pi_old / q` exceeded the cap (`w` clipped at 2).
+    #[serde(default)]
+    pub weight_clip_frac: f64,
     /// Mean entropy of the policy's next-token distribution at scored positions.
     pub entropy_mean: f64,
     /// Wall-clock seconds.
@@ -352,6 +381,12 @@ pub(crate) fn pack_turns(
                 turn.tokens.len(),
                 turn.logprobs.len()
             )));
+        }
+        // A turn without tokens (the prompt overflowed the context limit) has nothing to score;
+        // packing its context would run the model over tokens it never generated from, possibly
+        // past its context length.
+        if turn.tokens.is_empty() {
+            continue;
         }
         let extends = cur
             .as_ref()
@@ -664,17 +699,88 @@ impl Trainer {
         &self.cfg
     }
 
-    /// One GRPO step on harness-core groups.
+    /// One GRPO step on harness-core groups. Refuses, before changing anything, groups whose
+    /// turns were sampled with settings the trainer's `pi_old` does not describe (see "Which q"
+    /// in the module docs), or whose settings were not recorded.
     pub fn step(
         &mut self,
         model: &dyn TrainableLm,
         groups: &[harness_core::Group],
     ) -> Result<StepMetrics> {
+        let vocab = model.lm_head_weight().dim(0)?;
+        self.check_sampling(groups, vocab)?;
         let tasks: Vec<TaskRollouts> = groups.iter().map(TaskRollouts::from).collect();
         self.step_rollouts(model, &tasks)
     }
 
-    /// One GRPO step on plain rollouts (what [`Trainer::step`] converts groups into).
+    /// Checks that every turn with tokens was sampled at the trainer's temperature, without
+    /// greedy decoding or truncation, so that Eq. 16's `pi_old / q` is an importance weight.
+    pub fn check_sampling(&self, groups: &[harness_core::Group], vocab: usize) -> Result<()> {
+        let want = self.cfg.temperature;
+        for (g, group) in groups.iter().enumerate() {
+            for (j, t) in group.trajectories.iter().enumerate() {
+                for (k, turn) in t.turns.iter().enumerate() {
+                    if turn.tokens.is_empty() {
+                        continue;
+                    }
+                    let fail = |field: &str, message: String| Error::Rollout {
+                        location: format!(
+                            "group {g} (task `{}`), trajectory {j} (harness `{}`, seed {}), `turns[{k}].{field}`",
+                            group.task.id, t.harness_name, t.seed
+                        ),
+                        message,
+                    };
+                    let Some(s) = turn.sampling else {
+                        return Err(fail(
+                            "sampling",
+                            format!(
+                                "no sampling settings recorded (a trajectory written before they were); expected temperature {want} without top-p or top-k, as the trainer's pi_old"
+                            ),
+                        ));
+                    };
+                    if s.greedy {
+                        return Err(fail(
+                            "sampling.greedy",
+                            format!(
+                                "greedy decoding records log q = 0 (a point mass), so pi_old / q is no importance weight; expected sampling at temperature {want}"
+                            ),
+                        ));
+                    }
+                    if s.top_p < 1.0 {
+                        return Err(fail(
+                            "sampling.top_p",
+                            format!(
+                                "top_p {}: q is renormalised over the nucleus while the trainer's pi_old is not truncated; expected top_p = 1",
+                                s.top_p
+                            ),
+                        ));
+                    }
+                    if let Some(top_k) = s.top_k.filter(|&top_k| top_k < vocab) {
+                        return Err(fail(
+                            "sampling.top_k",
+                            format!(
+                                "top_k {top_k} (vocabulary {vocab}): q is renormalised over the top k while the trainer's pi_old is not truncated; expected no top_k"
+                            ),
+                        ));
+                    }
+                    let got = f64::from(s.temperature);
+                    if (got - want).abs() > 1e-6 * want.max(1.0) {
+                        return Err(fail(
+                            "sampling.temperature",
+                            format!(
+                                "sampled at temperature {got} but the trainer computes pi_old at {want}; set TrainerConfig::temperature to the rollout temperature"
+                            ),
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// One GRPO step on plain rollouts (what [`Trainer::step`] converts groups into). The
+    /// rollout log-probs cannot be checked here: they must be at the trainer's temperature
+    /// over the full vocabulary.
     pub fn step_rollouts(
         &mut self,
         model: &dyn TrainableLm,
@@ -708,15 +814,19 @@ impl Trainer {
         metrics.policy_tokens = task_tokens.iter().sum();
         metrics.sequence_tokens = seqs.iter().map(|s| s.ids.len() - 1).sum();
 
+        // 3. Mini-batches of groups.
+        let n_updates = self.cfg.updates_per_step.min(tasks.len()).max(1);
         if seqs.is_empty() {
             // Nothing to score (no groups, or no generated tokens): no update, no step.
+            tracing::warn!(
+                "GRPO step: no scored tokens in {} groups; no optimizer update",
+                tasks.len()
+            );
+            metrics.skipped_updates = n_updates;
             metrics.step = self.step;
             metrics.seconds = started.elapsed().as_secs_f64();
             return Ok(metrics);
         }
-
-        // 3. Mini-batches of groups.
-        let n_updates = self.cfg.updates_per_step.min(tasks.len()).max(1);
         let mut order: Vec<usize> = (0..tasks.len()).collect();
         if n_updates > 1 {
             order.shuffle(&mut self.rng);
@@ -736,6 +846,14 @@ impl Trainer {
         let mut mb_seqs: Vec<Vec<usize>> = vec![Vec::new(); n_updates];
         for (i, s) in seqs.iter().enumerate() {
             mb_seqs[mb_of_task[s.task]].push(i);
+        }
+        let real_updates = mb_seqs.iter().filter(|idx| !idx.is_empty()).count();
+        metrics.skipped_updates = n_updates - real_updates;
+        if metrics.skipped_updates > 0 {
+            tracing::warn!(
+                "GRPO step: {} of {n_updates} mini-batches have no scored tokens; no optimizer update for them",
+                metrics.skipped_updates
+            );
         }
 
         // 4. pi_old for mini-batches after the first.
@@ -762,6 +880,11 @@ impl Trainer {
             .cfg
             .micro_batches_at_once(model.lm_head_weight().device());
         for (u, idx) in mb_seqs.iter().enumerate() {
+            if idx.is_empty() {
+                // Eq. 15 gives these tasks no gradient. An AdamW step would still advance the
+                // schedule and the bias correction `1 - beta^t` and decay the weights, for nothing.
+                continue;
+            }
             let mut acc: Vec<Option<Tensor>> = vec![None; self.vars.len()];
             let mut loss_total = 0.0f64;
             let mbs = micro_batches(&seqs, idx, self.cfg.micro_batch_tokens);
@@ -802,8 +925,8 @@ impl Trainer {
             let (lr, gn) = self.apply_update(acc)?;
             metrics.optimizer_seconds += opt_started.elapsed().as_secs_f64();
             metrics.lr = lr;
-            metrics.grad_norm += gn / n_updates as f64;
-            metrics.loss += loss_total / n_updates as f64;
+            metrics.grad_norm += gn / real_updates as f64;
+            metrics.loss += loss_total / real_updates as f64;
             metrics.updates += 1;
         }
         let tok = stats.tokens.max(1) as f64;
@@ -816,6 +939,7 @@ impl Trainer {
         metrics.weight_mean = stats.weight_sum / tok;
         metrics.weight_min = stats.weight_min;
         metrics.weight_max = stats.weight_max;
+        metrics.weight_clip_frac = stats.weight_clipped as f64 / tok;
         metrics.entropy_mean = entropy_sum / tok;
         metrics.seconds = started.elapsed().as_secs_f64();
         Ok(metrics)
@@ -1139,6 +1263,31 @@ mod tests {
     }
 
     #[test]
+    fn a_trailing_context_overflow_turn_is_not_packed() {
+        // The last call's prompt overflowed: its whole context (turn 1 + a long observation)
+        // is recorded with no tokens. Nothing of it may reach the model.
+        let mut overflow = vec![1, 2, 3, 4];
+        overflow.extend(10..40);
+        let turns = [turn(&[1, 2], &[3, 4]), turn(&overflow, &[])];
+        let seqs = pack_turns(0, 1.0, &turns).unwrap();
+        assert_eq!(seqs.len(), 1);
+        assert_eq!(seqs[0].ids, vec![1, 2, 3, 4]);
+        assert_eq!(seqs[0].policy_pos, vec![2, 3]);
+        // An overflow in the middle does not break the packing of the turns around it.
+        let mut third = vec![1, 2, 3, 4, 7];
+        third.push(8);
+        let turns = [
+            turn(&[1, 2], &[3, 4]),
+            turn(&overflow, &[]),
+            turn(&[1, 2, 3, 4, 7], &[8]),
+        ];
+        let seqs = pack_turns(0, 1.0, &turns).unwrap();
+        assert_eq!(seqs.len(), 1);
+        assert_eq!(seqs[0].ids, third);
+        assert_eq!(seqs[0].policy_pos, vec![2, 3, 5]);
+    }
+
+    #[test]
     fn micro_batches_respect_the_padded_token_budget() {
         let lens = [10usize, 3, 7, 7, 2, 30];
         let seqs: Vec<Sequence> = lens
@@ -1279,6 +1428,7 @@ mod tests {
         };
         let m = t.step_rollouts(&NoModel, &[empty]).unwrap();
         assert_eq!((m.updates, m.groups, m.policy_tokens), (0, 1, 0));
+        assert_eq!((m.skipped_updates, t.step_count()), (1, 0));
     }
 
     #[test]

@@ -217,6 +217,12 @@ fn step_on_harness_core_groups() {
             tokens: vec![4, 5],
             logprobs: vec![-1.0, -2.0],
             finish: FinishReason::Stop,
+            sampling: Some(harness_core::TurnSampling {
+                temperature: 1.0,
+                top_p: 1.0,
+                top_k: None,
+                greedy: false,
+            }),
         }],
         final_answer: None,
         outcome: Outcome {
@@ -426,4 +432,206 @@ fn temperature_matches_rollout_logprobs_taken_at_that_temperature() {
     let mut bad = config(64, 1);
     bad.temperature = 0.0;
     assert!(Trainer::new(&model, bad).is_err());
+}
+
+#[test]
+fn a_mini_batch_without_scored_tokens_makes_no_update() {
+    // Task 0 only overflowed its context (no tokens); task 1 has mixed rewards.
+    let overflow = TaskRollouts {
+        rollouts: (0..2)
+            .map(|r| RolloutRecord {
+                reward: r as f32,
+                turns: vec![TurnTokens {
+                    context: (0..30).collect(),
+                    tokens: vec![],
+                    logprobs: vec![],
+                }],
+            })
+            .collect(),
+    };
+    let full = synthetic_groups(6, 2, 4);
+    // Two updates per step: one mini-batch holds the overflow task alone.
+    let with_empty = tiny_model(DType::F32);
+    let mut a = Trainer::new(&with_empty, config(10_000, 2)).unwrap();
+    let m = a
+        .step_rollouts(&with_empty, &[overflow.clone(), full[0].clone()])
+        .unwrap();
+    assert_eq!((m.updates, m.skipped_updates, m.step), (1, 1, 1), "{m:?}");
+    assert_eq!(a.step_count(), 1);
+    // The same as one update on the task with tokens alone: same learning rate, same bias
+    // correction, and the next update too.
+    let alone = tiny_model(DType::F32);
+    let mut b = Trainer::new(&alone, config(10_000, 1)).unwrap();
+    let mb = b.step_rollouts(&alone, &full[..1]).unwrap();
+    assert_eq!(m.lr, mb.lr);
+    let second = a.step_rollouts(&with_empty, &full[1..]).unwrap();
+    let second_b = b.step_rollouts(&alone, &full[1..]).unwrap();
+    assert_eq!((second.step, second.lr), (second_b.step, second_b.lr));
+    for (x, y) in weights(&with_empty).iter().zip(&weights(&alone)) {
+        for (p, q) in x.1.iter().zip(&y.1) {
+            assert!((p - q).abs() < 1e-6, "{}: {p} vs {q}", x.0);
+        }
+    }
+    // A batch with no scored tokens at all is reported and leaves the trainer as it was.
+    let none = a.step_rollouts(&with_empty, &[overflow]).unwrap();
+    assert_eq!((none.updates, none.skipped_updates), (0, 1));
+    assert_eq!(a.step_count(), 2);
+}
+
+/// A two-trajectory group (rewards 1 and 0) whose one turn per trajectory was sampled with
+/// `sampling`, followed by a context-overflow turn with nothing recorded.
+fn group_sampled_with(sampling: Option<harness_core::TurnSampling>) -> harness_core::Group {
+    use harness_core::trajectory::{Counts, Group, GroupOrigin, PolicyTurnRecord, Termination};
+    use harness_core::{FinishReason, HarnessId, Outcome, Split, Task, Trajectory};
+    let traj = |reward: f32| Trajectory {
+        task_id: "t".into(),
+        env: "e".into(),
+        harness_id: HarnessId("h0".into()),
+        harness_name: "H0".into(),
+        seed: 9,
+        policy: "p".into(),
+        messages: vec![],
+        turns: vec![
+            PolicyTurnRecord {
+                message_index: Some(1),
+                context_tokens: vec![1, 2, 3],
+                tokens: vec![4, 5],
+                logprobs: vec![-1.0, -2.0],
+                finish: FinishReason::Stop,
+                sampling,
+            },
+            PolicyTurnRecord {
+                message_index: None,
+                context_tokens: vec![1, 2, 3, 4, 5, 6],
+                tokens: vec![],
+                logprobs: vec![],
+                finish: FinishReason::ContextOverflow,
+                sampling: None,
+            },
+        ],
+        final_answer: None,
+        outcome: Outcome {
+            reward,
+            details: serde_json::Value::Null,
+        },
+        termination: Termination::ContextLimit,
+        counts: Counts::default(),
+    };
+    Group {
+        task: Task::new("t", "e", Split::Train, "do it", 0),
+        trajectories: vec![traj(1.0), traj(0.0)],
+        origin: GroupOrigin::Base,
+    }
+}
+
+#[test]
+fn step_refuses_rollouts_sampled_unlike_its_pi_old() {
+    use harness_core::TurnSampling;
+    let plain = TurnSampling {
+        temperature: 0.7,
+        top_p: 1.0,
+        top_k: None,
+        greedy: false,
+    };
+    let model = tiny_model(DType::F32);
+    let before = weights(&model);
+    let mut cfg = config(64, 1);
+    cfg.temperature = f64::from(0.7f32);
+    let mut trainer = Trainer::new(&model, cfg).unwrap();
+    let cases = [
+        (
+            Some(TurnSampling {
+                top_p: 0.9,
+                ..plain
+            }),
+            "sampling.top_p",
+        ),
+        (
+            Some(TurnSampling {
+                top_k: Some(5),
+                ..plain
+            }),
+            "sampling.top_k",
+        ),
+        (
+            Some(TurnSampling {
+                temperature: 0.0,
+                greedy: true,
+                ..plain
+            }),
+            "sampling.greedy",
+        ),
+        (
+            Some(TurnSampling {
+                temperature: 1.0,
+                ..plain
+            }),
+            "sampling.temperature",
+        ),
+        (None, "no sampling settings recorded"),
+    ];
+    for (sampling, expected) in cases {
+        let err = trainer
+            .step(&model, &[group_sampled_with(sampling)])
+            .expect_err("mismatched sampling is refused");
+        let text = err.to_string();
+        assert!(
+            text.contains(expected) && text.contains("task `t`") && text.contains("turns[0]"),
+            "{text}"
+        );
+    }
+    assert_eq!(trainer.step_count(), 0);
+    assert_eq!(weights(&model), before);
+    // A top-k at least the vocabulary truncates nothing; the overflow turn without settings
+    // has no tokens and is not checked.
+    let whole_vocab = TurnSampling {
+        top_k: Some(VOCAB),
+        ..plain
+    };
+    for ok in [plain, whole_vocab] {
+        let m = trainer
+            .step(&model, &[group_sampled_with(Some(ok))])
+            .unwrap();
+        assert_eq!((m.policy_tokens, m.sequences), (4, 2));
+    }
+}
+
+#[test]
+fn metrics_report_the_mean_weight_and_the_fraction_clipped() {
+    let model = tiny_model(DType::F32);
+    let mut groups = synthetic_groups(7, 2, 4);
+    for g in &mut groups {
+        for r in &mut g.rollouts {
+            for turn in &mut r.turns {
+                turn.logprobs = model_logprobs(&model, turn, 1.0);
+            }
+        }
+    }
+    let mut far = groups.clone();
+    for g in &mut far {
+        for r in &mut g.rollouts {
+            for turn in &mut r.turns {
+                // q far below pi_old: pi_old / q > 2 on every token.
+                turn.logprobs.iter_mut().for_each(|l| *l -= 5.0);
+            }
+        }
+    }
+    let fresh = || tiny_model(DType::F32);
+    let m_on = {
+        let m = fresh();
+        Trainer::new(&m, config(10_000, 1))
+            .unwrap()
+            .step_rollouts(&m, &groups)
+            .unwrap()
+    };
+    assert!((m_on.weight_mean - 1.0).abs() < 1e-4, "{m_on:?}");
+    assert_eq!(m_on.weight_clip_frac, 0.0);
+    let m_far = {
+        let m = fresh();
+        Trainer::new(&m, config(10_000, 1))
+            .unwrap()
+            .step_rollouts(&m, &far)
+            .unwrap()
+    };
+    assert_eq!((m_far.weight_mean, m_far.weight_clip_frac), (2.0, 1.0));
 }

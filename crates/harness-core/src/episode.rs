@@ -8,7 +8,7 @@ use crate::chat::{ChatMessage, Role};
 use crate::env::{Environment, Observation, ToolKind, ToolSpec};
 use crate::error::{Error, Result};
 use crate::harness::{CompiledHook, Harness, HookAction, HookEvent, HookState, NOTE_TOOL};
-use crate::policy::{FinishReason, Policy, PolicyRequest, SamplingParams};
+use crate::policy::{FinishReason, Policy, PolicyRequest, SamplingParams, TurnSampling};
 use crate::task::Task;
 use crate::trajectory::{
     Counts, PolicyTurnRecord, Source, Termination, Trajectory, TrajectoryMessage,
@@ -122,6 +122,9 @@ pub async fn run_episode_with(
     }
 
     let limits = harness.limits;
+    // Every turn is requested with the same settings; each record keeps them so that a trainer
+    // can tell what its log-probs are probabilities under (Eq. 16).
+    let sampling = TurnSampling::from(&options.sampling);
     let mut final_answer = None;
     let termination = 'episode: loop {
         if ep.counts.model_calls >= limits.max_model_calls {
@@ -152,6 +155,7 @@ pub async fn run_episode_with(
                 tokens: Vec::new(),
                 logprobs: Vec::new(),
                 finish: turn.finish,
+                sampling: Some(sampling),
             });
             break Termination::ContextLimit;
         }
@@ -170,6 +174,7 @@ pub async fn run_episode_with(
             tokens: turn.tokens,
             logprobs: turn.logprobs,
             finish: turn.finish,
+            sampling: Some(sampling),
         });
 
         match parser.parse(&turn.text, &ep.tools) {

@@ -7,7 +7,8 @@ use crate::Result;
 use crate::chat::ChatMessage;
 use crate::env::ToolSpec;
 
-/// How to sample a turn.
+/// How to sample a turn. A [`Policy`] samples with these settings and reports its log-probs
+/// under them (see [`PolicyTurn::logprobs`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SamplingParams {
@@ -40,6 +41,52 @@ impl SamplingParams {
         SamplingParams {
             temperature: 0.0,
             ..Self::default()
+        }
+    }
+
+    /// Whether these settings decode greedily (temperature 0).
+    pub fn is_greedy(&self) -> bool {
+        self.temperature <= 0.0
+    }
+}
+
+/// The settings a turn was sampled with, as its trajectory records them: the distribution the
+/// turn's log-probs (`q`, Eq. 16) are probabilities under.
+///
+/// A trainer whose `pi_old` is the model at one temperature over the full vocabulary can use
+/// `clip(pi_old / q, 0, 2)` as an importance weight only when `q` is that same distribution: not
+/// greedy, no top-p or top-k truncation, the same temperature. With a nucleus, `q` is
+/// renormalised over the kept tokens and the weight is biased on every token; with greedy
+/// decoding the token is drawn from a point mass and its recorded log q is 0.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TurnSampling {
+    /// Softmax temperature (0 when greedy).
+    pub temperature: f32,
+    /// Nucleus mass (1: no nucleus truncation).
+    pub top_p: f32,
+    /// Top-k truncation (`None`: none).
+    #[serde(default)]
+    pub top_k: Option<usize>,
+    /// Greedy decoding: each token is the most likely one and its recorded log q is 0 (a point
+    /// mass), whatever the model's probability of it.
+    pub greedy: bool,
+}
+
+impl TurnSampling {
+    /// Whether `q` was renormalised over a truncated vocabulary (top-p < 1 or a top-k).
+    pub fn is_truncated(&self) -> bool {
+        self.top_p < 1.0 || self.top_k.is_some()
+    }
+}
+
+impl From<&SamplingParams> for TurnSampling {
+    fn from(p: &SamplingParams) -> Self {
+        TurnSampling {
+            temperature: p.temperature,
+            top_p: p.top_p,
+            top_k: p.top_k,
+            greedy: p.is_greedy(),
         }
     }
 }
@@ -83,7 +130,10 @@ pub struct PolicyTurn {
     /// The generated token ids.
     pub tokens: Vec<u32>,
     /// The rollout backend's log-probability of each generated token (`q` in the paper's
-    /// Eq. 16), one per entry of `tokens`.
+    /// Eq. 16), one per entry of `tokens`: under the distribution the token was drawn from with
+    /// the request's [`SamplingParams`] (temperature, then top-k and top-p, renormalised), so 0
+    /// for greedy decoding. The episode records those settings beside the turn
+    /// ([`TurnSampling`]) so that a trainer can check them.
     pub logprobs: Vec<f32>,
     /// Why generation stopped.
     pub finish: FinishReason,

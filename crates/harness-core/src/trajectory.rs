@@ -10,7 +10,7 @@ use crate::chat::Role;
 use crate::env::Outcome;
 use crate::error::{Error, Location, Result};
 use crate::harness::HarnessId;
-use crate::policy::FinishReason;
+use crate::policy::{FinishReason, TurnSampling};
 use crate::task::Task;
 
 /// Who produced a message. Only [`Source::Policy`] tokens enter the training loss.
@@ -60,6 +60,10 @@ pub struct PolicyTurnRecord {
     pub logprobs: Vec<f32>,
     /// Why generation stopped.
     pub finish: FinishReason,
+    /// The sampling settings the turn was requested with: what `logprobs` are probabilities
+    /// under. `None` in trajectories written before the settings were recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampling: Option<TurnSampling>,
 }
 
 /// Why an episode ended.

@@ -367,3 +367,47 @@ fn same_seed_same_trajectory() {
     let turns = vec![call("list_items", json!({"page": 1})), "8".into()];
     assert_eq!(run(&base(), turns.clone()), run(&base(), turns));
 }
+
+#[test]
+fn every_turn_records_its_sampling_settings_and_old_records_still_read() {
+    use harness_core::{EpisodeOptions, SamplingParams, TurnSampling, run_episode_with};
+    let env = ScriptedEnv::new(3);
+    let task = env.task("t", "8");
+    let policy = ScriptedPolicy::new(vec![call("list_items", json!({"page": 1})), "8".into()]);
+    let options = EpisodeOptions {
+        sampling: SamplingParams {
+            temperature: 0.7,
+            top_p: 0.9,
+            top_k: Some(20),
+            stop: Vec::new(),
+        },
+    };
+    let t = block_on(run_episode_with(&policy, &base(), &env, &task, 1, &options)).expect("runs");
+    let want = TurnSampling {
+        temperature: 0.7,
+        top_p: 0.9,
+        top_k: Some(20),
+        greedy: false,
+    };
+    assert_eq!(t.turns.len(), 2);
+    assert!(t.turns.iter().all(|turn| turn.sampling == Some(want)));
+    assert!(want.is_truncated());
+    // Greedy decoding is recorded as such (its log q is 0: a point mass).
+    let greedy = EpisodeOptions {
+        sampling: SamplingParams::greedy(),
+    };
+    let g = block_on(run_episode_with(&policy, &base(), &env, &task, 1, &greedy)).expect("runs");
+    let s = g.turns[0].sampling.expect("recorded");
+    assert!(s.greedy && !s.is_truncated());
+
+    // A trajectory written before the settings were recorded reads back with `None`.
+    let mut value = serde_json::to_value(&t).expect("serialises");
+    for turn in value["turns"].as_array_mut().expect("turns") {
+        turn.as_object_mut().expect("object").remove("sampling");
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("old.jsonl");
+    std::fs::write(&path, format!("{value}\n")).expect("write");
+    let back = read_jsonl(&path).expect("old records read");
+    assert!(back[0].turns.iter().all(|turn| turn.sampling.is_none()));
+}

@@ -13,7 +13,10 @@
 //! The trainer must score `pi_old` in the same mode (grpo-candle's sampler reports the processed
 //! distribution); with temperature 1 and no top-p/top-k the two modes agree. Greedy decoding
 //! (temperature 0) is the exception to avoid for training: grpo-candle reports 0 (a point mass)
-//! while engines report the model's log-prob of the argmax token.
+//! while engines report the model's log-prob of the argmax token. grpo-candle's trainer scores
+//! `pi_old` at one temperature over the full vocabulary, so it accepts only rollouts sampled at
+//! that temperature without top-p or top-k, and refuses greedy ones (the episode records each
+//! turn's settings).
 //!
 //! # Weight sync
 //! After a training step, write the HF checkpoint (safetensors + config + tokenizer) and call

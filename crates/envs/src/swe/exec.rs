@@ -212,6 +212,9 @@ pub struct TestRun {
     pub statuses: BTreeMap<String, TestStatus>,
     /// The status of each individual test that ran (a module or class id expands to many).
     pub tests: BTreeMap<String, TestStatus>,
+    /// Why an id has no trustworthy verdict (no verdict, several, tampered test machinery),
+    /// by id; only [`run_verdict_tests`] fills it.
+    pub problems: BTreeMap<String, Vec<String>>,
     /// The runner's report and the tests' own output, capped.
     pub command: CommandOutput,
 }
@@ -318,7 +321,10 @@ with open(out_path, "w") as handle:
     json.dump({"ids": statuses, "tests": tests}, handle)
 "#;
 
-/// Run the test `ids` (all discovered tests when empty) with the configured Python in `cwd`.
+/// Run the test `ids` (all discovered tests when empty) with the configured Python in `cwd`,
+/// all in one interpreter. This is the `run_tests` tool's runner: its statuses are feedback
+/// for the policy, and code under test can rewrite them; verdicts come from
+/// [`run_verdict_tests`].
 pub fn run_tests(
     config: &super::SweConfig,
     cwd: &Path,
@@ -365,8 +371,119 @@ pub fn run_tests(
     Ok(TestRun {
         statuses,
         tests,
+        problems: BTreeMap::new(),
         command,
     })
+}
+
+/// The verifier's runner ([`run_verdict_tests`]).
+const VERDICT_RUNNER: &str = include_str!("verdict_runner.py");
+
+/// Run the test `ids` for a verdict the repository's code cannot forge by the usual means.
+///
+/// A runner process that never imports repository code forks one child per id (a fresh copy
+/// of the pristine interpreter); only the child loads the repository. The child's output goes
+/// to a pipe the runner reads, so it has no handle on the stream read here; its verdict comes
+/// once, tagged with a key made for that child, and counts only when the child then exits
+/// normally. The child checks that builtins, unittest and `sys.exit`/`os._exit` are as the
+/// runner found them, and that every test it loaded reported. Here, an id passes only when
+/// exactly one verdict line names it, says `pass`, and the runner finished on its own
+/// (`@@done`, exit code 0): a missing, repeated or skipped verdict, or a runner that was killed
+/// or timed out, is not a pass. `timeout` bounds the whole run; `cap` the output kept.
+pub fn run_verdict_tests(
+    config: &super::SweConfig,
+    cwd: &Path,
+    ids: &[String],
+    timeout: Duration,
+    cap: usize,
+) -> std::io::Result<TestRun> {
+    let cap_arg = cap.to_string();
+    let mut args: Vec<&str> = vec!["-B", "-s"];
+    if config.no_site {
+        args.push("-S");
+    }
+    args.extend(["-c", VERDICT_RUNNER, &cap_arg]);
+    args.extend(ids.iter().map(String::as_str));
+    // Room for the verdict lines beyond the children's output, which the runner caps at `cap`.
+    let room = cap + 1024 + ids.iter().map(|id| 2 * id.len() + 512).sum::<usize>();
+    let command = run_limited(&config.python, &args, cwd, &command_env(cwd), timeout, room)?;
+    Ok(parse_verdicts(ids, command))
+}
+
+/// One `@@verdict` line of the verifier's runner.
+#[derive(serde::Deserialize)]
+struct VerdictLine {
+    id: String,
+    status: TestStatus,
+    #[serde(default)]
+    tests: BTreeMap<String, TestStatus>,
+    #[serde(default)]
+    problems: Vec<String>,
+}
+
+fn parse_verdicts(ids: &[String], command: CommandOutput) -> TestRun {
+    let mut seen: BTreeMap<String, Vec<VerdictLine>> = BTreeMap::new();
+    let mut done = false;
+    for line in command.output.lines() {
+        if let Some(json) = line.strip_prefix("@@verdict ") {
+            match serde_json::from_str::<VerdictLine>(json) {
+                Ok(v) => seen.entry(v.id.clone()).or_default().push(v),
+                Err(_) => seen.entry(String::new()).or_default().push(VerdictLine {
+                    id: String::new(),
+                    status: TestStatus::Error,
+                    tests: BTreeMap::new(),
+                    problems: vec!["an unreadable verdict line".into()],
+                }),
+            }
+        } else if line.strip_prefix("@@done ") == Some(&ids.len().to_string()) {
+            done = true;
+        }
+    }
+    let finished = done && !command.timed_out && command.status == Some(0);
+    let stray = seen.keys().any(|id| !ids.contains(id));
+    let mut statuses = BTreeMap::new();
+    let mut tests = BTreeMap::new();
+    let mut problems: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for id in ids {
+        let mut why = Vec::new();
+        let status = match seen.remove(id).as_deref() {
+            None | Some([]) => {
+                why.push("no verdict was reported for this id".to_string());
+                TestStatus::NotRun
+            }
+            Some([one]) => {
+                why.extend(one.problems.iter().cloned());
+                tests.extend(one.tests.iter().map(|(k, v)| (k.clone(), *v)));
+                one.status
+            }
+            Some(several) => {
+                why.push(format!(
+                    "{} verdicts were reported for this id; expected one",
+                    several.len()
+                ));
+                TestStatus::Error
+            }
+        };
+        let status = if status == TestStatus::Pass && !finished {
+            why.push("the runner did not finish on its own, so no verdict is trusted".into());
+            TestStatus::NotRun
+        } else if status == TestStatus::Pass && stray {
+            why.push("the output holds verdicts for ids that were not asked for".into());
+            TestStatus::Error
+        } else {
+            status
+        };
+        statuses.insert(id.clone(), status);
+        if !why.is_empty() {
+            problems.insert(id.clone(), why);
+        }
+    }
+    TestRun {
+        statuses,
+        tests,
+        problems,
+        command,
+    }
 }
 
 #[cfg(test)]

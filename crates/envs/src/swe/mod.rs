@@ -18,7 +18,30 @@
 //! applies the instance's hidden `test_patch` if it has one, and runs every FAIL_TO_PASS and
 //! PASS_TO_PASS test with `python3` on the final state of the copy: R = 1 when all pass. The
 //! final state is judged whether or not the policy called `submit` (like SWE-agent's
-//! auto-submission); the details say whether it did.
+//! auto-submission); the details say whether it did. Test runs and the verifier run on tokio's
+//! blocking pool, so a long test run does not stall the other episodes on the runtime.
+//!
+//! # Hardened against the policy's code
+//! The tests import code the policy wrote, and a policy trained with RL will find any way to
+//! be rewarded without fixing the bug. So the verifier:
+//! - fails an episode whose surviving changes reach for the test machinery (a text scan,
+//!   [`tamper::scan`]: `unittest`, `sys.exit`/`os._exit`, `atexit`, `__main__`, `builtins`,
+//!   introspection, paths outside the copy, new interpreter start-up files), listing every
+//!   finding in the outcome's `tamper` details, before any test runs;
+//! - runs each test id in its own process forked from a runner that never imports repository
+//!   code ([`exec::run_verdict_tests`]); the child's output goes to a pipe the runner reads,
+//!   and its verdict counts only when exactly one, tagged with the child's key, arrives and the
+//!   child then exits normally (`os._exit`, so `atexit` hooks never run);
+//! - checks in each child, after loading and after running, that builtins, the unittest modules
+//!   and classes, `sys.exit` and `os._exit` are as the runner found them, and that every loaded
+//!   test reported an outcome;
+//! - scores only `pass`: a missing, repeated or skipped verdict, or a runner that did not
+//!   finish on its own, fails the id.
+//!
+//! What this does not stop: code that builds the scanned names at run time passes the scan;
+//! code that finds the child's key in memory can forge that child's verdict; a patch that is
+//! undone within the test it affects, or a return value that compares equal to anything, is
+//! not seen; and nothing stops the code from writing outside the copy (see below).
 //!
 //! # Shell access
 //! Two switches must both be on for the policy to run arbitrary commands. The environment
@@ -33,9 +56,9 @@
 //! access. What is enforced: a time limit per command (the whole process group is killed),
 //! an output cap, a cleared environment, the working directory set to the copy, and every
 //! path a tool takes checked to stay inside the copy (no absolute paths, no `..`, no symlink
-//! leading out). A shell command or a test can still read or write anywhere the user can, and
-//! code under test can tamper with the test runner. Run untrusted policies inside a container
-//! or VM if that matters.
+//! leading out). A shell command or a test can still read or write anywhere the user can,
+//! including the Python installation the runner uses. Run untrusted policies inside a
+//! container or VM if that matters.
 //!
 //! ```no_run
 //! use harness_envs::swe::{self, SweEnv};
@@ -56,6 +79,7 @@ pub mod exec;
 mod instance;
 mod oracle;
 mod session;
+pub mod tamper;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -71,6 +95,7 @@ pub use exec::{CommandOutput, TestRun, TestStatus};
 pub use instance::{SweInstance, check_relative_path, is_test_id, load_jsonl, normalize_test_id};
 pub use oracle::{OraclePolicy, oracle_calls};
 pub use session::{SweSession, is_test_path, tools};
+pub use tamper::TamperFinding;
 
 /// The environment's name ([`Task::env`] of its tasks).
 pub const ENV_NAME: &str = "swe";
@@ -265,7 +290,7 @@ impl SweEnv {
                 }
                 std::fs::write(&target, text).map_err(|e| Error::io(&target, e))?;
             }
-            exec::run_tests(
+            exec::run_verdict_tests(
                 &self.config,
                 dir.path(),
                 &instance.all_tests(),

@@ -11,7 +11,7 @@ use serde_json::{Map, Value, json};
 
 use super::exec::{self, TestStatus};
 use super::instance::{SweInstance, check_relative_path, is_test_id, normalize_test_id};
-use super::{ENV_NAME, SweConfig, diff};
+use super::{ENV_NAME, SweConfig, diff, tamper};
 
 /// Tool names.
 pub mod tools {
@@ -40,18 +40,30 @@ const MAX_TEST_IDS: usize = 200;
 /// One running episode of [`super::SweEnv`]: a temporary copy of the repository (removed when
 /// the session is dropped) and the tools that read and change it.
 pub struct SweSession {
+    work: Workdir,
+    // Owns the copy: dropping the session removes it. The blocking jobs hold a `Workdir`, not
+    // this, so a job still running when its episode is dropped finds the copy gone and fails.
+    _dir: tempfile::TempDir,
+    submitted: bool,
+}
+
+/// What the commands and the verifier need of a session, owned, so that they can run on a
+/// blocking thread while the async runtime goes on with other episodes.
+#[derive(Debug, Clone)]
+struct Workdir {
     instance: Arc<SweInstance>,
     config: Arc<SweConfig>,
-    dir: tempfile::TempDir,
+    /// The copy's canonical root.
     root: PathBuf,
-    submitted: bool,
+    /// The copy's root as the temporary directory named it (may differ through links).
+    raw: PathBuf,
 }
 
 impl std::fmt::Debug for SweSession {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SweSession")
-            .field("instance", &self.instance.instance_id)
-            .field("root", &self.root)
+            .field("instance", &self.work.instance.instance_id)
+            .field("root", &self.work.root)
             .field("submitted", &self.submitted)
             .finish()
     }
@@ -77,22 +89,25 @@ impl SweSession {
             .map_err(|e| Error::io(dir.path(), e))?;
         write_tree(&root, &instance.files)?;
         Ok(SweSession {
-            instance,
-            config,
-            dir,
-            root,
+            work: Workdir {
+                instance,
+                config,
+                root,
+                raw: dir.path().to_path_buf(),
+            },
+            _dir: dir,
             submitted: false,
         })
     }
 
     /// The repository copy's root directory (canonical).
     pub fn root(&self) -> &Path {
-        &self.root
+        &self.work.root
     }
 
     /// The instance this episode works on.
     pub fn instance(&self) -> &SweInstance {
-        &self.instance
+        &self.work.instance
     }
 
     /// Whether `submit` was called.
@@ -193,15 +208,15 @@ impl SweSession {
             tools::SEARCH => self.search(args),
             tools::REPLACE => self.replace(args),
             tools::CREATE => self.create_file(args),
-            tools::RUN_TESTS => self.run_tests(args),
-            tools::SHELL if self.config.shell => self.shell(args),
+            tools::RUN_TESTS => self.work.run_tests(args),
+            tools::SHELL if self.work.config.shell => self.work.shell(args),
             tools::SUBMIT => check_keys(args, &[]).map(|()| {
                 self.submitted = true;
                 Observation::ok("Submitted. The repository in its current state will be tested.")
                     .finished()
             }),
             other => {
-                let names: Vec<String> = Self::tool_specs(self.config.shell)
+                let names: Vec<String> = Self::tool_specs(self.work.config.shell)
                     .into_iter()
                     .map(|t| t.name)
                     .collect();
@@ -217,9 +232,275 @@ impl SweSession {
         }
     }
 
+    /// Judge the final state: see [`Workdir::verify`].
+    pub fn verify_sync(&mut self) -> Result<Outcome> {
+        self.work.verify(self.submitted)
+    }
+
+    fn resolve(&self, path: &str) -> std::result::Result<PathBuf, String> {
+        self.work.resolve(path)
+    }
+
+    fn display(&self, path: &Path) -> String {
+        path.strip_prefix(&self.work.root)
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|_| path.display().to_string())
+    }
+
+    fn view(&self, args: &Map<String, Value>) -> std::result::Result<Observation, String> {
+        check_keys(args, &["path", "start_line", "end_line"])?;
+        let path = string_arg(args, "path")?;
+        let start = optional_line(args, "start_line")?;
+        let end = optional_line(args, "end_line")?;
+        let target = self.resolve(path)?;
+        let meta = std::fs::metadata(&target).map_err(|_| format!("`{path}` does not exist."))?;
+        if meta.is_dir() {
+            return Ok(Observation::ok(self.listing(&target)));
+        }
+        if meta.len() > self.work.config.max_file_bytes as u64 {
+            return Err(format!(
+                "`{path}` is {} bytes, over the {}-byte limit for viewing; use search instead.",
+                meta.len(),
+                self.work.config.max_file_bytes
+            ));
+        }
+        let bytes = std::fs::read(&target).map_err(|e| format!("Cannot read `{path}`: {e}."))?;
+        let Ok(text) = String::from_utf8(bytes) else {
+            return Err(format!("`{path}` is not a UTF-8 text file."));
+        };
+        let lines: Vec<&str> = text.lines().collect();
+        let total = lines.len();
+        if total == 0 {
+            return Ok(Observation::ok(format!("{path} is empty.")));
+        }
+        let first = start.unwrap_or(1);
+        if first > total {
+            return Err(format!(
+                "`start_line` {first} is past the end of `{path}` ({total} lines)."
+            ));
+        }
+        let requested_last = end.unwrap_or(total).min(total);
+        if requested_last < first {
+            return Err(format!(
+                "`end_line` ({requested_last}) is before `start_line` ({first})."
+            ));
+        }
+        let last = requested_last.min(first + self.work.config.max_view_lines - 1);
+        let width = total.to_string().len();
+        let mut out = format!("{path} (lines {first}-{last} of {total})\n");
+        for (i, line) in lines[first - 1..last].iter().enumerate() {
+            out.push_str(&format!("{:>width$} | {line}\n", first + i));
+        }
+        if last < requested_last {
+            out.push_str(&format!(
+                "[... showing at most {} lines; ask for start_line {} to continue]\n",
+                self.work.config.max_view_lines,
+                last + 1
+            ));
+        }
+        Ok(Observation::ok(cut(&out, self.work.config.output_cap)))
+    }
+
+    fn listing(&self, dir: &Path) -> String {
+        let mut entries = Vec::new();
+        walk(dir, &mut |path, is_dir| {
+            let shown = self.display(path);
+            entries.push(if is_dir { format!("{shown}/") } else { shown });
+            entries.len() < 1000
+        });
+        let name = self.display(dir);
+        let name = if name.is_empty() {
+            ".".to_string()
+        } else {
+            name
+        };
+        if entries.is_empty() {
+            format!("{name}/ is empty.")
+        } else {
+            cut(
+                &format!("{name}/ contains:\n{}\n", entries.join("\n")),
+                self.work.config.output_cap,
+            )
+        }
+    }
+
+    fn search(&self, args: &Map<String, Value>) -> std::result::Result<Observation, String> {
+        check_keys(args, &["pattern", "path"])?;
+        let pattern = string_arg(args, "pattern")?;
+        if pattern.is_empty() || pattern.len() > 1000 {
+            return Err("`pattern` must be a regular expression of 1 to 1000 bytes.".into());
+        }
+        let scope = match args.get("path") {
+            None | Some(Value::Null) => self.work.root.clone(),
+            Some(Value::String(p)) => self.resolve(p)?,
+            Some(_) => return Err("`path` must be a string.".into()),
+        };
+        let regex = RegexBuilder::new(pattern)
+            .size_limit(1 << 20)
+            .dfa_size_limit(1 << 20)
+            .build()
+            .map_err(|e| format!("Invalid regular expression: {e}"))?;
+        let mut files = Vec::new();
+        if scope.is_file() {
+            files.push(scope);
+        } else if scope.is_dir() {
+            walk(&scope, &mut |path, is_dir| {
+                if !is_dir {
+                    files.push(path.to_path_buf());
+                }
+                files.len() < 10_000
+            });
+        } else {
+            return Err("The search path does not exist.".into());
+        }
+        let cap = self.work.config.max_search_results;
+        let mut hits = Vec::new();
+        let mut more = 0usize;
+        for file in files {
+            let Ok(meta) = std::fs::metadata(&file) else {
+                continue;
+            };
+            if meta.len() > self.work.config.max_file_bytes as u64 {
+                continue;
+            }
+            let Ok(text) = std::fs::read_to_string(&file) else {
+                continue;
+            };
+            for (i, line) in text.lines().enumerate() {
+                if regex.is_match(line) {
+                    if hits.len() < cap {
+                        let shown: String = line.chars().take(200).collect();
+                        hits.push(format!("{}:{}: {shown}", self.display(&file), i + 1));
+                    } else {
+                        more += 1;
+                    }
+                }
+            }
+        }
+        if hits.is_empty() {
+            return Ok(Observation::ok(format!("No matches for `{pattern}`.")));
+        }
+        let mut out = hits.join("\n");
+        if more > 0 {
+            out.push_str(&format!(
+                "\n[... {more} more matches not shown; narrow the pattern or the path]"
+            ));
+        }
+        Ok(Observation::ok(cut(&out, self.work.config.output_cap)))
+    }
+
+    fn replace(&self, args: &Map<String, Value>) -> std::result::Result<Observation, String> {
+        check_keys(args, &["path", "old", "new"])?;
+        let path = string_arg(args, "path")?;
+        let old = string_arg(args, "old")?;
+        let new = string_arg(args, "new")?;
+        if old.is_empty() {
+            return Err("`old` must not be empty; to write a whole file use create_file.".into());
+        }
+        if old.len() > self.work.config.max_file_bytes
+            || new.len() > self.work.config.max_file_bytes
+        {
+            return Err(format!(
+                "`old` and `new` may hold at most {} bytes.",
+                self.work.config.max_file_bytes
+            ));
+        }
+        let target = self.resolve(path)?;
+        if !target.is_file() {
+            return Err(format!("`{path}` is not an existing file."));
+        }
+        let text = std::fs::read_to_string(&target)
+            .map_err(|_| format!("`{path}` is not a UTF-8 text file."))?;
+        let positions = occurrences(&text, old);
+        match positions.len() {
+            0 => {
+                return Err(format!(
+                    "`old` was not found in `{path}`. Copy it exactly, including indentation and line breaks (view the file first)."
+                ));
+            }
+            1 => {}
+            n => {
+                let lines: Vec<String> = positions
+                    .iter()
+                    .take(10)
+                    .map(|&p| (text[..p].matches('\n').count() + 1).to_string())
+                    .collect();
+                return Err(format!(
+                    "`old` occurs {n} times in `{path}` (starting on lines {}); include more surrounding text so it is unique.",
+                    lines.join(", ")
+                ));
+            }
+        }
+        let at = positions[0];
+        let updated = format!("{}{new}{}", &text[..at], &text[at + old.len()..]);
+        if updated.len() > self.work.config.max_file_bytes {
+            return Err(format!(
+                "The file would exceed {} bytes.",
+                self.work.config.max_file_bytes
+            ));
+        }
+        std::fs::write(&target, &updated).map_err(|e| format!("Cannot write `{path}`: {e}."))?;
+        // Show the edited region with a little context.
+        let first_line = text[..at].matches('\n').count() + 1;
+        let new_lines = new.matches('\n').count() + 1;
+        let lines: Vec<&str> = updated.lines().collect();
+        let from = first_line.saturating_sub(3).max(1);
+        let to = (first_line + new_lines + 2).min(lines.len());
+        let mut out = format!("Replaced 1 occurrence in {path}. Lines {from}-{to} now read:\n");
+        for n in from..=to {
+            if let Some(line) = lines.get(n - 1) {
+                out.push_str(&format!("{n:>4} | {line}\n"));
+            }
+        }
+        Ok(Observation::ok(cut(&out, self.work.config.output_cap)))
+    }
+
+    fn create_file(&self, args: &Map<String, Value>) -> std::result::Result<Observation, String> {
+        check_keys(args, &["path", "content"])?;
+        let path = string_arg(args, "path")?;
+        let content = string_arg(args, "content")?;
+        if content.len() > self.work.config.max_file_bytes {
+            return Err(format!(
+                "`content` may hold at most {} bytes.",
+                self.work.config.max_file_bytes
+            ));
+        }
+        let target = self.resolve(path)?;
+        if target == self.work.root || target.is_dir() {
+            return Err(format!("`{path}` is a directory."));
+        }
+        if std::fs::symlink_metadata(&target).is_ok_and(|m| m.file_type().is_symlink()) {
+            return Err(format!(
+                "`{path}` is a symbolic link; it is not overwritten."
+            ));
+        }
+        let existed = target.exists();
+        if let Some(parent) = target.parent() {
+            std::fs::create_dir_all(parent)
+                .map_err(|e| format!("Cannot create the directories of `{path}`: {e}."))?;
+            // A directory created just now cannot be a link, but re-check the final location.
+            let parent = parent
+                .canonicalize()
+                .map_err(|e| format!("Cannot resolve `{path}`: {e}."))?;
+            if !parent.starts_with(&self.work.root) {
+                return Err(format!(
+                    "Invalid path `{path}`: it leads outside the repository."
+                ));
+            }
+        }
+        std::fs::write(&target, content).map_err(|e| format!("Cannot write `{path}`: {e}."))?;
+        let lines = content.lines().count();
+        Ok(Observation::ok(format!(
+            "{} {path} ({lines} lines).",
+            if existed { "Overwrote" } else { "Created" }
+        )))
+    }
+}
+
+impl Workdir {
     /// Judge the final state: restore the original test files, apply the test patch, run every
     /// FAIL_TO_PASS and PASS_TO_PASS test; success when all pass.
-    pub fn verify_sync(&mut self) -> Result<Outcome> {
+    fn verify(&self, submitted: bool) -> Result<Outcome> {
         let instance = Arc::clone(&self.instance);
         // The policy may have edited tests; the verdict uses the instance's own.
         for (path, text) in &instance.files {
@@ -230,7 +511,7 @@ impl SweSession {
         }
         let mut details = json!({
             "instance_id": instance.instance_id,
-            "submitted": self.submitted,
+            "submitted": submitted,
         });
         if !instance.test_patch.trim().is_empty()
             && let Err(message) = self.apply_patch_in_place(&instance.test_patch)
@@ -238,8 +519,23 @@ impl SweSession {
             details["error"] = json!(format!("the test patch does not apply: {message}"));
             return Ok(Outcome::failure(details));
         }
+        // What survives of the policy's work once the tests are restored: code that reaches
+        // for the test machinery fails the episode before any of it runs.
+        let mut expected = instance.files.clone();
+        if !instance.test_patch.trim().is_empty() {
+            // It applied to the copy just above, so it applies here.
+            let _ = diff::apply_to_files(&mut expected, &instance.test_patch);
+        }
+        let findings = tamper::scan(&expected, &self.read_tree());
+        if !findings.is_empty() {
+            details["tamper"] = json!(findings);
+            details["error"] = json!(
+                "the changes reach for the test machinery or outside the repository (see `tamper`); the tests were not run"
+            );
+            return Ok(Outcome::failure(details));
+        }
         let ids = instance.all_tests();
-        let run = exec::run_tests(
+        let run = exec::run_verdict_tests(
             &self.config,
             &self.root,
             &ids,
@@ -247,6 +543,9 @@ impl SweSession {
             self.config.output_cap,
         )
         .map_err(|e| env_error(format!("cannot run `{}`: {e}", self.config.python)))?;
+        if !run.problems.is_empty() {
+            details["problems"] = json!(run.problems);
+        }
         let pick = |list: &[String]| -> BTreeMap<String, &'static str> {
             list.iter()
                 .map(|id| {
@@ -276,6 +575,22 @@ impl SweSession {
             ));
             Outcome::failure(details)
         })
+    }
+
+    /// Every text file of the copy (links and hidden directories skipped), for the scan.
+    fn read_tree(&self) -> BTreeMap<String, String> {
+        let mut files = BTreeMap::new();
+        walk(&self.root, &mut |path, is_dir| {
+            if !is_dir
+                && let Ok(bytes) = std::fs::read(path)
+                && let Ok(rel) = path.strip_prefix(&self.root)
+            {
+                let text = String::from_utf8_lossy(&bytes).into_owned();
+                files.insert(rel.to_string_lossy().replace('\\', "/"), text);
+            }
+            true
+        });
+        files
     }
 
     /// Apply a patch to the copy. Files the patch creates replace whatever the policy put at
@@ -351,7 +666,7 @@ impl SweSession {
     fn relative_paths(&self, text: &str) -> String {
         let mut out = text.to_string();
         let mut roots = vec![self.root.display().to_string()];
-        let raw = self.dir.path().display().to_string();
+        let raw = self.raw.display().to_string();
         if raw != roots[0] {
             roots.push(raw);
         }
@@ -359,259 +674,6 @@ impl SweSession {
             out = out.replace(&format!("{root}/"), "").replace(&root, ".");
         }
         out
-    }
-
-    fn display(&self, path: &Path) -> String {
-        path.strip_prefix(&self.root)
-            .map(|p| p.display().to_string())
-            .unwrap_or_else(|_| path.display().to_string())
-    }
-
-    fn view(&self, args: &Map<String, Value>) -> std::result::Result<Observation, String> {
-        check_keys(args, &["path", "start_line", "end_line"])?;
-        let path = string_arg(args, "path")?;
-        let start = optional_line(args, "start_line")?;
-        let end = optional_line(args, "end_line")?;
-        let target = self.resolve(path)?;
-        let meta = std::fs::metadata(&target).map_err(|_| format!("`{path}` does not exist."))?;
-        if meta.is_dir() {
-            return Ok(Observation::ok(self.listing(&target)));
-        }
-        if meta.len() > self.config.max_file_bytes as u64 {
-            return Err(format!(
-                "`{path}` is {} bytes, over the {}-byte limit for viewing; use search instead.",
-                meta.len(),
-                self.config.max_file_bytes
-            ));
-        }
-        let bytes = std::fs::read(&target).map_err(|e| format!("Cannot read `{path}`: {e}."))?;
-        let Ok(text) = String::from_utf8(bytes) else {
-            return Err(format!("`{path}` is not a UTF-8 text file."));
-        };
-        let lines: Vec<&str> = text.lines().collect();
-        let total = lines.len();
-        if total == 0 {
-            return Ok(Observation::ok(format!("{path} is empty.")));
-        }
-        let first = start.unwrap_or(1);
-        if first > total {
-            return Err(format!(
-                "`start_line` {first} is past the end of `{path}` ({total} lines)."
-            ));
-        }
-        let requested_last = end.unwrap_or(total).min(total);
-        if requested_last < first {
-            return Err(format!(
-                "`end_line` ({requested_last}) is before `start_line` ({first})."
-            ));
-        }
-        let last = requested_last.min(first + self.config.max_view_lines - 1);
-        let width = total.to_string().len();
-        let mut out = format!("{path} (lines {first}-{last} of {total})\n");
-        for (i, line) in lines[first - 1..last].iter().enumerate() {
-            out.push_str(&format!("{:>width$} | {line}\n", first + i));
-        }
-        if last < requested_last {
-            out.push_str(&format!(
-                "[... showing at most {} lines; ask for start_line {} to continue]\n",
-                self.config.max_view_lines,
-                last + 1
-            ));
-        }
-        Ok(Observation::ok(cut(&out, self.config.output_cap)))
-    }
-
-    fn listing(&self, dir: &Path) -> String {
-        let mut entries = Vec::new();
-        walk(dir, &mut |path, is_dir| {
-            let shown = self.display(path);
-            entries.push(if is_dir { format!("{shown}/") } else { shown });
-            entries.len() < 1000
-        });
-        let name = self.display(dir);
-        let name = if name.is_empty() {
-            ".".to_string()
-        } else {
-            name
-        };
-        if entries.is_empty() {
-            format!("{name}/ is empty.")
-        } else {
-            cut(
-                &format!("{name}/ contains:\n{}\n", entries.join("\n")),
-                self.config.output_cap,
-            )
-        }
-    }
-
-    fn search(&self, args: &Map<String, Value>) -> std::result::Result<Observation, String> {
-        check_keys(args, &["pattern", "path"])?;
-        let pattern = string_arg(args, "pattern")?;
-        if pattern.is_empty() || pattern.len() > 1000 {
-            return Err("`pattern` must be a regular expression of 1 to 1000 bytes.".into());
-        }
-        let scope = match args.get("path") {
-            None | Some(Value::Null) => self.root.clone(),
-            Some(Value::String(p)) => self.resolve(p)?,
-            Some(_) => return Err("`path` must be a string.".into()),
-        };
-        let regex = RegexBuilder::new(pattern)
-            .size_limit(1 << 20)
-            .dfa_size_limit(1 << 20)
-            .build()
-            .map_err(|e| format!("Invalid regular expression: {e}"))?;
-        let mut files = Vec::new();
-        if scope.is_file() {
-            files.push(scope);
-        } else if scope.is_dir() {
-            walk(&scope, &mut |path, is_dir| {
-                if !is_dir {
-                    files.push(path.to_path_buf());
-                }
-                files.len() < 10_000
-            });
-        } else {
-            return Err("The search path does not exist.".into());
-        }
-        let cap = self.config.max_search_results;
-        let mut hits = Vec::new();
-        let mut more = 0usize;
-        for file in files {
-            let Ok(meta) = std::fs::metadata(&file) else {
-                continue;
-            };
-            if meta.len() > self.config.max_file_bytes as u64 {
-                continue;
-            }
-            let Ok(text) = std::fs::read_to_string(&file) else {
-                continue;
-            };
-            for (i, line) in text.lines().enumerate() {
-                if regex.is_match(line) {
-                    if hits.len() < cap {
-                        let shown: String = line.chars().take(200).collect();
-                        hits.push(format!("{}:{}: {shown}", self.display(&file), i + 1));
-                    } else {
-                        more += 1;
-                    }
-                }
-            }
-        }
-        if hits.is_empty() {
-            return Ok(Observation::ok(format!("No matches for `{pattern}`.")));
-        }
-        let mut out = hits.join("\n");
-        if more > 0 {
-            out.push_str(&format!(
-                "\n[... {more} more matches not shown; narrow the pattern or the path]"
-            ));
-        }
-        Ok(Observation::ok(cut(&out, self.config.output_cap)))
-    }
-
-    fn replace(&self, args: &Map<String, Value>) -> std::result::Result<Observation, String> {
-        check_keys(args, &["path", "old", "new"])?;
-        let path = string_arg(args, "path")?;
-        let old = string_arg(args, "old")?;
-        let new = string_arg(args, "new")?;
-        if old.is_empty() {
-            return Err("`old` must not be empty; to write a whole file use create_file.".into());
-        }
-        if old.len() > self.config.max_file_bytes || new.len() > self.config.max_file_bytes {
-            return Err(format!(
-                "`old` and `new` may hold at most {} bytes.",
-                self.config.max_file_bytes
-            ));
-        }
-        let target = self.resolve(path)?;
-        if !target.is_file() {
-            return Err(format!("`{path}` is not an existing file."));
-        }
-        let text = std::fs::read_to_string(&target)
-            .map_err(|_| format!("`{path}` is not a UTF-8 text file."))?;
-        let positions = occurrences(&text, old);
-        match positions.len() {
-            0 => {
-                return Err(format!(
-                    "`old` was not found in `{path}`. Copy it exactly, including indentation and line breaks (view the file first)."
-                ));
-            }
-            1 => {}
-            n => {
-                let lines: Vec<String> = positions
-                    .iter()
-                    .take(10)
-                    .map(|&p| (text[..p].matches('\n').count() + 1).to_string())
-                    .collect();
-                return Err(format!(
-                    "`old` occurs {n} times in `{path}` (starting on lines {}); include more surrounding text so it is unique.",
-                    lines.join(", ")
-                ));
-            }
-        }
-        let at = positions[0];
-        let updated = format!("{}{new}{}", &text[..at], &text[at + old.len()..]);
-        if updated.len() > self.config.max_file_bytes {
-            return Err(format!(
-                "The file would exceed {} bytes.",
-                self.config.max_file_bytes
-            ));
-        }
-        std::fs::write(&target, &updated).map_err(|e| format!("Cannot write `{path}`: {e}."))?;
-        // Show the edited region with a little context.
-        let first_line = text[..at].matches('\n').count() + 1;
-        let new_lines = new.matches('\n').count() + 1;
-        let lines: Vec<&str> = updated.lines().collect();
-        let from = first_line.saturating_sub(3).max(1);
-        let to = (first_line + new_lines + 2).min(lines.len());
-        let mut out = format!("Replaced 1 occurrence in {path}. Lines {from}-{to} now read:\n");
-        for n in from..=to {
-            if let Some(line) = lines.get(n - 1) {
-                out.push_str(&format!("{n:>4} | {line}\n"));
-            }
-        }
-        Ok(Observation::ok(cut(&out, self.config.output_cap)))
-    }
-
-    fn create_file(&self, args: &Map<String, Value>) -> std::result::Result<Observation, String> {
-        check_keys(args, &["path", "content"])?;
-        let path = string_arg(args, "path")?;
-        let content = string_arg(args, "content")?;
-        if content.len() > self.config.max_file_bytes {
-            return Err(format!(
-                "`content` may hold at most {} bytes.",
-                self.config.max_file_bytes
-            ));
-        }
-        let target = self.resolve(path)?;
-        if target == self.root || target.is_dir() {
-            return Err(format!("`{path}` is a directory."));
-        }
-        if std::fs::symlink_metadata(&target).is_ok_and(|m| m.file_type().is_symlink()) {
-            return Err(format!(
-                "`{path}` is a symbolic link; it is not overwritten."
-            ));
-        }
-        let existed = target.exists();
-        if let Some(parent) = target.parent() {
-            std::fs::create_dir_all(parent)
-                .map_err(|e| format!("Cannot create the directories of `{path}`: {e}."))?;
-            // A directory created just now cannot be a link, but re-check the final location.
-            let parent = parent
-                .canonicalize()
-                .map_err(|e| format!("Cannot resolve `{path}`: {e}."))?;
-            if !parent.starts_with(&self.root) {
-                return Err(format!(
-                    "Invalid path `{path}`: it leads outside the repository."
-                ));
-            }
-        }
-        std::fs::write(&target, content).map_err(|e| format!("Cannot write `{path}`: {e}."))?;
-        let lines = content.lines().count();
-        Ok(Observation::ok(format!(
-            "{} {path} ({lines} lines).",
-            if existed { "Overwrote" } else { "Created" }
-        )))
     }
 
     fn run_tests(&self, args: &Map<String, Value>) -> std::result::Result<Observation, String> {
@@ -706,23 +768,23 @@ impl SweSession {
 #[async_trait]
 impl EnvSession for SweSession {
     fn tools(&self) -> Vec<ToolSpec> {
-        Self::tool_specs(self.config.shell)
+        Self::tool_specs(self.work.config.shell)
     }
 
     fn initial_observation(&self) -> String {
         let mut out = format!(
             "Repository `{}` is checked out in your working directory. Files:\n",
-            if self.instance.repo.is_empty() {
-                &self.instance.instance_id
+            if self.work.instance.repo.is_empty() {
+                &self.work.instance.instance_id
             } else {
-                &self.instance.repo
+                &self.work.instance.repo
             }
         );
-        for (shown, (path, text)) in self.instance.files.iter().enumerate() {
+        for (shown, (path, text)) in self.work.instance.files.iter().enumerate() {
             if shown == 200 {
                 out.push_str(&format!(
                     "[... {} more files]\n",
-                    self.instance.files.len() - shown
+                    self.work.instance.files.len() - shown
                 ));
                 break;
             }
@@ -735,11 +797,42 @@ impl EnvSession for SweSession {
     }
 
     async fn step(&mut self, call: &ToolCall) -> Result<Observation> {
-        self.step_sync(call)
+        // File tools take microseconds; tests and shell commands take up to the time limit, so
+        // they run on a blocking thread and the runtime's worker goes on with other episodes.
+        let command =
+            call.name == tools::RUN_TESTS || (call.name == tools::SHELL && self.work.config.shell);
+        match call.arguments.as_object() {
+            Some(args) if command && !self.submitted => {
+                let (work, args, name) = (self.work.clone(), args.clone(), call.name.clone());
+                let result = off_runtime(move || {
+                    if name == tools::RUN_TESTS {
+                        work.run_tests(&args)
+                    } else {
+                        work.shell(&args)
+                    }
+                })
+                .await?;
+                Ok(result.unwrap_or_else(Observation::error))
+            }
+            _ => self.step_sync(call),
+        }
     }
 
     async fn verify(&mut self, _final_answer: Option<&str>) -> Result<Outcome> {
-        self.verify_sync()
+        let (work, submitted) = (self.work.clone(), self.submitted);
+        off_runtime(move || work.verify(submitted)).await?
+    }
+}
+
+/// Run blocking work on tokio's blocking pool when called inside a tokio runtime; without one
+/// (e.g. under `futures::executor::block_on`) there is no shared worker to stall, so run it here.
+async fn off_runtime<T: Send + 'static>(job: impl FnOnce() -> T + Send + 'static) -> Result<T> {
+    match tokio::runtime::Handle::try_current() {
+        Ok(handle) => handle
+            .spawn_blocking(job)
+            .await
+            .map_err(|e| env_error(format!("a blocking command job failed: {e}"))),
+        Err(_) => Ok(job()),
     }
 }
 
