@@ -8,6 +8,7 @@
 pub mod appworld;
 pub mod dbbench;
 pub mod error;
+pub mod labels;
 pub mod swe;
 
 pub use error::{Error, Result};

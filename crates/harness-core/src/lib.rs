@@ -51,6 +51,7 @@ pub mod episode;
 pub mod error;
 pub mod fsutil;
 pub mod harness;
+pub mod labels;
 pub mod learner;
 pub mod policy;
 pub mod selector;
@@ -67,6 +68,10 @@ pub use harness::{
     CONDITIONS, CompiledHook, Condition, ContextPolicy, EditOp, Harness, HarnessEdit, HarnessId,
     HookAction, HookEvent, HookSpec, Limits, Lineage, LocalEval, MemoryPolicy, NOTE_TOOL,
     PromptRule, PromptSpec, Skill, ToolView, canonical_json,
+};
+pub use labels::{
+    BehaviourFeature, FeatureKind, GenericLabeller, Step, TrajectoryLabeller, TrajectoryLabels,
+    steps,
 };
 pub use learner::{Learner, UpdateReport};
 pub use policy::{FinishReason, Policy, PolicyRequest, PolicyTurn, SamplingParams, TurnSampling};

@@ -1,0 +1,455 @@
+//! Behaviour labellers of the built-in environments ([`harness_core::TrajectoryLabeller`]).
+//!
+//! The router's built-in profiler compares a sibling's trajectory with H0's on the same task
+//! through these labels (paper Eq. 8 and Table 7: pagination through every source, joint
+//! filtering, read-backs, submission through the completion API), and the same labels can
+//! produce the paper's behaviour table. Each labeller adds its environment's features to the
+//! generic ones of [`GenericLabeller`].
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use harness_core::{
+    BehaviourFeature, GenericLabeller, Step, Trajectory, TrajectoryLabeller, TrajectoryLabels,
+    steps,
+};
+use serde_json::Value;
+
+use crate::{appworld, dbbench, swe};
+
+/// The labellers of the three built-in environments.
+pub fn builtin_labellers() -> Vec<Arc<dyn TrajectoryLabeller>> {
+    vec![
+        Arc::new(AppWorldLabeller),
+        Arc::new(DbBenchLabeller),
+        Arc::new(SweLabeller),
+    ]
+}
+
+fn with_generic(mut specific: Vec<BehaviourFeature>) -> Vec<BehaviourFeature> {
+    specific.extend(GenericLabeller::generic_features());
+    specific
+}
+
+fn flag(b: bool) -> f64 {
+    if b { 1.0 } else { 0.0 }
+}
+
+fn insert(labels: &mut TrajectoryLabels, name: &str, value: f64) {
+    labels.insert(name.to_string(), value);
+}
+
+/// The app world: pagination, documentation lookups, read-backs and `complete_task`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AppWorldLabeller;
+
+/// The `(app, api, arguments)` of a `call_api` step.
+fn api_call(step: &Step) -> Option<(&str, &str, &Value)> {
+    if step.call.name != appworld::tool::CALL_API {
+        return None;
+    }
+    let args = &step.call.arguments;
+    Some((
+        args.get("app")?.as_str()?,
+        args.get("api")?.as_str()?,
+        args.get("arguments").unwrap_or(&Value::Null),
+    ))
+}
+
+fn is_read_api(api: &str) -> bool {
+    api.starts_with("list_") || api.starts_with("show_")
+}
+
+impl TrajectoryLabeller for AppWorldLabeller {
+    fn env(&self) -> &str {
+        appworld::ENV_NAME
+    }
+
+    fn features(&self) -> Vec<BehaviourFeature> {
+        with_generic(vec![
+            BehaviourFeature::count("pages_fetched", "listing pages fetched"),
+            BehaviourFeature::count("later_pages", "pages beyond the first fetched"),
+            BehaviourFeature::count("folders_searched", "mail folders searched"),
+            BehaviourFeature::count(
+                "docs_before_first_use",
+                "APIs whose documentation is read before their first call",
+            ),
+            BehaviourFeature::count("writes", "state-changing API calls"),
+            BehaviourFeature::flag(
+                "readback_after_write",
+                "reads the changed state back after its last write",
+            ),
+            BehaviourFeature::flag("completes_task", "submits through complete_task"),
+        ])
+    }
+
+    fn label(&self, trajectory: &Trajectory) -> TrajectoryLabels {
+        let steps = steps(trajectory);
+        let mut labels = GenericLabeller::generic_labels(trajectory);
+        let mut pages = 0.0;
+        let mut later_pages = 0.0;
+        let mut folders = BTreeSet::new();
+        let mut documented = BTreeSet::new();
+        let mut called = BTreeSet::new();
+        let mut docs_first = 0.0;
+        let mut writes = 0.0;
+        let mut last_write: Option<(usize, String)> = None;
+        let mut read_after_write = false;
+        for (i, step) in steps.iter().enumerate() {
+            if step.call.name == appworld::tool::SHOW_API {
+                let args = &step.call.arguments;
+                if let (Some(app), Some(api)) = (
+                    args.get("app").and_then(Value::as_str),
+                    args.get("api").and_then(Value::as_str),
+                ) {
+                    documented.insert((app.to_string(), api.to_string()));
+                }
+                continue;
+            }
+            let Some((app, api, arguments)) = api_call(step) else {
+                continue;
+            };
+            let key = (app.to_string(), api.to_string());
+            if called.insert(key.clone()) && documented.contains(&key) {
+                docs_first += 1.0;
+            }
+            if api.starts_with("list_") {
+                pages += 1.0;
+                if arguments.get("page").and_then(Value::as_u64).unwrap_or(1) >= 2 {
+                    later_pages += 1.0;
+                }
+                if let Some(folder) = arguments.get("folder").and_then(Value::as_str) {
+                    folders.insert(folder.to_string());
+                }
+            }
+            if is_read_api(api) {
+                if last_write.as_ref().is_some_and(|(_, a)| a == app) {
+                    read_after_write = true;
+                }
+            } else {
+                writes += 1.0;
+                last_write = Some((i, app.to_string()));
+                read_after_write = false;
+            }
+        }
+        insert(&mut labels, "pages_fetched", pages);
+        insert(&mut labels, "later_pages", later_pages);
+        insert(&mut labels, "folders_searched", folders.len() as f64);
+        insert(&mut labels, "docs_before_first_use", docs_first);
+        insert(&mut labels, "writes", writes);
+        insert(
+            &mut labels,
+            "readback_after_write",
+            flag(last_write.is_some() && read_after_write),
+        );
+        insert(
+            &mut labels,
+            "completes_task",
+            flag(
+                steps
+                    .iter()
+                    .any(|s| s.call.name == appworld::tool::COMPLETE_TASK),
+            ),
+        );
+        labels
+    }
+}
+
+/// DBBench: schema lookups, read-backs after changes and the committed answer.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DbBenchLabeller;
+
+fn sql_of(step: &Step) -> Option<String> {
+    (step.call.name == dbbench::SQL_TOOL)
+        .then(|| {
+            step.call
+                .arguments
+                .get("query")?
+                .as_str()
+                .map(str::to_string)
+        })
+        .flatten()
+}
+
+fn first_keyword(sql: &str) -> String {
+    sql.trim_start_matches(|c: char| c.is_whitespace() || c == '(')
+        .split(|c: char| !c.is_ascii_alphabetic())
+        .next()
+        .unwrap_or_default()
+        .to_ascii_uppercase()
+}
+
+impl TrajectoryLabeller for DbBenchLabeller {
+    fn env(&self) -> &str {
+        dbbench::ENV_NAME
+    }
+
+    fn features(&self) -> Vec<BehaviourFeature> {
+        with_generic(vec![
+            BehaviourFeature::count("sql_queries", "SQL statements run"),
+            BehaviourFeature::count("schema_lookups", "schema lookups"),
+            BehaviourFeature::count("modifications", "table changes"),
+            BehaviourFeature::flag(
+                "readback_after_write",
+                "reads the table back after its last change",
+            ),
+            BehaviourFeature::flag(
+                "commits_answer",
+                "commits an answer with commit_final_answer",
+            ),
+        ])
+    }
+
+    fn label(&self, trajectory: &Trajectory) -> TrajectoryLabels {
+        let steps = steps(trajectory);
+        let mut labels = GenericLabeller::generic_labels(trajectory);
+        let (mut queries, mut lookups, mut changes) = (0.0, 0.0, 0.0);
+        let mut read_after_change = false;
+        for sql in steps.iter().filter_map(sql_of) {
+            queries += 1.0;
+            let keyword = first_keyword(&sql);
+            let lower = sql.to_ascii_lowercase();
+            match keyword.as_str() {
+                "SHOW" | "DESCRIBE" | "DESC" | "PRAGMA" | "EXPLAIN" => lookups += 1.0,
+                "SELECT"
+                    if lower.contains("information_schema") || lower.contains("sqlite_master") =>
+                {
+                    lookups += 1.0
+                }
+                "SELECT" | "WITH" => read_after_change = changes > 0.0,
+                "INSERT" | "UPDATE" | "DELETE" | "REPLACE" => {
+                    changes += 1.0;
+                    read_after_change = false;
+                }
+                _ => {}
+            }
+        }
+        insert(&mut labels, "sql_queries", queries);
+        insert(&mut labels, "schema_lookups", lookups);
+        insert(&mut labels, "modifications", changes);
+        insert(&mut labels, "readback_after_write", flag(read_after_change));
+        insert(
+            &mut labels,
+            "commits_answer",
+            flag(steps.iter().any(|s| s.call.name == dbbench::COMMIT_TOOL)),
+        );
+        labels
+    }
+}
+
+/// The repository world: reading, searching, editing and running the tests.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SweLabeller;
+
+impl TrajectoryLabeller for SweLabeller {
+    fn env(&self) -> &str {
+        swe::ENV_NAME
+    }
+
+    fn features(&self) -> Vec<BehaviourFeature> {
+        with_generic(vec![
+            BehaviourFeature::count("files_viewed", "files viewed"),
+            BehaviourFeature::count("searches", "repository searches"),
+            BehaviourFeature::count("edits", "file edits"),
+            BehaviourFeature::count("test_runs", "test runs"),
+            BehaviourFeature::flag(
+                "tests_before_first_edit",
+                "runs the tests before its first edit (reproduces the failure)",
+            ),
+            BehaviourFeature::flag(
+                "tests_after_last_edit",
+                "runs the tests after its last edit (checks the assertions)",
+            ),
+        ])
+    }
+
+    fn label(&self, trajectory: &Trajectory) -> TrajectoryLabels {
+        use swe::tools;
+        let steps = steps(trajectory);
+        let mut labels = GenericLabeller::generic_labels(trajectory);
+        let count = |name: &str| steps.iter().filter(|s| s.call.name == name).count() as f64;
+        let is_edit = |s: &Step| s.call.name == tools::REPLACE || s.call.name == tools::CREATE;
+        let first_edit = steps.iter().position(is_edit);
+        let last_edit = steps.iter().rposition(is_edit);
+        let test_at: Vec<usize> = steps
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.call.name == tools::RUN_TESTS)
+            .map(|(i, _)| i)
+            .collect();
+        insert(&mut labels, "files_viewed", count(tools::VIEW));
+        insert(&mut labels, "searches", count(tools::SEARCH));
+        insert(
+            &mut labels,
+            "edits",
+            steps.iter().filter(|s| is_edit(s)).count() as f64,
+        );
+        insert(&mut labels, "test_runs", test_at.len() as f64);
+        insert(
+            &mut labels,
+            "tests_before_first_edit",
+            flag(first_edit.is_some_and(|e| test_at.iter().any(|t| *t < e))),
+        );
+        insert(
+            &mut labels,
+            "tests_after_last_edit",
+            flag(last_edit.is_some_and(|e| test_at.iter().any(|t| *t > e))),
+        );
+        labels
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use harness_core::{
+        Counts, HarnessId, Outcome, Role, Source, Termination, ToolCall, TrajectoryMessage,
+    };
+    use serde_json::json;
+
+    fn trajectory(env: &str, calls: &[ToolCall], termination: Termination) -> Trajectory {
+        let mut messages = Vec::new();
+        for call in calls {
+            messages.push(TrajectoryMessage {
+                role: Role::Assistant,
+                source: Source::Policy,
+                content: call.to_tool_call_block(),
+                name: None,
+                hook: None,
+            });
+            messages.push(TrajectoryMessage {
+                role: Role::Tool,
+                source: Source::Environment,
+                content: "ok".into(),
+                name: Some(call.name.clone()),
+                hook: None,
+            });
+        }
+        Trajectory {
+            task_id: "t".into(),
+            env: env.into(),
+            harness_id: HarnessId("h".into()),
+            harness_name: "H".into(),
+            seed: 0,
+            policy: "p".into(),
+            messages,
+            turns: Vec::new(),
+            final_answer: None,
+            outcome: Outcome::failure(json!(null)),
+            termination,
+            counts: Counts {
+                env_actions: calls.len() as u32,
+                ..Counts::default()
+            },
+        }
+    }
+
+    fn assert_complete(labeller: &dyn TrajectoryLabeller, labels: &TrajectoryLabels) {
+        let names: BTreeSet<String> = labeller.features().into_iter().map(|f| f.name).collect();
+        let got: BTreeSet<String> = labels.keys().cloned().collect();
+        assert_eq!(names, got, "{}: every feature labelled", labeller.env());
+    }
+
+    #[test]
+    fn appworld_labels_pagination_docs_readback_and_completion() {
+        let api = |api: &str, arguments: Value| {
+            ToolCall::new(
+                appworld::tool::CALL_API,
+                json!({"app": "mail", "api": api, "arguments": arguments}),
+            )
+        };
+        let calls = vec![
+            ToolCall::new(
+                appworld::tool::SHOW_API,
+                json!({"app": "mail", "api": "list_emails"}),
+            ),
+            api("list_emails", json!({"folder": "inbox", "page": 1})),
+            api("list_emails", json!({"folder": "inbox", "page": 2})),
+            api("list_emails", json!({"folder": "spam"})),
+            api("send_email", json!({"to": "a"})),
+            api("show_email", json!({"id": 1})),
+            ToolCall::new(appworld::tool::COMPLETE_TASK, json!({"answer": "3"})),
+        ];
+        let labels = AppWorldLabeller.label(&trajectory("appworld", &calls, Termination::EnvDone));
+        assert_complete(&AppWorldLabeller, &labels);
+        assert_eq!(labels["pages_fetched"], 3.0);
+        assert_eq!(labels["later_pages"], 1.0);
+        assert_eq!(labels["folders_searched"], 2.0);
+        assert_eq!(labels["docs_before_first_use"], 1.0);
+        assert_eq!(labels["writes"], 1.0);
+        assert_eq!(labels["readback_after_write"], 1.0);
+        assert_eq!(labels["completes_task"], 1.0);
+
+        let single = AppWorldLabeller.label(&trajectory(
+            "appworld",
+            &calls[1..2],
+            Termination::PolicyFinished,
+        ));
+        assert_eq!(single["docs_before_first_use"], 0.0);
+        assert_eq!(single["completes_task"], 0.0);
+        assert_eq!(single["readback_after_write"], 0.0);
+        assert_eq!(single["submitted"], 0.0);
+    }
+
+    #[test]
+    fn dbbench_labels_lookups_readback_and_commit() {
+        let sql = |q: &str| ToolCall::new(dbbench::SQL_TOOL, json!({"query": q}));
+        let calls = vec![
+            sql("SHOW COLUMNS FROM t"),
+            sql("UPDATE t SET a = 1"),
+            sql("select * from t"),
+            ToolCall::new(dbbench::COMMIT_TOOL, json!({"answers": []})),
+        ];
+        let labels = DbBenchLabeller.label(&trajectory("dbbench", &calls, Termination::EnvDone));
+        assert_complete(&DbBenchLabeller, &labels);
+        assert_eq!(labels["sql_queries"], 3.0);
+        assert_eq!(labels["schema_lookups"], 1.0);
+        assert_eq!(labels["modifications"], 1.0);
+        assert_eq!(labels["readback_after_write"], 1.0);
+        assert_eq!(labels["commits_answer"], 1.0);
+        let no_readback = DbBenchLabeller.label(&trajectory(
+            "dbbench",
+            &calls[..2],
+            Termination::MaxEnvActions,
+        ));
+        assert_eq!(no_readback["readback_after_write"], 0.0);
+        assert_eq!(no_readback["ran_out_of_budget"], 1.0);
+    }
+
+    #[test]
+    fn swe_labels_reproduction_and_verification() {
+        use swe::tools;
+        let calls = vec![
+            ToolCall::new(tools::RUN_TESTS, json!({"tests": []})),
+            ToolCall::new(tools::VIEW, json!({"path": "a.py"})),
+            ToolCall::new(
+                tools::REPLACE,
+                json!({"path": "a.py", "old": "x", "new": "y"}),
+            ),
+            ToolCall::new(tools::RUN_TESTS, json!({"tests": []})),
+            ToolCall::new(tools::SUBMIT, json!({})),
+        ];
+        let labels = SweLabeller.label(&trajectory("swe", &calls, Termination::EnvDone));
+        assert_complete(&SweLabeller, &labels);
+        assert_eq!(labels["test_runs"], 2.0);
+        assert_eq!(labels["tests_before_first_edit"], 1.0);
+        assert_eq!(labels["tests_after_last_edit"], 1.0);
+        let unchecked = SweLabeller.label(&trajectory(
+            "swe",
+            &calls[1..3],
+            Termination::PolicyFinished,
+        ));
+        assert_eq!(unchecked["tests_before_first_edit"], 0.0);
+        assert_eq!(unchecked["tests_after_last_edit"], 0.0);
+        assert_eq!(unchecked["edits"], 1.0);
+    }
+
+    #[test]
+    fn builtin_labellers_cover_the_three_environments() {
+        let envs: Vec<String> = builtin_labellers()
+            .iter()
+            .map(|l| l.env().to_string())
+            .collect();
+        assert_eq!(envs, vec!["appworld", "dbbench", "swe"]);
+    }
+}
