@@ -140,16 +140,40 @@ fn expected_termination(
     }
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig::with_cases(256))]
+/// The longest text a scripted [`Turn`] can have, in bytes (a scripted policy's pseudo tokens).
+fn longest_turn_text() -> usize {
+    let mut all = vec![Turn::Unknown, Turn::Invalid, Turn::Final];
+    all.extend((0..TOOLS.len()).flat_map(|t| (0..2u8).map(move |x| Turn::Call(t, x))));
+    all.iter().map(|t| t.text().len()).max().unwrap_or(0)
+}
 
-    #[test]
-    fn limits_hold_and_termination_is_right(
-        script in prop::collection::vec(turn(), 1..40),
-        max_calls in 1u32..12,
-        max_actions in 1u32..12,
-        max_output in 1u32..64,
-    ) {
+/// Output limits: mostly above every scripted text, so that the episode is compared with the
+/// independent model; 1 case in 32 small enough to cut turns (which must still respect every
+/// limit).
+const UNCUT_OUTPUT: u32 = 128;
+
+#[test]
+fn limits_hold_and_termination_is_right() {
+    use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+    use std::cell::Cell;
+    assert!(
+        longest_turn_text() < UNCUT_OUTPUT as usize,
+        "a scripted turn of {} bytes would be cut at {UNCUT_OUTPUT} tokens",
+        longest_turn_text()
+    );
+    let strategy = (
+        prop::collection::vec(turn(), 1..40),
+        1u32..12,
+        1u32..12,
+        prop_oneof![1 => 1u32..64, 31 => UNCUT_OUTPUT..512],
+    );
+    let (cases, compared, cut_cases) = (Cell::new(0u32), Cell::new(0u32), Cell::new(0u32));
+    let mut runner = TestRunner::new_with_rng(
+        Config::with_cases(256),
+        TestRng::deterministic_rng(RngAlgorithm::ChaCha),
+    );
+    let result = runner.run(&strategy, |(script, max_calls, max_actions, max_output)| {
+        cases.set(cases.get() + 1);
         let mut harness = base(max_calls, max_actions);
         harness.limits.max_output_tokens = max_output;
         let texts: Vec<String> = script.iter().map(Turn::text).collect();
@@ -157,17 +181,43 @@ proptest! {
         let t = block_on(run_episode(&policy, &harness, &ProbeEnv, &task(), 3)).expect("runs");
         prop_assert!(t.counts.model_calls <= max_calls);
         prop_assert!(t.counts.env_actions <= max_actions);
-        prop_assert!(t.turns.iter().all(|turn| turn.tokens.len() <= max_output as usize));
+        prop_assert!(
+            t.turns
+                .iter()
+                .all(|turn| turn.tokens.len() <= max_output as usize)
+        );
         // Long turns are cut at the output limit and may no longer parse, so only compare the
         // termination when no turn was cut.
-        let cut = t.turns.iter().any(|turn| turn.finish == harness_core::FinishReason::Length);
-        if !cut {
-            let (termination, calls, actions) = expected_termination(&script, max_calls, max_actions);
+        let cut = t
+            .turns
+            .iter()
+            .any(|turn| turn.finish == harness_core::FinishReason::Length);
+        if cut {
+            cut_cases.set(cut_cases.get() + 1);
+        } else {
+            compared.set(compared.get() + 1);
+            let (termination, calls, actions) =
+                expected_termination(&script, max_calls, max_actions);
             prop_assert_eq!(t.termination, termination);
             prop_assert_eq!(t.counts.model_calls, calls);
             prop_assert_eq!(t.counts.env_actions, actions);
         }
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("{e}");
     }
+    // Shrinking reruns cases only on failure, so these count the 256 drawn cases.
+    let (n, c) = (cases.get(), compared.get());
+    assert!(
+        10 * c >= 9 * n,
+        "only {c} of {n} cases reached the comparison with the termination model"
+    );
+    assert!(cut_cases.get() > 0, "no case exercised cut turns");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
 
     #[test]
     fn context_limit_is_enforced(limit in 1u32..200) {
