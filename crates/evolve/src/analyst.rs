@@ -201,7 +201,13 @@ fn more_pages(observation: &str, page: u64, size: Option<u64>) -> Option<String>
         Value::Object(map) => map.values().find_map(Value::as_array)?.len(),
         _ => return None,
     } as u64;
-    let size = size.unwrap_or(5);
+    // The listing's own page size when it reports one, else the request's, else AppWorld's
+    // default of 5.
+    let size = value
+        .get("page_size")
+        .and_then(Value::as_u64)
+        .or(size)
+        .unwrap_or(5);
     (items >= size && items > 0).then(|| format!("page {page} came back full ({items} items)"))
 }
 
@@ -468,9 +474,10 @@ fn no_readback(ctx: &Ctx<'_>) -> Option<Finding> {
         return None;
     }
     let step = &ctx.steps[last_write];
+    // The explaining decision is finishing without a read, so the evidence sits at the end.
     finding(
         "no-readback",
-        step.message,
+        ctx.trajectory.messages.len(),
         format!(
             "{} changed state and nothing read the result back",
             api_name(&step.call)
@@ -502,9 +509,10 @@ fn edit_without_retest(ctx: &Ctx<'_>) -> Option<Finding> {
         return None;
     }
     let step = &ctx.steps[last_edit];
+    // As for read-back: the decision that explains the failure is finishing untested.
     finding(
         "edit-without-retest",
-        step.message,
+        ctx.trajectory.messages.len(),
         format!(
             "edited {} and never re-ran the failing tests afterwards",
             edit_path(step).unwrap_or_default()
