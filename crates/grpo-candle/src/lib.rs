@@ -55,6 +55,7 @@
 #[cfg(feature = "cuda")]
 mod cuda;
 pub mod fused;
+pub mod learner;
 pub mod logprob;
 pub mod objective;
 pub mod trainer;

@@ -294,7 +294,9 @@ impl RescueTrainer {
         // Line 3: re-anchor if calibration is due (line 1, the profiles before training, is the
         // calibration before update 0).
         let due = (u == 0 && self.cfg.initial_calibration)
-            || (self.cfg.calibrate_every > 0 && u > 0 && u.is_multiple_of(self.cfg.calibrate_every));
+            || (self.cfg.calibrate_every > 0
+                && u > 0
+                && u.is_multiple_of(self.cfg.calibrate_every));
         let calibration_seconds = if due {
             self.calibrate(false).await?
         } else {
