@@ -45,6 +45,7 @@ pub mod error;
 pub mod exec;
 pub mod llm;
 pub mod llm_analyst;
+pub mod llm_editor;
 pub mod local_eval;
 pub mod repair;
 pub mod round;
@@ -61,6 +62,7 @@ pub use editor::{EditRequest, Editor, Feedback, Proposal};
 pub use error::{Error, Result};
 pub use exec::{Executor, PolicySource, SharedPolicy};
 pub use llm_analyst::LlmAnalyst;
+pub use llm_editor::LlmEditor;
 pub use repair::BuiltinEditor;
 pub use round::{
     CandidateOutcome, CandidateRecord, Evolution, EvolutionResult, ParentRecord, RoundReport,

@@ -24,7 +24,10 @@ fn api(app: &str, api: &str, args: Value) -> String {
 
 /// A policy that says `turns[k]` at its k-th turn (the last one again after that); each turn
 /// may read the request (to find the user's email, say).
-fn scripted(turns: Vec<Box<dyn Fn(&PolicyRequest) -> String + Send + Sync>>) -> impl Policy {
+/// One scripted turn.
+type Turn = Box<dyn Fn(&PolicyRequest) -> String + Send + Sync>;
+
+fn scripted(turns: Vec<Turn>) -> impl Policy {
     FnPolicy::new("planted", move |request: &PolicyRequest| {
         let k = request
             .messages
@@ -35,7 +38,7 @@ fn scripted(turns: Vec<Box<dyn Fn(&PolicyRequest) -> String + Send + Sync>>) -> 
     })
 }
 
-fn say(text: String) -> Box<dyn Fn(&PolicyRequest) -> String + Send + Sync> {
+fn say(text: String) -> Turn {
     Box::new(move |_| text.clone())
 }
 
