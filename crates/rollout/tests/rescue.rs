@@ -586,3 +586,73 @@ async fn selection_and_task_order_are_reproducible_from_the_seed() {
     };
     assert_eq!(run().await, run().await);
 }
+
+/// A weight sync failing its first `fail` attempts, recording every attempt's version.
+struct FlakySync {
+    fail: usize,
+    attempts: Mutex<Vec<u64>>,
+}
+
+#[async_trait::async_trait]
+impl harness_rollout::WeightSync for FlakySync {
+    fn name(&self) -> &str {
+        "flaky"
+    }
+
+    async fn sync(&self, version: u64) -> harness_core::Result<()> {
+        let mut attempts = self.attempts.lock().unwrap();
+        attempts.push(version);
+        if attempts.len() <= self.fail {
+            return Err(harness_core::Error::Policy {
+                policy: "engine".into(),
+                message: "reload refused".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn weights_are_synced_after_each_update_with_retries_and_rollouts_record_their_version() {
+    let mut f = fixture(r#"{"kind": "grpo"}"#, 3);
+    f.cfg.sync_retry = harness_rollout::SyncRetry {
+        attempts: 3,
+        backoff_ms: 1,
+    };
+    let sync = Arc::new(FlakySync {
+        fail: 2,
+        attempts: Mutex::new(Vec::new()),
+    });
+    let mut setup = f.setup(mixed_policy(), None);
+    setup.weight_sync = Some(sync.clone());
+    let mut t = RescueTrainer::new(f.cfg.clone(), setup, f.dir.path()).unwrap();
+    t.run().await.unwrap();
+    assert_eq!(*sync.attempts.lock().unwrap(), vec![1, 1, 1, 2, 3]);
+    let versions: Vec<u64> = f.groups().iter().map(|g| g.policy_version).collect();
+    assert_eq!(versions, vec![0, 0, 0, 1, 1, 1, 2, 2, 2]);
+    assert_eq!(t.policy_version(), 3);
+}
+
+#[tokio::test]
+async fn a_weight_sync_that_keeps_failing_stops_the_run_with_a_clear_error() {
+    let mut f = fixture(r#"{"kind": "grpo"}"#, 3);
+    f.cfg.sync_retry = harness_rollout::SyncRetry {
+        attempts: 2,
+        backoff_ms: 1,
+    };
+    let mut setup = f.setup(mixed_policy(), None);
+    setup.weight_sync = Some(Arc::new(FlakySync {
+        fail: usize::MAX,
+        attempts: Mutex::new(Vec::new()),
+    }));
+    let mut t = RescueTrainer::new(f.cfg.clone(), setup, f.dir.path()).unwrap();
+    let err = t.run().await.unwrap_err().to_string();
+    assert!(
+        err.contains("weight sync `flaky` failed for policy version 1 after 2 attempts")
+            && err.contains("stale weights")
+            && err.contains("reload refused"),
+        "{err}"
+    );
+    // Nothing was sampled from the stale weights: the run stopped at the first update.
+    assert_eq!(f.groups().len(), 0);
+}
