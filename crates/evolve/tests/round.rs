@@ -246,3 +246,56 @@ async fn invalid_edits_are_excluded_with_their_reasons() {
             .all(|h| !h.prompt_rules.contains_key("dangling"))
     );
 }
+
+#[tokio::test]
+async fn reports_and_diversity_views_are_written() {
+    let evolution = evolution(Arc::new(BuiltinEditor), 3);
+    let result = evolution.run(base()).await.unwrap();
+    let diversity = harness_evolve::diversity::measure(
+        &evolution.executor,
+        &result.pool,
+        &result.validation_solved,
+        &evolution.validation,
+        evolution.validation_seed(),
+        &harness_core::SamplingParams::default(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(diversity.siblings.len(), result.pool.len() - 1);
+    assert_eq!(diversity.tasks, 12);
+    // H0 solves the 3 quirk-free validation tasks; children repair planted failures.
+    assert_eq!(diversity.coverage.h0_solved, 3);
+    assert!(diversity.union_repaired >= 8, "{diversity:?}");
+    assert!(
+        diversity.coverage.oracle_union
+            >= diversity.siblings.iter().map(|s| s.solved).max().unwrap()
+    );
+    // The scripted policy is deterministic, so H0's pass@K equals its pass@1.
+    assert_eq!(diversity.coverage.h0_pass_at_k, Some(3));
+
+    let dir = tempfile::tempdir().unwrap();
+    let written = harness_evolve::report::write_reports(dir.path(), &result, &diversity).unwrap();
+    assert!(written.len() >= 9);
+    for svg in ["figure1a.svg", "figure1b.svg", "figure5.svg"] {
+        let text = std::fs::read_to_string(dir.path().join(svg)).unwrap();
+        assert!(
+            text.starts_with("<svg") && text.trim_end().ends_with("</svg>"),
+            "{svg}"
+        );
+    }
+    let rounds: Vec<harness_evolve::RoundReport> =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("rounds.json")).unwrap())
+            .unwrap();
+    assert_eq!(rounds, result.rounds);
+    let again: harness_evolve::DiversityReport =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("diversity.json")).unwrap())
+            .unwrap();
+    assert_eq!(again, diversity);
+    let pool = harness_pool::SiblingPool::load(dir.path().join("pool")).unwrap();
+    assert!(pool.is_frozen());
+    let summary = harness_evolve::report::round_summary(&result.rounds[0], 12);
+    assert!(
+        summary.contains("round 1") && summary.contains("parents for round 2"),
+        "{summary}"
+    );
+}
