@@ -186,34 +186,30 @@ struct EnvSetup {
     train: Vec<Task>,
 }
 
-/// The paper's Table 7 edits applied to an environment's base harness: complete pagination,
-/// reserve budget for submission, and (where the prompt has an `action_guidance` slot) intersect
-/// combined conditions.
-fn table7_sibling(base: &Harness) -> Result<Harness> {
-    let mut ops = vec![
-        EditOp::set(
-            "state.hooks.pagination-completion-guidance",
-            json!({"action": "warn", "condition": "pagination_present", "event": "after_tool",
-                   "message": "This result is one page of several. Keep requesting pages until one comes back empty or short, or the total is reached; the first page is not the whole answer.",
-                   "parameters": {}}),
-        ),
-        EditOp::set(
-            "state.hooks.low-budget-completion",
-            json!({"action": "warn", "condition": "remaining_steps_lte", "event": "after_tool",
-                   "message": "Few actions remain. Finish only the checks you need and keep one action for submitting the answer.",
-                   "parameters": {"threshold": 3}}),
-        ),
-    ];
-    if base.prompt.slots.contains_key("action_guidance") {
-        ops.push(EditOp::set(
-            "state.prompt_rules.reconcile-before-side-effect",
-            json!({"slot": "action_guidance",
-                   "text": "When a request combines several conditions, gather the records for each condition and keep only those that satisfy all of them."}),
-        ));
+/// The run's sibling: the repairs of the environment's built-in siblings (`siblings()` of each
+/// environment module, every hook of which can fire there) applied together to the run's H0
+/// as one structured edit. For the app world these are the paper's Table 7 edits (complete
+/// pagination, intersect combined conditions, reserve budget for submission).
+fn combined_sibling(base: &Harness, siblings: &[Harness]) -> Result<Harness> {
+    let mut ops = Vec::new();
+    for sibling in siblings {
+        for (name, hook) in &sibling.hooks {
+            ops.push(EditOp::set(
+                format!("state.hooks.{name}"),
+                serde_json::to_value(hook)?,
+            ));
+        }
+        for (name, rule) in &sibling.prompt_rules {
+            ops.push(EditOp::set(
+                format!("state.prompt_rules.{name}"),
+                serde_json::to_value(rule)?,
+            ));
+        }
     }
-    let edit = HarnessEdit::new(ops, "Table 7: pagination, budget and intersection repairs");
+    let names: Vec<&str> = siblings.iter().map(|s| s.name.as_str()).collect();
+    let edit = HarnessEdit::new(ops, format!("the built-in repairs of {}", names.join(", ")));
     let mut sibling = edit.apply(base)?;
-    sibling.name = format!("{}+table7", base.name);
+    sibling.name = format!("{}+siblings", base.name);
     sibling.lineage.parent = Some(base.id());
     sibling.lineage.generation = 1;
     sibling.lineage.direction = Some(edit.rationale.clone());
@@ -223,6 +219,9 @@ fn table7_sibling(base: &Harness) -> Result<Harness> {
 fn limited(mut h: Harness, cfg: &RunConfig, context_tokens: u32) -> Harness {
     if let Some(calls) = cfg.max_model_calls {
         h.limits.max_model_calls = h.limits.max_model_calls.min(calls);
+        // Keep the two budgets consistent: with fewer replies than actions, a hook on the
+        // action budget (`remaining_steps_lte`) could never fire.
+        h.limits.max_env_actions = h.limits.max_env_actions.min(calls);
     }
     if let Some(out) = cfg.max_output_tokens {
         h.limits.max_output_tokens = h.limits.max_output_tokens.min(out);
@@ -278,7 +277,13 @@ fn setups(cfg: &RunConfig, context_tokens: u32) -> Result<Vec<EnvSetup>> {
             .min(context_tokens)
             .min(cfg.warm_start_max_tokens as u32);
         let base = limited(base, cfg, context_tokens);
-        let sibling = table7_sibling(&base)?;
+        let builtin_siblings = match name.as_str() {
+            "dbbench" => dbbench::siblings(),
+            "appworld" => appworld::siblings(),
+            "swe" => swe::siblings(),
+            other => bail!("unknown environment `{other}`; expected dbbench, appworld or swe"),
+        };
+        let sibling = combined_sibling(&base, &builtin_siblings)?;
         let mut validation = env.tasks(Split::Validation)?;
         if name == "dbbench"
             && let Some(path) = &cfg.dbbench_data

@@ -575,6 +575,12 @@ pub fn base_harness() -> Harness {
     harness
 }
 
+/// The built-in siblings of the app world: [`table7_siblings`] (every hook there can fire on
+/// these tasks within the base limits).
+pub fn siblings() -> Vec<Harness> {
+    table7_siblings()
+}
+
 /// The three sibling edits of the paper's Table 7 applied to [`base_harness`], written in our
 /// own words: S6 (an after-tool pagination reminder), S7 (an intersection rule in
 /// `action_guidance`) and S8 (a low-budget reminder to reserve a step for `complete_task`).

@@ -85,8 +85,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use async_trait::async_trait;
 use harness_core::{
-    ActionParser, EnvSession, Environment, Harness, Observation, Outcome, ParsedAction, Split,
-    Task, ToolCall, ToolCallParser, ToolKind, ToolSpec, cut_text,
+    ActionParser, EnvSession, Environment, Harness, HookAction, HookEvent, HookSpec, Observation,
+    Outcome, ParsedAction, Split, Task, ToolCall, ToolCallParser, ToolKind, ToolSpec, cut_text,
 };
 use serde_json::{Value, json};
 
@@ -531,9 +531,84 @@ pub fn text_harness() -> Harness {
     harness
 }
 
+/// Built-in siblings of [`base_harness`], each with hooks that can fire on DBBench (whose
+/// observations are never paginated) within its [`MAX_ROUNDS`] rounds:
+/// - `dbbench-sql-error-recovery`: after a failed statement, how to read the error;
+/// - `dbbench-low-budget`: with three statements left, commit the best answer;
+/// - `dbbench-commit-after-change`: after an INSERT/UPDATE/DELETE, commit an empty answer.
+pub fn siblings() -> Vec<Harness> {
+    let base = base_harness();
+    let sibling = |name: &str, description: &str, hook: &str, spec: HookSpec| {
+        let mut harness = base.clone();
+        harness.name = name.into();
+        harness.description = description.into();
+        harness.hooks.insert(hook.into(), spec);
+        harness.lineage.parent = Some(base.id());
+        harness.lineage.generation = 1;
+        harness.lineage.direction = Some(description.into());
+        harness
+    };
+    let hook = |action, event, condition: &str, parameters: Value, message: &str| HookSpec {
+        action,
+        condition: condition.into(),
+        event,
+        message: message.into(),
+        parameters: serde_json::from_value(parameters).unwrap_or_default(),
+    };
+    vec![
+        sibling(
+            "dbbench-sql-error-recovery",
+            "Explains how to recover from a failed SQL statement.",
+            "sql-error-recovery",
+            hook(
+                HookAction::Warn,
+                HookEvent::OnError,
+                "tool_error",
+                json!({}),
+                "The statement failed. Read the error: quote table and column names that contain spaces with backticks, use the column names given in the table description, and compare numbers with numbers. Then run a corrected statement.",
+            ),
+        ),
+        sibling(
+            "dbbench-low-budget",
+            "Warns when few statements remain so that an answer is still committed.",
+            "low-budget-commit",
+            hook(
+                HookAction::Warn,
+                HookEvent::AfterTool,
+                "remaining_steps_lte",
+                json!({"threshold": 3}),
+                "Only a few steps are left. Commit your best answer now with commit_final_answer; an answer that is never committed scores nothing.",
+            ),
+        ),
+        sibling(
+            "dbbench-commit-after-change",
+            "Reminds the policy to commit after changing the table.",
+            "commit-after-change",
+            hook(
+                HookAction::Warn,
+                HookEvent::AfterTool,
+                "observation_matches",
+                json!({"pattern": "^Query OK, \\d+ rows? affected"}),
+                "The change is made. If it is the change the task asks for, commit an empty answer now with commit_final_answer and [] as the answers.",
+            ),
+        ),
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn siblings_validate_and_differ_from_h0() {
+        let h0 = base_harness();
+        for sibling in siblings() {
+            sibling.validate().unwrap();
+            sibling.validate_for_tools(&tool_specs()).unwrap();
+            sibling.compile_hooks().unwrap();
+            assert_ne!(sibling.id(), h0.id(), "{}", sibling.name);
+        }
+    }
 
     #[test]
     fn base_harnesses_validate() {

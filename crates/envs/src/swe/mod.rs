@@ -87,8 +87,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use harness_core::{EnvSession, Environment, Error, Harness, Result, Split, Task};
-use serde_json::json;
+use harness_core::{
+    EnvSession, Environment, Error, Harness, HookAction, HookEvent, HookSpec, Result, Split, Task,
+};
+use serde_json::{Value, json};
 
 pub use builtin::{PAIR_SEED, builtin_instances, discover_test_ids};
 pub use exec::{CommandOutput, TestRun, TestStatus};
@@ -414,4 +416,68 @@ pub fn base_harness() -> Harness {
     );
     harness.tool_view.include = Some(BASE_TOOLS.iter().map(|t| t.to_string()).collect());
     harness
+}
+
+/// Built-in siblings of [`base_harness`], each with hooks that can fire in the repair world
+/// (whose observations are never paginated) within its limits:
+/// - `swe-test-before-submit`: refuses `submit` until `run_tests` has run without error;
+/// - `swe-edit-recovery`: after a failed tool call, how to make `replace` and paths work;
+/// - `swe-low-budget`: with three actions left, stop exploring and submit the fix.
+pub fn siblings() -> Vec<Harness> {
+    let base = base_harness();
+    let sibling = |name: &str, description: &str, hook: &str, spec: HookSpec| {
+        let mut harness = base.clone();
+        harness.name = name.into();
+        harness.description = description.into();
+        harness.hooks.insert(hook.into(), spec);
+        harness.lineage.parent = Some(base.id());
+        harness.lineage.generation = 1;
+        harness.lineage.direction = Some(description.into());
+        harness
+    };
+    let hook = |action, event, condition: &str, parameters: Value, message: &str| HookSpec {
+        action,
+        condition: condition.into(),
+        event,
+        message: message.into(),
+        parameters: serde_json::from_value(parameters).unwrap_or_default(),
+    };
+    vec![
+        sibling(
+            "swe-test-before-submit",
+            "Holds back submission until the tests have been run.",
+            "test-before-submit",
+            hook(
+                HookAction::Require,
+                HookEvent::BeforeFinish,
+                "tool_called",
+                json!({"name": session::tools::RUN_TESTS}),
+                "Run the tests that cover your change with run_tests before submitting, and make sure they pass.",
+            ),
+        ),
+        sibling(
+            "swe-edit-recovery",
+            "Explains how to recover from a failed edit or lookup.",
+            "edit-recovery",
+            hook(
+                HookAction::Warn,
+                HookEvent::OnError,
+                "tool_error",
+                json!({}),
+                "That call failed. For replace, view the lines first and copy `old` exactly, with its indentation, and include enough lines that it occurs once; paths are relative to the repository root.",
+            ),
+        ),
+        sibling(
+            "swe-low-budget",
+            "Warns when few actions remain so that the fix is submitted.",
+            "low-budget-submit",
+            hook(
+                HookAction::Warn,
+                HookEvent::AfterTool,
+                "remaining_steps_lte",
+                json!({"threshold": 3}),
+                "Only a few actions are left. Stop exploring: make the edit you are most sure of, run the failing test once if you can, and call submit.",
+            ),
+        ),
+    ]
 }
