@@ -163,6 +163,68 @@ pub fn top_k(ranking: Vec<Scored>, k: usize, excluded: Option<&HarnessId>) -> Re
     })
 }
 
+/// The `aggregate_ballots` example's computation, as a function of its JSON input
+/// `{"candidates": [ids], "validation_success": {id: rate}, "ballots": [[id, ...], ...], "k": n}`:
+/// returns `{"ranking": [{"id", "score"}, ...], "dropped_ballots": n, "filled": [ids]}`, the
+/// Top-`k` best first. A ballot is dropped (and counted) unless it lists exactly
+/// [`crate::BALLOT_LEN`] distinct candidates (every candidate when there are fewer); no
+/// harness is excluded (the input names no H0).
+pub fn aggregate_json(input: &serde_json::Value) -> Result<serde_json::Value> {
+    use serde_json::{Value, json};
+    let field = |name: &str, expected: &str| Error::setting(name, format!("expected {expected}"));
+    let candidates: Vec<HarnessId> = serde_json::from_value(input["candidates"].clone())
+        .map_err(|_| field("candidates", "an array of harness ids"))?;
+    let validation_success: BTreeMap<HarnessId, f64> = match input.get("validation_success") {
+        None | Some(Value::Null) => BTreeMap::new(),
+        Some(v) => serde_json::from_value(v.clone())
+            .map_err(|_| field("validation_success", "an object of id -> rate"))?,
+    };
+    let k = input["k"]
+        .as_u64()
+        .ok_or_else(|| field("k", "a positive integer"))? as usize;
+    let raw = input["ballots"]
+        .as_array()
+        .ok_or_else(|| field("ballots", "an array of ballots"))?;
+    let rules = crate::ballot::BallotRules {
+        candidates: &candidates,
+        excluded_base: None,
+        len: crate::ballot::BallotRules::len_for(candidates.len(), crate::ballot::BALLOT_LEN),
+    };
+    let mut ballots = Vec::new();
+    let mut dropped = 0usize;
+    for (i, ballot) in raw.iter().enumerate() {
+        let checked = serde_json::from_value::<Vec<String>>(ballot.clone())
+            .map_err(|_| "not an array of ids".to_string())
+            .and_then(|b| rules.check(&b).map_err(|e| e.to_string()));
+        match checked {
+            Ok(b) => ballots.push(b),
+            Err(e) => {
+                dropped += 1;
+                tracing::warn!(ballot = i, error = %e, "malformed ballot dropped");
+            }
+        }
+    }
+    let ranking = aggregate(
+        &candidates,
+        &validation_success,
+        &ballots,
+        &RankWeights::default(),
+    );
+    let selection = top_k(ranking, k, None)?;
+    let score = |id: &HarnessId| {
+        selection
+            .ranking
+            .iter()
+            .find(|s| &s.id == id)
+            .map_or(0.0, |s| s.score)
+    };
+    Ok(json!({
+        "ranking": selection.ids.iter().map(|id| json!({"id": id, "score": score(id)})).collect::<Vec<_>>(),
+        "dropped_ballots": dropped,
+        "filled": selection.filled,
+    }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

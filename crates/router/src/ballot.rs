@@ -164,11 +164,22 @@ pub fn extract_json(text: &str) -> Option<serde_json::Value> {
     {
         return Some(v);
     }
-    // Try every opening bracket; a streaming deserializer stops at the end of the first value
-    // and ignores what follows.
+    // Try opening brackets in order; a streaming deserializer stops at the end of the first
+    // value and ignores what follows. A run of brackets is tried at its start only, and at
+    // most `MAX_STARTS` starts are tried, so hostile input costs O(MAX_STARTS * len).
+    const MAX_STARTS: usize = 32;
+    let mut previous = ' ';
+    let mut starts = 0;
     for (at, c) in text.char_indices() {
-        if c != '{' && c != '[' {
+        let is_open = c == '{' || c == '[';
+        let run = previous == '{' || previous == '[';
+        previous = c;
+        if !is_open || run {
             continue;
+        }
+        starts += 1;
+        if starts > MAX_STARTS {
+            return None;
         }
         let mut stream =
             serde_json::Deserializer::from_str(&text[at..]).into_iter::<serde_json::Value>();

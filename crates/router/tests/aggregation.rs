@@ -188,3 +188,29 @@ proptest! {
         prop_assert_eq!(unvoted, pick.filled.iter().collect::<Vec<_>>());
     }
 }
+
+#[test]
+fn aggregate_ballots_json_shape_as_the_example_prints_it() {
+    let input = serde_json::json!({
+        "candidates": ["a", "b", "c", "d", "e"],
+        "validation_success": {"b": 0.5, "e": 0.9},
+        "ballots": [["a", "b", "c", "d"], ["b", "a", "d", "c"], ["a", "a", "b", "c"], "junk", ["a", "b", "zz", "c"]],
+        "k": 3
+    });
+    let out = harness_router::aggregate::aggregate_json(&input).unwrap();
+    assert_eq!(
+        out,
+        serde_json::json!({
+            "ranking": [{"id": "b", "score": 1.75}, {"id": "a", "score": 1.75}, {"id": "c", "score": 0.75}],
+            "dropped_ballots": 3,
+            "filled": []
+        })
+    );
+    // Too few voted candidates: the fill is reported.
+    let fill = harness_router::aggregate::aggregate_json(&serde_json::json!({
+        "candidates": ["a", "b", "c"], "validation_success": {"c": 0.2}, "ballots": [], "k": 2
+    }))
+    .unwrap();
+    assert_eq!(fill["filled"], serde_json::json!(["c", "a"]));
+    assert!(harness_router::aggregate::aggregate_json(&serde_json::json!({"k": 1})).is_err());
+}
