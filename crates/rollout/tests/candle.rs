@@ -2,66 +2,18 @@
 //! seeded random selector, trained by grpo-candle's `CandleLearner` on the very weights the
 //! episodes sample from.
 
+mod common;
+
 use std::sync::Arc;
 
-use async_trait::async_trait;
 use candle_core::{DType, Device};
+use common::CoinEnv;
 use grpo_candle::learner::CandleLearner;
 use grpo_candle::trainer::TrainerConfig;
 use grpo_candle::{CandlePolicy, PolicyModel, PolicyOptions, TinySpec};
-use harness_core::{
-    EnvSession, Environment, Harness, Observation, Outcome, Split, Task, ToolCall, ToolKind,
-    ToolSpec,
-};
+use harness_core::{Harness, Split, Task};
 use harness_pool::SiblingPool;
-use harness_rollout::seed::mix;
 use harness_rollout::{RandomSelector, RescueConfig, RescueTrainer, TrainingSetup};
-use serde_json::json;
-
-/// An environment whose verifier flips a seeded coin, so a random tiny model still gets mixed
-/// rewards (and so non-zero advantages and a real gradient).
-struct CoinEnv;
-
-struct CoinSession {
-    seed: u64,
-}
-
-#[async_trait]
-impl Environment for CoinEnv {
-    fn name(&self) -> &str {
-        "coin"
-    }
-
-    async fn reset(&self, _task: &Task, seed: u64) -> harness_core::Result<Box<dyn EnvSession>> {
-        Ok(Box::new(CoinSession { seed }))
-    }
-}
-
-#[async_trait]
-impl EnvSession for CoinSession {
-    fn tools(&self) -> Vec<ToolSpec> {
-        vec![
-            ToolSpec::new(
-                "submit",
-                "Submit.",
-                json!({"type": "object", "properties": {}, "required": []}),
-            )
-            .with_kind(ToolKind::Submit),
-        ]
-    }
-
-    async fn step(&mut self, _call: &ToolCall) -> harness_core::Result<Observation> {
-        Ok(Observation::ok("Submitted.").finished())
-    }
-
-    async fn verify(&mut self, _answer: Option<&str>) -> harness_core::Result<Outcome> {
-        Ok(if mix(self.seed).is_multiple_of(3) {
-            Outcome::success(json!({}))
-        } else {
-            Outcome::failure(json!({}))
-        })
-    }
-}
 
 fn harness(name: &str) -> Harness {
     let mut h = Harness::new(name, format!("You are {name}. Call submit."));

@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use harness_core::{
     Calibrate, CalibrationPoint, CalibrationSummary, EnvSession, Environment, Group, Harness,
-    HarnessId, HarnessSelector, Learner, PolicyRequest, Result, Role, SelectionRequest, Split,
-    Task, ToolCall, UpdateReport,
+    HarnessId, HarnessSelector, Learner, Observation, Outcome, PolicyRequest, Result, Role,
+    SelectionRequest, Split, Task, ToolCall, ToolKind, ToolSpec, UpdateReport,
 };
 use harness_pool::SiblingPool;
 use harness_rollout::seed::mix;
@@ -333,4 +333,49 @@ pub fn without_timings(lines: Vec<serde_json::Value>) -> Vec<serde_json::Value> 
             v
         })
         .collect()
+}
+
+/// An environment whose verifier flips a seeded coin, so a random tiny model still gets mixed
+/// rewards (and so non-zero advantages and a real gradient).
+pub struct CoinEnv;
+
+pub struct CoinSession {
+    seed: u64,
+}
+
+#[async_trait]
+impl Environment for CoinEnv {
+    fn name(&self) -> &str {
+        "coin"
+    }
+
+    async fn reset(&self, _task: &Task, seed: u64) -> Result<Box<dyn EnvSession>> {
+        Ok(Box::new(CoinSession { seed }))
+    }
+}
+
+#[async_trait]
+impl EnvSession for CoinSession {
+    fn tools(&self) -> Vec<ToolSpec> {
+        vec![
+            ToolSpec::new(
+                "submit",
+                "Submit.",
+                json!({"type": "object", "properties": {}, "required": []}),
+            )
+            .with_kind(ToolKind::Submit),
+        ]
+    }
+
+    async fn step(&mut self, _call: &ToolCall) -> Result<Observation> {
+        Ok(Observation::ok("Submitted.").finished())
+    }
+
+    async fn verify(&mut self, _answer: Option<&str>) -> Result<Outcome> {
+        Ok(if mix(self.seed).is_multiple_of(3) {
+            Outcome::success(json!({}))
+        } else {
+            Outcome::failure(json!({}))
+        })
+    }
 }
