@@ -533,7 +533,8 @@ pub fn text_harness() -> Harness {
 
 /// Built-in siblings of [`base_harness`], each with hooks that can fire on DBBench (whose
 /// observations are never paginated) within its [`MAX_ROUNDS`] rounds:
-/// - `dbbench-sql-error-recovery`: after a failed statement, how to read the error;
+/// - `dbbench-sql-error-recovery`: after a failed step (a statement or a reply without a tool
+///   call), how to recover;
 /// - `dbbench-low-budget`: with three statements left, commit the best answer;
 /// - `dbbench-commit-after-change`: after an INSERT/UPDATE/DELETE, commit an empty answer.
 pub fn siblings() -> Vec<Harness> {
@@ -565,7 +566,7 @@ pub fn siblings() -> Vec<Harness> {
                 HookEvent::OnError,
                 "tool_error",
                 json!({}),
-                "The statement failed. Read the error: quote table and column names that contain spaces with backticks, use the column names given in the table description, and compare numbers with numbers. Then run a corrected statement.",
+                "The last step failed; read the error. A reply needs a tool call (execute_sql or commit_final_answer). For a failed statement: quote table and column names that contain spaces with backticks, use the column names given in the table description, and compare numbers with numbers, then run a corrected statement.",
             ),
         ),
         sibling(

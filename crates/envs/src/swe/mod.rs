@@ -464,7 +464,7 @@ pub fn siblings() -> Vec<Harness> {
                 HookEvent::OnError,
                 "tool_error",
                 json!({}),
-                "That call failed. For replace, view the lines first and copy `old` exactly, with its indentation, and include enough lines that it occurs once; paths are relative to the repository root.",
+                "The last step failed; read the error. Call one tool per reply in a <tool_call> block. For replace, view the lines first and copy `old` exactly, with its indentation, and include enough lines that it occurs once; paths are relative to the repository root.",
             ),
         ),
         sibling(
