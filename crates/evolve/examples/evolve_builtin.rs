@@ -77,7 +77,7 @@ fn flaw_of(task: &Task) -> Option<Flaw> {
         return None;
     }
     if task.env == dbbench::ENV_NAME {
-        return Some(if hash(&task.id) % 2 == 0 {
+        return Some(if hash(&task.id).is_multiple_of(2) {
             Flaw::AnswersInText
         } else {
             Flaw::GuessesColumn
