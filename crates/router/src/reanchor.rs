@@ -174,6 +174,12 @@ impl Calibrator {
     /// Run one calibration and publish it (what [`Calibrate::calibrate`] does), returning the
     /// calibration and the episodes it ran.
     pub async fn run(&self, point: &CalibrationPoint) -> Result<(Calibration, usize)> {
+        // Hash the checkpoint first: a missing one fails before any episode runs.
+        let checkpoint = point
+            .checkpoint
+            .as_deref()
+            .map(CheckpointRef::of)
+            .transpose()?;
         let run = run_paired(
             self.policy.as_ref(),
             &self.pool,
@@ -184,11 +190,6 @@ impl Calibrator {
         )
         .await?;
         let (profiles, stats) = self.profiles(&run).await?;
-        let checkpoint = point
-            .checkpoint
-            .as_deref()
-            .map(CheckpointRef::of)
-            .transpose()?;
         let calibration = Calibration::from_run(
             point,
             checkpoint,

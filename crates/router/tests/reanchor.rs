@@ -410,3 +410,99 @@ async fn a_calibration_file_that_lies_is_refused_with_file_and_field() {
         );
     }
 }
+
+#[tokio::test]
+async fn paired_executions_share_tasks_seeds_and_limits() {
+    // A sibling that edits its limits still runs under H0's limits in calibration.
+    let mut generous = harness("S-A");
+    generous.limits.max_env_actions = 30;
+    let mut base = harness("H0");
+    base.limits.max_env_actions = 2;
+    let pool =
+        harness_pool::SiblingPool::starter(base, [generous], serde_json::Value::Null).unwrap();
+    let phase = Arc::new(AtomicU8::new(0));
+    let policy = phased_policy(phase, default_script);
+    let tasks = validation_tasks();
+    let settings = harness_router::PairedSettings {
+        rollouts_per_task: 2,
+        ..harness_router::PairedSettings::default()
+    };
+    let run = harness_router::run_paired(&policy, &pool, &envs(), &tasks, 5, &settings)
+        .await
+        .unwrap();
+    assert_eq!(run.rollouts(), 2 * tasks.len() * 2);
+    let s_a = id_of(&pool, "S-A");
+    for task in &tasks {
+        let h0 = run.of(pool.base_id(), &task.id);
+        let sib = run.of(&s_a, &task.id);
+        assert_eq!(h0.len(), 2);
+        let seeds = |ts: &[harness_core::Trajectory]| ts.iter().map(|t| t.seed).collect::<Vec<_>>();
+        assert_eq!(seeds(h0), seeds(sib), "{}: paired seeds", task.id);
+        assert_ne!(h0[0].seed, h0[1].seed, "attempts differ");
+        // S-A fetches two pages before submitting on mail tasks: with H0's two actions it runs
+        // out of budget instead of succeeding.
+        assert!(sib.iter().all(|t| t.counts.env_actions <= 2));
+    }
+    let mail = &tasks[0];
+    assert_eq!(
+        run.of(&s_a, &mail.id)[0].termination,
+        harness_core::Termination::MaxEnvActions
+    );
+    let own = harness_router::PairedSettings {
+        limits: harness_router::PairedLimits::Own,
+        ..settings
+    };
+    let run = harness_router::run_paired(&policy, &pool, &envs(), &tasks[..1], 5, &own)
+        .await
+        .unwrap();
+    assert!(
+        run.of(&s_a, &mail.id)[0].is_success(),
+        "its own limits let it finish"
+    );
+}
+
+#[tokio::test]
+async fn a_calibration_records_the_checkpoint_it_measured_with_a_content_hash() {
+    let s = setup(ReanchorMode::Adaptive);
+    let checkpoint = s.dir.path().join("checkpoint-10");
+    std::fs::create_dir_all(checkpoint.join("sub")).unwrap();
+    std::fs::write(checkpoint.join("model.safetensors"), b"weights v1").unwrap();
+    std::fs::write(checkpoint.join("sub/config.json"), b"{}").unwrap();
+    let with = |path: &std::path::Path| CalibrationPoint {
+        checkpoint: Some(path.to_path_buf()),
+        ..point(0, 10)
+    };
+    s.calibrator.calibrate(&with(&checkpoint)).await.unwrap();
+    let first = s
+        .router
+        .evidence()
+        .get()
+        .unwrap()
+        .calibration
+        .checkpoint
+        .clone()
+        .unwrap();
+    assert_eq!(first.path, checkpoint);
+    assert_eq!(first.sha256.len(), 64);
+    assert_eq!(
+        harness_router::CheckpointRef::of(&checkpoint).unwrap(),
+        first
+    );
+    std::fs::write(checkpoint.join("model.safetensors"), b"weights v2").unwrap();
+    s.calibrator.calibrate(&with(&checkpoint)).await.unwrap();
+    let second = s
+        .router
+        .evidence()
+        .get()
+        .unwrap()
+        .calibration
+        .checkpoint
+        .clone()
+        .unwrap();
+    assert_ne!(first.sha256, second.sha256, "new weights, new hash");
+    let missing = s
+        .calibrator
+        .calibrate(&with(&s.dir.path().join("nope")))
+        .await;
+    assert!(missing.unwrap_err().to_string().contains("nope"));
+}
