@@ -48,6 +48,7 @@ pub mod llm;
 pub mod llm_analyst;
 pub mod llm_editor;
 pub mod local_eval;
+pub mod meta_harness;
 pub mod plot;
 pub mod repair;
 pub mod report;
