@@ -11,7 +11,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use async_trait::async_trait;
-use harness_core::{HarnessId, HarnessSelector, SelectionMode, SelectionRequest, Task, call_seed};
+use harness_core::{
+    HarnessId, HarnessSelector, SelectionMode, SelectionRequest, Task, Usage, call_seed,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::aggregate::{RankWeights, Selection, aggregate, top_k};
@@ -169,6 +171,8 @@ pub struct RouterStats {
     pub filled_selections: u64,
     /// Ids filled in total.
     pub filled_ids: u64,
+    /// External tokens the voters reported (role `voter`).
+    pub voter_usage: Usage,
 }
 
 #[derive(Debug, Default)]
@@ -178,6 +182,8 @@ struct Counters {
     dropped: AtomicU64,
     filled_selections: AtomicU64,
     filled_ids: AtomicU64,
+    prompt_tokens: AtomicU64,
+    completion_tokens: AtomicU64,
     rejected: Mutex<BTreeMap<String, u64>>,
 }
 
@@ -258,6 +264,10 @@ impl AdaptiveRouter {
             dropped: c.dropped.load(Ordering::Relaxed),
             filled_selections: c.filled_selections.load(Ordering::Relaxed),
             filled_ids: c.filled_ids.load(Ordering::Relaxed),
+            voter_usage: Usage {
+                prompt_tokens: c.prompt_tokens.load(Ordering::Relaxed),
+                completion_tokens: c.completion_tokens.load(Ordering::Relaxed),
+            },
         }
     }
 
@@ -275,7 +285,16 @@ impl AdaptiveRouter {
             request.attempt = attempt;
             request.seed = call_seed(base.seed ^ (v as u64 + 1).rotate_left(40), attempt);
             let checked = match voter.vote(&request).await {
-                Ok(answer) => answer.ballot.and_then(|b| rules.check(&b)),
+                Ok(answer) => {
+                    if let Some(u) = answer.usage {
+                        let c = &self.counters;
+                        c.prompt_tokens
+                            .fetch_add(u.prompt_tokens, Ordering::Relaxed);
+                        c.completion_tokens
+                            .fetch_add(u.completion_tokens, Ordering::Relaxed);
+                    }
+                    answer.ballot.and_then(|b| rules.check(&b))
+                }
                 Err(e) => Err(BallotError::VoterFailed {
                     message: e.to_string(),
                 }),

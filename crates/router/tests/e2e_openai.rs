@@ -197,6 +197,10 @@ async fn llm_profiler_and_voters_against_the_projects_own_openai_compatible_serv
         assert!(theirs.prompt_tokens > 0);
     }
     assert_eq!(
+        router.stats().voter_usage.prompt_tokens,
+        ledger.role(VOTER_ROLE).prompt_tokens
+    );
+    assert_eq!(
         calibration.profiler.usage.prompt_tokens,
         ledger.role(PROFILER_ROLE).prompt_tokens
     );

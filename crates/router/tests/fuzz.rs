@@ -195,3 +195,100 @@ async fn garbage_voters_are_dropped_counted_and_the_selection_is_filled() {
         Err(BallotError::Unreadable { .. })
     ));
 }
+
+/// A voter that writes the ballot it is given for its attempt (then repeats the last one).
+struct ListVoter {
+    ballots: Vec<Vec<String>>,
+}
+
+#[async_trait]
+impl Voter for ListVoter {
+    fn name(&self) -> &str {
+        "list"
+    }
+
+    async fn vote(&self, request: &VoteRequest) -> harness_router::Result<VoteAnswer> {
+        let i = (request.attempt as usize).min(self.ballots.len().saturating_sub(1));
+        Ok(VoteAnswer {
+            ballot: Ok(self.ballots.get(i).cloned().unwrap_or_default()),
+            usage: None,
+        })
+    }
+}
+
+/// Evidence from one real paired calibration, shared by every property case.
+fn evidence() -> (EvidenceCell, Vec<String>, String) {
+    static ONCE: std::sync::OnceLock<(EvidenceCell, Vec<String>, String)> =
+        std::sync::OnceLock::new();
+    ONCE.get_or_init(|| {
+        let pool = Arc::new(pool());
+        let policy: Arc<dyn Policy> =
+            Arc::new(phased_policy(Arc::new(AtomicU8::new(0)), default_script));
+        let labeller: Arc<dyn TrajectoryLabeller> = Arc::new(ScriptedLabeller);
+        let cell = EvidenceCell::new();
+        let calibrator = Calibrator::new(
+            pool.clone(),
+            policy,
+            envs(),
+            validation_tasks(),
+            Arc::new(BuiltinProfiler::new([labeller])),
+            cell.clone(),
+            CalibratorSettings::default(),
+        )
+        .unwrap();
+        futures::executor::block_on(calibrator.run(&CalibrationPoint {
+            index: 0,
+            update: 0,
+            is_final: false,
+            seed: 1,
+            checkpoint: None,
+        }))
+        .unwrap();
+        let ids = pool.ids().into_iter().map(|i| i.0).collect();
+        (cell, ids, pool.base_id().0.clone())
+    })
+    .clone()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn routed_rescue_never_returns_h0_and_always_k_distinct_ids(
+        // Ballots drawn from member indices (0 = H0) and a junk id, of any length.
+        raw in proptest::collection::vec(
+            proptest::collection::vec(proptest::collection::vec(0usize..6, 0..6), 1..4),
+            1..4,
+        ),
+        k in 1usize..5,
+        seed in any::<u64>(),
+    ) {
+        let (cell, ids, base) = evidence();
+        let name = |i: usize| ids.get(i).cloned().unwrap_or_else(|| "junk".into());
+        let voters: Vec<Arc<dyn Voter>> = raw
+            .iter()
+            .map(|attempts| {
+                Arc::new(ListVoter {
+                    ballots: attempts.iter().map(|b| b.iter().map(|i| name(*i)).collect()).collect(),
+                }) as Arc<dyn Voter>
+            })
+            .collect();
+        let router = AdaptiveRouter::new(cell, voters, RouterSettings::default()).unwrap();
+        let routed = futures::executor::block_on(router.route(
+            &task("t", Split::Train, "mail", 1),
+            k,
+            SelectionMode::Rescue,
+            seed,
+        ))
+        .unwrap();
+        let picked: Vec<String> = routed.selection.ids.iter().map(|i| i.0.clone()).collect();
+        prop_assert_eq!(picked.len(), k);
+        prop_assert!(!picked.contains(&base));
+        prop_assert_eq!(picked.iter().collect::<BTreeSet<_>>().len(), k);
+        prop_assert_eq!(routed.ballots.len() + routed.dropped, raw.len());
+        for ballot in &routed.ballots {
+            prop_assert_eq!(ballot.len(), 4);
+            prop_assert!(!ballot.iter().any(|i| i.0 == base));
+        }
+    }
+}
