@@ -25,14 +25,16 @@ fn profile_args() -> Vec<String> {
     }
 }
 
-/// Builds the example (a no-op when `cargo test` already built it) and returns its path, as
-/// cargo reports it.
+/// Builds the example (a no-op when `cargo test --workspace` already built it: `--workspace`
+/// resolves features as that command does, so no dependency is rebuilt with other features) and
+/// returns its path, as cargo reports it.
 fn example_binary() -> PathBuf {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let output = Command::new(cargo)
         .args([
             "build",
             "--offline",
+            "--workspace",
             "--example",
             "full_pipeline",
             "--message-format",
