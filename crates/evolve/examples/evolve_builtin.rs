@@ -23,6 +23,7 @@ use harness_core::{
 };
 use harness_envs::{appworld, dbbench};
 use harness_evolve::exec::{Executor, PolicySource};
+use harness_evolve::meta_harness::{AnalystEditorProposer, MetaHarnessSearch};
 use harness_evolve::report::{round_summary, write_reports};
 use harness_evolve::{BuiltinEditor, Evolution, EvolveSettings, RuleAnalyst, diversity};
 use serde_json::json;
@@ -381,6 +382,42 @@ async fn main() -> anyhow::Result<()> {
         );
         print!("{}", result.pool.render_lineage());
         println!("wrote {} files under {}", written.len(), dir.display());
+
+        // Meta-Harness with the same budgets, executor and verifier: one H_best by training score.
+        let search = MetaHarnessSearch {
+            settings: evolution.settings.clone(),
+            executor: evolution.executor.clone(),
+            proposer: Arc::new(AnalystEditorProposer {
+                analyst: Arc::new(RuleAnalyst),
+                editor: Arc::new(BuiltinEditor),
+                settings: evolution.settings.clone(),
+            }),
+            train: evolution.round_tasks(1),
+        };
+        let meta = search.run(result.pool.base().clone()).await?;
+        let best_runs = evolution
+            .executor
+            .run(
+                &meta.best,
+                &evolution.validation,
+                evolution.validation_seed(),
+            )
+            .await?;
+        let best_val = best_runs.iter().filter(|t| t.is_success()).count();
+        let best_sibling = views.siblings.iter().map(|s| s.solved).max().unwrap_or(0);
+        let meta_best = meta.candidates.iter().find(|c| c.id == meta.best.id());
+        println!(
+            "Meta-Harness: {} candidates scored, {} rejected; H_best {} solves {}/{} training and {best_val}/{} validation tasks (best single evolved sibling {best_sibling}/{}, sibling oracle union {}/{})",
+            meta.candidates.len(),
+            meta.rejected.len(),
+            meta.best.name,
+            meta_best.map_or(0, |c| c.solved),
+            meta_best.map_or(0, |c| c.tasks),
+            views.tasks,
+            views.tasks,
+            views.coverage.oracle_union,
+            views.tasks,
+        );
     }
     Ok(())
 }
