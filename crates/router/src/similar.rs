@@ -66,12 +66,16 @@ impl SimilarIndex {
             .enumerate()
             .map(|(i, t)| bm25::Document::new(i, document(t)))
             .collect();
-        let engine =
+        // Fitting BM25 to an empty corpus would divide by a zero average length.
+        let engine = if documents.is_empty() {
+            SearchEngineBuilder::<usize, u32, FeatureTokenizer>::with_avgdl(1.0).build()
+        } else {
             SearchEngineBuilder::<usize, u32, FeatureTokenizer>::with_tokenizer_and_documents(
                 FeatureTokenizer,
                 documents,
             )
-            .build();
+            .build()
+        };
         Ok(SimilarIndex {
             ids: tasks.iter().map(|t| t.id.clone()).collect(),
             engine,
@@ -168,6 +172,9 @@ mod tests {
                 .iter()
                 .all(|n| n.task_id != "v1")
         );
+
+        let empty = SimilarIndex::build(&[]).unwrap();
+        assert!(empty.is_empty() && empty.similar(&query, 3).is_empty());
 
         let mut bad = tasks.clone();
         bad.push(task("t9", Split::Test, "x", "mail_count"));
