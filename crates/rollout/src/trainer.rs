@@ -167,6 +167,8 @@ impl RescueTrainer {
             finished: state.finished && state.update >= trainer.cfg.updates,
             cost: state.cost,
         };
+        // cost.json may be ahead of the checkpoint (written after a lost update).
+        trainer.write_cost()?;
         tracing::info!(checkpoint = %dir.display(), update = state.update, "resumed");
         Ok(trainer)
     }
