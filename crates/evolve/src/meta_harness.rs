@@ -13,7 +13,7 @@ use harness_core::{Harness, HarnessId, Task, ToolSpec, Trajectory};
 use serde::{Deserialize, Serialize};
 
 use crate::analyst::Analyst;
-use crate::direction::{Direction, plan_directions};
+use crate::direction::Direction;
 use crate::editor::{EditRequest, Editor, Proposal};
 use crate::error::{Error, Result};
 use crate::exec::Executor;
@@ -87,6 +87,8 @@ pub trait Proposer: Send + Sync {
 /// The built-in proposer: revise the best-scoring candidate so far along the root causes of
 /// its failed trajectories, through an [`Analyst`] and an [`Editor`] (offline with the
 /// built-in ones, or LLM-backed), each repeat along the same causes asking for a new variant.
+/// Unlike Directional Harness Evolution it keeps one line of descent and applies no 2-3 cause,
+/// 2-task support rule.
 pub struct AnalystEditorProposer {
     /// Reads the best candidate's failures.
     pub analyst: Arc<dyn Analyst>,
@@ -122,8 +124,18 @@ impl Proposer for AnalystEditorProposer {
             .cloned()
             .collect();
         let analysis = self.analyst.analyse(harness, &failures).await?;
-        let plan = plan_directions(&analysis, &self.settings);
-        if plan.groups.is_empty() {
+        // Meta-Harness has no direction rule: the best candidate's causes, most frequent
+        // first, up to `max_causes_per_direction` at a time, however thin their support.
+        let causes: Vec<_> = analysis
+            .causes
+            .into_iter()
+            .filter(|c| !c.tasks.is_empty())
+            .collect();
+        let groups: Vec<Vec<_>> = causes
+            .chunks(self.settings.max_causes_per_direction.max(1))
+            .map(<[_]>::to_vec)
+            .collect();
+        if groups.is_empty() {
             return Ok(None);
         }
         let tries = history
@@ -134,8 +146,8 @@ impl Proposer for AnalystEditorProposer {
         let direction = Direction {
             id: format!("meta-{}", history.candidates.len()),
             parent: best.id.clone(),
-            causes: plan.groups[tries % plan.groups.len()].clone(),
-            variant: tries / plan.groups.len(),
+            causes: groups[tries % groups.len()].clone(),
+            variant: tries / groups.len(),
         };
         let briefs: Vec<String> = history.candidates.iter().map(|c| c.brief.clone()).collect();
         let request = EditRequest {
