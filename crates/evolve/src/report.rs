@@ -170,18 +170,20 @@ pub fn round_summary(round: &RoundReport, validation_tasks: usize) -> String {
             }
         }
     }
-    let _ = writeln!(
-        out,
-        "  parents for round {}: {} covering {}/{validation_tasks} validation tasks ({:?})",
-        round.round + 1,
-        if round.selected_names.is_empty() {
-            "none (no valid child)".to_string()
-        } else {
-            round.selected_names.join(", ")
-        },
-        round.selection.covered,
-        round.selection.method
-    );
+    if round.selected_names.is_empty() {
+        let _ = writeln!(
+            out,
+            "  selected (Eq. 3): none, no valid child; the parents stay"
+        );
+    } else {
+        let _ = writeln!(
+            out,
+            "  selected (Eq. 3): {} covering {}/{validation_tasks} validation tasks ({:?})",
+            round.selected_names.join(", "),
+            round.selection.covered,
+            round.selection.method
+        );
+    }
     let usage: Vec<String> = round
         .usage
         .iter()

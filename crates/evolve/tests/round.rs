@@ -295,7 +295,7 @@ async fn reports_and_diversity_views_are_written() {
     assert!(pool.is_frozen());
     let summary = harness_evolve::report::round_summary(&result.rounds[0], 12);
     assert!(
-        summary.contains("round 1") && summary.contains("parents for round 2"),
+        summary.contains("round 1") && summary.contains("selected (Eq. 3)"),
         "{summary}"
     );
 }
