@@ -192,3 +192,90 @@ async fn builtin_profiler_yields_the_expected_prefer_and_avoid_entries() {
     );
     assert_eq!(generic.prefer[0].support.len(), 2);
 }
+
+fn appworld_trajectory(
+    task_id: &str,
+    calls: &[ToolCall],
+    success: bool,
+    termination: Termination,
+) -> Trajectory {
+    let mut t = trajectory(task_id, calls, success, termination, 0);
+    t.env = "appworld".into();
+    t
+}
+
+#[tokio::test]
+async fn appworld_labels_give_table_7_style_entries() {
+    use harness_envs::appworld::tool;
+    let mut mail = harness_core::Task::new(
+        "appworld/validation-001-mail_count-d2",
+        "appworld",
+        Split::Validation,
+        "How many emails did Ann send me across my inbox, spam and archive?",
+        1,
+    );
+    mail.metadata = json!({"template": "mail_count", "difficulty": 2});
+    let list = |folder: &str, page: u64| {
+        ToolCall::new(
+            tool::CALL_API,
+            json!({"app": "mail", "api": "list_emails", "arguments": {"folder": folder, "page": page}}),
+        )
+    };
+    let done = ToolCall::new(tool::COMPLETE_TASK, json!({"answer": "5"}));
+    // Case 1 and 3 of Table 7: the sibling paginates through every folder and submits with
+    // complete_task; H0 reads the first inbox page and answers in prose.
+    let sibling = vec![appworld_trajectory(
+        &mail.id,
+        &[
+            list("inbox", 1),
+            list("inbox", 2),
+            list("spam", 1),
+            list("archive", 1),
+            done,
+        ],
+        true,
+        Termination::EnvDone,
+    )];
+    let base_run = vec![appworld_trajectory(
+        &mail.id,
+        &[list("inbox", 1)],
+        false,
+        Termination::PolicyFinished,
+    )];
+    let (h0, s6) = (harness("H0"), harness("S6"));
+    let input = ProfileInput {
+        base: &h0,
+        sibling: &s6,
+        pairs: vec![PairedTask {
+            task: &mail,
+            sibling: &sibling,
+            base: &base_run,
+        }],
+    };
+    let profiler =
+        BuiltinProfiler::new(harness_envs::labels::builtin_labellers()).with_max_behaviours(6);
+    let profile = profiler.build(&input);
+    assert_eq!(profile.prefer.len(), 1);
+    let entry = &profile.prefer[0];
+    assert!(
+        entry
+            .when
+            .starts_with("appworld, category mail_count, difficulty-2"),
+        "{}",
+        entry.when
+    );
+    for phrase in [
+        "submits through complete_task, H0 does not",
+        "submits through the submit tool, H0 does not",
+        "more mail folders searched than H0",
+        "more listing pages fetched than H0",
+        "more pages beyond the first fetched than H0",
+    ] {
+        assert!(
+            entry.behavior.contains(phrase),
+            "{phrase}: {}",
+            entry.behavior
+        );
+    }
+    assert_eq!(entry.support, vec![mail.id.clone()]);
+}
