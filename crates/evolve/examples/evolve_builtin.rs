@@ -3,7 +3,9 @@
 //! a *heuristic* executor policy (no trained model is needed or used): each environment's
 //! reference solver with planted, harness-sensitive mistakes. A mistake goes away only when the
 //! harness's own text (rules, skills, hook messages, tool docs) addresses it, the way the
-//! paper's siblings elicit behaviours a policy shows only when prompted.
+//! paper's siblings elicit behaviours a policy shows only when prompted. One side effect is
+//! planted too: a rule to economise on actions also makes the solver stop paging after two
+//! pages, so that edit regresses long listings (the paper's locality, Figure 1a).
 //!
 //! ```text
 //! cargo run --release -p harness-evolve --example evolve_builtin -- [--out DIR] [--env appworld|dbbench|all] [--quick]
@@ -209,7 +211,12 @@ impl Policy for FlawedSolver {
                 .pointer("/arguments/page")
                 .and_then(|p| p.as_u64())
                 .unwrap_or(1);
-            if page >= 2 && !cured(Flaw::StopsPaging) {
+            // A side effect planted on purpose (the paper's locality): told to economise on
+            // actions, the solver also stops paging after two pages, unless told to keep
+            // paging, so the budget rule regresses long listings that H0 got right.
+            let economise = text.contains("plan within the action budget")
+                && !text.contains("keep requesting pages");
+            if (page >= 2 && !cured(Flaw::StopsPaging)) || (page >= 3 && economise) {
                 let done = ToolCall::new(appworld::tool::COMPLETE_TASK, json!({"answer": "0"}));
                 return Ok(PolicyTurn::text_only(own(done), max));
             }
