@@ -1,15 +1,17 @@
 //! End to end with the tiny candle policy: two updates of the `router` strategy with the
 //! seeded random selector, trained by grpo-candle's `CandleLearner` on the very weights the
-//! episodes sample from.
+//! episodes sample from; and a run broken after its first checkpoint and resumed in a fresh
+//! policy ending with bit-identical weights and run files.
 
 mod common;
 
+use std::path::Path;
 use std::sync::Arc;
 
 use candle_core::{DType, Device};
 use common::CoinEnv;
 use grpo_candle::learner::CandleLearner;
-use grpo_candle::trainer::TrainerConfig;
+use grpo_candle::trainer::{TrainableLm, TrainerConfig};
 use grpo_candle::{CandlePolicy, PolicyModel, PolicyOptions, TinySpec};
 use harness_core::{Harness, Split, Task};
 use harness_pool::SiblingPool;
@@ -22,8 +24,7 @@ fn harness(name: &str) -> Harness {
     h
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_router_updates_with_the_tiny_candle_policy_write_the_run_files() {
+fn tiny_policy() -> Arc<CandlePolicy> {
     let model = PolicyModel::tiny(
         &TinySpec {
             num_merges: 16,
@@ -36,7 +37,28 @@ async fn two_router_updates_with_the_tiny_candle_policy_write_the_run_files() {
         &Device::Cpu,
     )
     .unwrap();
-    let policy = Arc::new(CandlePolicy::new(model, PolicyOptions::default()));
+    Arc::new(CandlePolicy::new(model, PolicyOptions::default()))
+}
+
+fn config() -> RescueConfig {
+    RescueConfig::from_json(
+        r#"{"seed": 5, "updates": 2, "group_size": 4, "batch_tasks": 2, "checkpoint_every": 1,
+            "strategy": {"kind": "router", "allocation": {"kind": "top_k"}}}"#,
+        None,
+    )
+    .unwrap()
+}
+
+/// One episode at a time: the candle sampler's log-probs can differ in the last bit with the
+/// batch a row is decoded in, and concurrent episodes batch by arrival time.
+fn sequential() -> RescueConfig {
+    RescueConfig {
+        concurrency: 1,
+        ..config()
+    }
+}
+
+fn setup(policy: &Arc<CandlePolicy>) -> TrainingSetup {
     let pool = SiblingPool::starter(
         harness("H0"),
         (1..=4).map(|i| harness(&format!("S{i}"))),
@@ -46,23 +68,55 @@ async fn two_router_updates_with_the_tiny_candle_policy_write_the_run_files() {
     let tasks: Vec<Task> = (0..4)
         .map(|i| Task::new(format!("c{i}"), "coin", Split::Train, "Submit.", i))
         .collect();
-    let cfg = RescueConfig::from_json(
-        r#"{"seed": 5, "updates": 2, "group_size": 4, "batch_tasks": 2, "checkpoint_every": 1,
-            "strategy": {"kind": "router", "allocation": {"kind": "top_k"}}}"#,
-        None,
-    )
-    .unwrap();
-    let setup = TrainingSetup {
+    TrainingSetup {
         policy: policy.clone(),
         environments: vec![Arc::new(CoinEnv)],
         selector: Some(Arc::new(RandomSelector::new(&pool))),
         pool,
         train_tasks: tasks,
         validation_tasks: Vec::new(),
-        learner: Box::new(CandleLearner::new(policy, TrainerConfig::default()).unwrap()),
+        learner: Box::new(CandleLearner::new(policy.clone(), TrainerConfig::default()).unwrap()),
         calibrator: None,
         weight_sync: None,
-    };
+    }
+}
+
+fn weights(policy: &CandlePolicy) -> Vec<(String, Vec<f32>)> {
+    let mut vars = TrainableLm::trainable_vars(policy.model());
+    vars.sort_by(|a, b| a.0.cmp(&b.0));
+    vars.into_iter()
+        .map(|(name, v)| {
+            (
+                name,
+                v.as_tensor()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1::<f32>()
+                    .unwrap(),
+            )
+        })
+        .collect()
+}
+
+fn lines(dir: &Path, name: &str) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(dir.join(name))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+            if let Some(o) = v.as_object_mut() {
+                o.retain(|k, _| !k.ends_with("seconds"));
+            }
+            v
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_router_updates_with_the_tiny_candle_policy_write_the_run_files() {
+    let policy = tiny_policy();
+    let cfg = config();
+    let setup = setup(&policy);
     let dir = tempfile::tempdir().unwrap();
     let mut trainer = RescueTrainer::new(cfg, setup, dir.path()).unwrap();
     let cost = trainer.run().await.unwrap();
@@ -100,4 +154,60 @@ async fn two_router_updates_with_the_tiny_candle_policy_write_the_run_files() {
         ckpt.join("learner/config.json").is_file(),
         "HF weights in the checkpoint"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_candle_run_ends_with_the_same_weights_and_files_as_an_unbroken_one() {
+    let unbroken = tempfile::tempdir().unwrap();
+    let a = tiny_policy();
+    RescueTrainer::new(sequential(), setup(&a), unbroken.path())
+        .unwrap()
+        .run()
+        .await
+        .unwrap();
+
+    let broken = tempfile::tempdir().unwrap();
+    {
+        // One update and its checkpoint, then the process "dies" (the trainer and the policy
+        // are dropped).
+        let b = tiny_policy();
+        let mut t = RescueTrainer::new(sequential(), setup(&b), broken.path()).unwrap();
+        t.step().await.unwrap();
+    }
+    // A new process: fresh initial weights, restored from the checkpoint.
+    let c = tiny_policy();
+    assert_ne!(weights(&c), weights(&a));
+    RescueTrainer::resume(sequential(), setup(&c), broken.path())
+        .unwrap()
+        .run()
+        .await
+        .unwrap();
+    for name in ["groups.jsonl", "trajectories.jsonl", "metrics.jsonl"] {
+        let (x, y) = (lines(broken.path(), name), lines(unbroken.path(), name));
+        assert_eq!(x.len(), y.len(), "{name}");
+        for (i, (p, q)) in x.iter().zip(&y).enumerate() {
+            if p != q {
+                let (ps, qs) = (p.to_string(), q.to_string());
+                let at = ps
+                    .bytes()
+                    .zip(qs.bytes())
+                    .position(|(a, b)| a != b)
+                    .unwrap_or(0);
+                panic!(
+                    "{name} line {i} differs at {at}: {} | {}",
+                    &ps[at.saturating_sub(200)..(at + 100).min(ps.len())],
+                    &qs[at.saturating_sub(200)..(at + 100).min(qs.len())]
+                );
+            }
+        }
+    }
+    let (wc, wa) = (weights(&c), weights(&a));
+    for ((n, x), (_, y)) in wc.iter().zip(&wa) {
+        let d = x
+            .iter()
+            .zip(y)
+            .map(|(p, q)| (p - q).abs())
+            .fold(0f32, f32::max);
+        assert!(d == 0.0, "{n}: max |diff| {d}");
+    }
 }
