@@ -80,6 +80,14 @@ struct Formed {
 /// per task, concurrently; rescue all-failure groups per the strategy (Eq. 5); one learner
 /// update on the retained groups; sync the weights; append the run files; evaluate and
 /// checkpoint when due. After the last update: the final re-anchoring and a last checkpoint.
+///
+/// # Reproducibility
+/// Every seed is derived from the config (see [`crate::seed`]) and a resumed run replays the
+/// lost updates exactly, provided the policy's turns depend only on their request and seed.
+/// grpo-candle's `CandlePolicy` batches concurrent requests, and a row's log-probs can differ in
+/// the last bit with the batch it was decoded in; with `concurrency > 1` its runs agree in
+/// their sampled tokens (in practice) but not bit for bit in `q`. Use `concurrency: 1` where
+/// bit-identical files matter more than speed.
 pub struct RescueTrainer {
     cfg: RescueConfig,
     policy: Arc<dyn Policy>,
