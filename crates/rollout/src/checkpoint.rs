@@ -177,3 +177,67 @@ pub fn latest_checkpoint(run_dir: &Path) -> Result<Option<(PathBuf, CheckpointSt
     }
     Ok(Some((dir, state)))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Tiny;
+
+    #[async_trait::async_trait]
+    impl Learner for Tiny {
+        async fn update(
+            &mut self,
+            _: &[harness_core::Group],
+        ) -> harness_core::Result<harness_core::UpdateReport> {
+            Ok(Default::default())
+        }
+        fn save_checkpoint(&self, dir: &Path) -> harness_core::Result<()> {
+            std::fs::write(dir.join("w"), b"1").map_err(|e| harness_core::Error::io(dir, e))
+        }
+        fn load_checkpoint(&mut self, _: &Path) -> harness_core::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn state(update: u64) -> CheckpointState {
+        CheckpointState {
+            format: CHECKPOINT_FORMAT,
+            update,
+            cursor: Cursor::default(),
+            policy_version: update,
+            calibrations: 0,
+            finished: false,
+            offsets: Offsets::default(),
+            cost: Cost::default(),
+            calibrator: serde_json::Value::Null,
+            config: serde_json::Value::Null,
+            pool: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn the_newest_complete_checkpoints_are_kept_and_a_dangling_latest_falls_back() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(latest_checkpoint(dir.path()).unwrap().is_none());
+        for u in 1..=4 {
+            write_checkpoint(dir.path(), &state(u), &Tiny, 2).unwrap();
+        }
+        let root = dir.path().join(CHECKPOINT_DIR);
+        let mut names: Vec<String> = std::fs::read_dir(&root)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names, vec!["latest", "update-00000003", "update-00000004"]);
+        assert_eq!(latest_checkpoint(dir.path()).unwrap().unwrap().1.update, 4);
+        // A crash between removing a folder and renaming its replacement: `latest` dangles.
+        std::fs::remove_dir_all(root.join("update-00000004")).unwrap();
+        assert_eq!(latest_checkpoint(dir.path()).unwrap().unwrap().1.update, 3);
+        // Rewriting the same update replaces it.
+        let mut again = state(3);
+        again.finished = true;
+        write_checkpoint(dir.path(), &again, &Tiny, 2).unwrap();
+        assert!(latest_checkpoint(dir.path()).unwrap().unwrap().1.finished);
+    }
+}

@@ -364,3 +364,106 @@ pub fn resolve_harness(
         )),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use harness_core::Harness;
+
+    fn pool(siblings: usize) -> SiblingPool {
+        SiblingPool::starter(
+            Harness::new("H0", "Base."),
+            (1..=siblings).map(|i| Harness::new(format!("S{i}"), format!("Sibling {i}."))),
+            serde_json::Value::Null,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn defaults_are_the_paper_values() {
+        let cfg = RescueConfig::default();
+        assert_eq!((cfg.group_size, cfg.batch_tasks, cfg.updates), (8, 8, 40));
+        assert_eq!((cfg.calibrate_every, cfg.eval_k), (10, 3));
+        assert!(cfg.initial_calibration && cfg.final_calibration);
+        assert_eq!(cfg.strategy, Strategy::default());
+        assert_eq!(cfg.strategy.label(), "router_top_k");
+    }
+
+    #[test]
+    fn every_strategy_round_trips_through_json() {
+        for (json, label) in [
+            (r#"{"kind": "grpo"}"#, "grpo"),
+            (r#"{"kind": "h0_rescue"}"#, "h0_rescue"),
+            (r#"{"kind": "random_harness"}"#, "random_harness"),
+            (r#"{"kind": "router"}"#, "router_top_k"),
+            (
+                r#"{"kind": "router", "allocation": {"kind": "top_m_x_n", "m": 4, "n": 2}}"#,
+                "router_top_4x2",
+            ),
+            (
+                r#"{"kind": "fixed_mixture", "mixture": [{"harness": "base", "rollouts": 4}, {"harness": "S1", "rollouts": 4}]}"#,
+                "fixed_mixture",
+            ),
+            (
+                r#"{"kind": "dynamic_sampling", "max_batches": 3}"#,
+                "dynamic_sampling",
+            ),
+        ] {
+            let cfg = RescueConfig::from_json(&format!(r#"{{"strategy": {json}}}"#), None).unwrap();
+            assert_eq!(cfg.strategy.label(), label);
+            cfg.validate(&pool(8)).unwrap();
+            let back =
+                RescueConfig::from_json(&serde_json::to_string(&cfg).unwrap(), None).unwrap();
+            assert_eq!(back, cfg);
+        }
+    }
+
+    #[test]
+    fn bad_documents_name_the_file_and_the_field() {
+        let err = RescueConfig::from_json(
+            r#"{"strategy": {"kind": "router", "allocation": {"kind": "top_m_x_n", "m": 4}}}"#,
+            Some(Path::new("runs/a.json")),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("runs/a.json") && err.contains("strategy"),
+            "{err}"
+        );
+        let err = RescueConfig::from_json(r#"{"group_sise": 8}"#, None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("group_sise"), "{err}");
+    }
+
+    #[test]
+    fn inconsistent_values_are_refused_with_the_field_and_what_was_expected() {
+        let check = |json: &str, siblings: usize| {
+            RescueConfig::from_json(json, None)
+                .unwrap()
+                .validate(&pool(siblings))
+                .unwrap_err()
+                .to_string()
+        };
+        let err = check(r#"{"strategy": {"kind": "random_harness"}}"#, 7);
+        assert!(
+            err.contains("needs 8 distinct auxiliary harnesses but the pool has 7"),
+            "{err}"
+        );
+        let err = check(
+            r#"{"strategy": {"kind": "fixed_mixture", "mixture": [{"harness": "base", "rollouts": 4}, {"harness": "S1", "rollouts": 3}]}}"#,
+            8,
+        );
+        assert!(err.contains("sum to 7; expected the group size 8"), "{err}");
+        let err = check(
+            r#"{"strategy": {"kind": "fixed_mixture", "mixture": [{"harness": "base", "rollouts": 4}, {"harness": "Claude", "rollouts": 4}]}}"#,
+            8,
+        );
+        assert!(
+            err.contains("strategy.mixture[1].harness") && err.contains("`Claude`"),
+            "{err}"
+        );
+        let err = check(r#"{"group_size": 0}"#, 8);
+        assert!(err.contains("`group_size`: must be at least 1"), "{err}");
+    }
+}

@@ -97,3 +97,41 @@ impl WeightSync for SaveAndReload {
         (self.reload)(self.dir.clone()).await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // The loop holds the sync as `Arc<dyn WeightSync>`.
+    fn _object_safe(_: &dyn WeightSync) {}
+
+    #[tokio::test]
+    async fn save_and_reload_saves_into_its_folder_then_reloads_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = seen.clone();
+        let sync = SaveAndReload::new(
+            "test",
+            dir.path(),
+            |d| {
+                std::fs::write(d.join("model.safetensors"), b"w")
+                    .map_err(|e| harness_core::Error::io(d, e))
+            },
+            move |d| {
+                let log = log.clone();
+                Box::pin(async move {
+                    assert!(
+                        d.join("model.safetensors").is_file(),
+                        "saved before the reload"
+                    );
+                    log.lock().unwrap().push(d);
+                    Ok(())
+                })
+            },
+        );
+        sync_with_retry(&sync, 1, SyncRetry::default())
+            .await
+            .unwrap();
+        assert_eq!(*seen.lock().unwrap(), vec![dir.path().to_path_buf()]);
+    }
+}
