@@ -163,6 +163,48 @@ fn grpo_candle_knows_nothing_about_environments() {
     );
 }
 
+#[test]
+fn the_pool_is_plain_data() {
+    let graph = normal_dependency_graph();
+    let forbidden: Vec<&str> = ML.iter().chain(HTTP).chain(RUNTIMES).copied().collect();
+    assert_free_of(
+        &graph,
+        "harness-pool",
+        &forbidden,
+        "a pool is harnesses on disk; every crate that trains or routes reads it",
+    );
+}
+
+#[test]
+fn rollout_sees_the_router_and_evolution_only_through_traits() {
+    let graph = normal_dependency_graph();
+    assert_free_of(
+        &graph,
+        "harness-rollout",
+        &["harness-router", "harness-evolve"],
+        "the rescue loop meets the router through HarnessSelector and Calibrate",
+    );
+}
+
+#[test]
+fn router_and_evolution_reach_models_only_through_the_core_traits() {
+    let graph = normal_dependency_graph();
+    let forbidden: Vec<&str> = ML
+        .iter()
+        .chain(HTTP)
+        .copied()
+        .chain(["grpo-candle", "harness-openai"])
+        .collect();
+    for package in ["harness-router", "harness-evolve"] {
+        assert_free_of(
+            &graph,
+            package,
+            &forbidden,
+            "LLM roles are ChatModel trait objects and the policy is a Policy trait object",
+        );
+    }
+}
+
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
         let path = entry.path();

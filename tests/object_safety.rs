@@ -3,7 +3,9 @@
 
 use std::sync::Arc;
 
-use harness_core::{ActionParser, ChatModel, EnvSession, Environment, HarnessSelector, Policy};
+use harness_core::{
+    ActionParser, Calibrate, ChatModel, EnvSession, Environment, HarnessSelector, Learner, Policy,
+};
 
 #[allow(dead_code)]
 fn _obj_safe(
@@ -13,6 +15,8 @@ fn _obj_safe(
     _: Arc<dyn ChatModel>,
     _: Arc<dyn HarnessSelector>,
     _: Arc<dyn ActionParser>,
+    _: Arc<dyn Calibrate>,
+    _: Box<dyn Learner>,
 ) {
 }
 
@@ -24,6 +28,8 @@ fn seams_are_object_safe_and_thread_safe() {
     assert_send_sync::<dyn ChatModel>();
     assert_send_sync::<dyn HarnessSelector>();
     assert_send_sync::<dyn ActionParser>();
+    assert_send_sync::<dyn Calibrate>();
     fn assert_send<T: Send + ?Sized>() {}
     assert_send::<dyn EnvSession>();
+    assert_send::<dyn Learner>();
 }
