@@ -12,6 +12,8 @@
 //! sampling threads an explicit [`KvCache`] through [`Qwen::forward_cached`].
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use candle_core::{D, DType, Device, IndexOp, Tensor, Var};
 use candle_nn::VarMap;
@@ -273,37 +275,93 @@ impl KvCache {
     /// The rows of `a` followed by the rows of `b`. The shorter cache is shifted right (its rows
     /// get more left padding) so that both end at the same column.
     pub fn concat(a: &KvCache, b: &KvCache) -> Result<KvCache> {
-        if a.layers.len() != b.layers.len() {
+        Self::stack(&[a, b])
+    }
+
+    /// The rows of every part, in order, shifted right so that all end at the same column (as
+    /// [`KvCache::concat`], without copying the early parts once per later part).
+    pub fn stack(parts: &[&KvCache]) -> Result<KvCache> {
+        let Some(first) = parts.first() else {
+            return Err(Error::Msg("no caches to stack".into()));
+        };
+        if parts.iter().any(|p| p.layers.len() != first.layers.len()) {
             return Err(Error::Msg("caches of different models".into()));
         }
-        if a.batch() == 0 || a.is_empty() {
-            return Ok(b.clone());
+        let filled: Vec<&KvCache> = parts
+            .iter()
+            .copied()
+            .filter(|p| p.batch() > 0 && !p.is_empty())
+            .collect();
+        match filled.len() {
+            0 => return Ok((*first).clone()),
+            1 => return Ok(filled[0].clone()),
+            _ => {}
         }
-        if b.batch() == 0 || b.is_empty() {
-            return Ok(a.clone());
-        }
-        let len = a.len.max(b.len);
+        let len = filled.iter().map(|p| p.len).max().unwrap_or(0);
         let cap = len + (len / 2).max(64);
-        let shift = |buf: &Tensor, filled: usize| -> Result<Tensor> {
-            let (n, h, _, d) = buf.dims4()?;
-            let out = Tensor::zeros((n, h, cap, d), buf.dtype(), buf.device())?;
-            out.slice_set(&buf.narrow(2, 0, filled)?.contiguous()?, 2, len - filled)?;
-            Ok(out)
-        };
-        let mut layers = Vec::with_capacity(a.layers.len());
-        for (la, lb) in a.layers.iter().zip(&b.layers) {
-            match (la, lb) {
-                (Some((ka, va)), Some((kb, vb))) => {
-                    let k = Tensor::cat(&[&shift(ka, a.len)?, &shift(kb, b.len)?], 0)?;
-                    let v = Tensor::cat(&[&shift(va, a.len)?, &shift(vb, b.len)?], 0)?;
-                    layers.push(Some((k, v)));
-                }
-                _ => return Err(Error::Msg("cache layers not filled".into())),
+        let mut layers = Vec::with_capacity(first.layers.len());
+        for li in 0..first.layers.len() {
+            let mut ks = Vec::with_capacity(filled.len());
+            let mut vs = Vec::with_capacity(filled.len());
+            for p in &filled {
+                let Some((k, v)) = &p.layers[li] else {
+                    return Err(Error::Msg("cache layers not filled".into()));
+                };
+                let shift = |buf: &Tensor| -> Result<Tensor> {
+                    let (n, h, _, d) = buf.dims4()?;
+                    let out = Tensor::zeros((n, h, cap, d), buf.dtype(), buf.device())?;
+                    out.slice_set(&buf.narrow(2, 0, p.len)?.contiguous()?, 2, len - p.len)?;
+                    Ok(out)
+                };
+                ks.push(shift(k)?);
+                vs.push(shift(v)?);
             }
+            layers.push(Some((Tensor::cat(&ks, 0)?, Tensor::cat(&vs, 0)?)));
         }
-        let mut pads: Vec<usize> = a.pads.iter().map(|p| p + len - a.len).collect();
-        pads.extend(b.pads.iter().map(|p| p + len - b.len));
+        let pads = filled
+            .iter()
+            .flat_map(|p| p.pads.iter().map(move |pad| pad + len - p.len))
+            .collect();
         Ok(KvCache { layers, pads, len })
+    }
+
+    /// Copies of the first `len` columns of every layer's keys and values, `[B, kv_heads, len,
+    /// head_dim]` each: what a prefix cache keeps of a prefilled row.
+    pub fn columns(&self, len: usize) -> Result<Vec<(Tensor, Tensor)>> {
+        if len > self.len {
+            return Err(Error::Msg(format!(
+                "{len} columns asked of a cache holding {}",
+                self.len
+            )));
+        }
+        self.layers
+            .iter()
+            .map(|kv| {
+                let (k, v) = kv
+                    .as_ref()
+                    .ok_or_else(|| Error::Msg("cache layers not filled".into()))?;
+                Ok((
+                    k.narrow(2, 0, len)?.contiguous()?,
+                    v.narrow(2, 0, len)?.contiguous()?,
+                ))
+            })
+            .collect()
+    }
+
+    /// A one-row cache, without padding, holding the first `len` columns of `kv` (per layer
+    /// `[1, kv_heads, >= len, head_dim]`, as [`KvCache::columns`] returns). The buffers are views
+    /// of `kv` exactly `len` columns wide, so the next forward pass, which always adds a column,
+    /// reallocates them before writing: `kv` itself is never written.
+    pub fn from_columns(kv: &[(Tensor, Tensor)], len: usize) -> Result<KvCache> {
+        let layers = kv
+            .iter()
+            .map(|(k, v)| Ok(Some((k.narrow(2, 0, len)?, v.narrow(2, 0, len)?))))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(KvCache {
+            layers,
+            pads: vec![0],
+            len,
+        })
     }
 }
 
@@ -351,6 +409,9 @@ pub struct Qwen {
     norm: Tensor,
     lm_head: Option<Tensor>,
     inv_freq: Tensor,
+    /// Bumped whenever the weights change (see [`Qwen::mark_weights_changed`]); shared by clones,
+    /// which share the variables too.
+    weights_version: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for Qwen {
@@ -449,10 +510,14 @@ impl Qwen {
                 });
             }
         }
+        // Mark before and after: a prefix cache reading the version while the copy runs (which
+        // the policy's update guard rules out) still sees it change.
+        self.mark_weights_changed();
         for (name, var) in vars {
             let t = tensors.remove(&name).expect("checked above");
             var.set(&t.to_dtype(self.dtype)?)?;
         }
+        self.mark_weights_changed();
         Ok(())
     }
 
@@ -535,7 +600,25 @@ impl Qwen {
             device: device.clone(),
             dtype,
             varmap,
+            weights_version: Arc::new(AtomicU64::new(0)),
         })
+    }
+
+    /// The weights' version: it changes whenever the weights change through this crate (the
+    /// trainers' optimizer steps, [`Qwen::load_weights_in_place`], the end of a
+    /// [`CandlePolicy::update_guard`](crate::policy::CandlePolicy::update_guard)). Values derived
+    /// from the weights, like the prefix cache's keys and values, are valid only for the version
+    /// they were computed under. Clones share it; a `Qwen` built anew with
+    /// [`Qwen::from_varmap`] around the same variables has its own.
+    pub fn weights_version(&self) -> u64 {
+        self.weights_version.load(Ordering::Acquire)
+    }
+
+    /// Record that the weights changed. Code that writes the variables itself (`Var::set` on the
+    /// shared [`VarMap`]) outside the policy's update guard must call this afterwards, or caches
+    /// keep serving values computed with the old weights.
+    pub fn mark_weights_changed(&self) {
+        self.weights_version.fetch_add(1, Ordering::AcqRel);
     }
 
     /// The configuration.

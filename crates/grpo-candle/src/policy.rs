@@ -18,6 +18,12 @@
 //! [`CandlePolicy::update_guard`] while changing them. It stops admitting requests, waits until
 //! the rows in flight finish, and holds decoding off until it is dropped, so every turn is
 //! sampled from one version of the weights.
+//!
+//! The worker keeps a [`PrefixCache`] (setting: [`PolicyOptions::prefix_cache`], 1 GiB of keys
+//! and values by default): the turns of an episode and the rollouts of a group prefill only what
+//! their prompt adds to a cached one, with the same tokens and log-probs as without the cache.
+//! Dropping the update guard marks the weights changed, and the cache does not serve entries
+//! computed under other weights; [`PolicyStats`] counts hits and reused tokens.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
@@ -33,6 +39,7 @@ use crate::chat_template::ChatTemplate;
 use crate::checkpoint::PolicyModel;
 use crate::error::{Error, Result};
 use crate::model::Qwen;
+use crate::prefix_cache::{PrefixCache, PrefixCacheConfig};
 use crate::sampler::{self, DecodeBatch, Sample, SampleRequest};
 
 /// Options of a [`CandlePolicy`].
@@ -45,6 +52,8 @@ pub struct PolicyOptions {
     /// How many recent turns are remembered for reusing their exact tokens in later prompts
     /// (0 disables the reuse: prompts are always tokenized afresh).
     pub remembered_turns: usize,
+    /// The prefix cache's memory budget ([`PrefixCacheConfig::disabled`] turns it off).
+    pub prefix_cache: PrefixCacheConfig,
 }
 
 impl Default for PolicyOptions {
@@ -53,6 +62,7 @@ impl Default for PolicyOptions {
             name: "candle-qwen".into(),
             max_batch: 16,
             remembered_turns: 4096,
+            prefix_cache: PrefixCacheConfig::default(),
         }
     }
 }
@@ -129,16 +139,34 @@ pub struct PolicyStats {
     pub row_steps: u64,
     /// Most rows in flight at once.
     pub largest_batch: usize,
+    /// Prompt tokens prefilled (computed by the model).
+    pub prefill_tokens_computed: u64,
+    /// Prompt tokens whose keys and values came from the prefix cache
+    /// (`prefill_tokens_computed + prefill_tokens_reused` is every prompt token decoded).
+    pub prefill_tokens_reused: u64,
+    /// Requests that reused a cached prefix.
+    pub prefix_cache_hits: u64,
+    /// Prefix cache entries evicted for the memory budget.
+    pub prefix_cache_evictions: u64,
+    /// Times the prefix cache was emptied because the weights changed.
+    pub prefix_cache_invalidations: u64,
+    /// Bytes of keys and values the prefix cache holds now.
+    pub prefix_cache_bytes: usize,
 }
 
 /// Exclusive access to a [`CandlePolicy`]'s weights; see [`CandlePolicy::update_guard`].
 pub struct UpdateGuard<'a> {
     _write: RwLockWriteGuard<'a, ()>,
     pending: &'a AtomicUsize,
+    model: &'a Qwen,
 }
 
 impl Drop for UpdateGuard<'_> {
     fn drop(&mut self) {
+        // Whoever held the guard may have changed the weights in any way (the guard's contract
+        // is "hold this while changing them"), so what was computed before is stale. Marked
+        // before the write lock is released, so no row is prefilled in between.
+        self.model.mark_weights_changed();
         self.pending.fetch_sub(1, Ordering::AcqRel);
     }
 }
@@ -177,9 +205,10 @@ impl CandlePolicy {
         let (tx, rx) = mpsc::channel::<Job>();
         let worker_shared = Arc::clone(&shared);
         let max_batch = options.max_batch.max(1);
+        let prefix = PrefixCache::new(options.prefix_cache);
         let worker = std::thread::Builder::new()
             .name("candle-policy".into())
-            .spawn(move || worker_loop(&worker_shared, &rx, max_batch))
+            .spawn(move || worker_loop(&worker_shared, &rx, max_batch, prefix))
             .expect("spawn the policy's decoding thread");
         CandlePolicy {
             name: options.name,
@@ -215,7 +244,9 @@ impl CandlePolicy {
     }
 
     /// Hold this while changing the weights. Taking it stops the admission of new requests and
-    /// waits for the rows in flight to finish; decoding resumes when it is dropped.
+    /// waits for the rows in flight to finish; decoding resumes when it is dropped. Dropping it
+    /// marks the weights changed ([`Qwen::mark_weights_changed`]), which invalidates the prefix
+    /// cache.
     pub fn update_guard(&self) -> UpdateGuard<'_> {
         self.shared.pending_updates.fetch_add(1, Ordering::AcqRel);
         let write = self
@@ -226,6 +257,7 @@ impl CandlePolicy {
         UpdateGuard {
             _write: write,
             pending: &self.shared.pending_updates,
+            model: &self.shared.model.model,
         }
     }
 
@@ -415,7 +447,12 @@ impl Drop for CandlePolicy {
 
 type Reply = tokio::sync::oneshot::Sender<Result<Sample>>;
 
-fn worker_loop(shared: &Shared, rx: &mpsc::Receiver<Job>, max_batch: usize) {
+fn worker_loop(
+    shared: &Shared,
+    rx: &mpsc::Receiver<Job>,
+    max_batch: usize,
+    mut prefix: PrefixCache,
+) {
     let model = &shared.model.model;
     let tokenizer = &shared.model.tokenizer;
     // Wait for work, then decode until no row is left, admitting arrivals between steps.
@@ -443,7 +480,7 @@ fn worker_loop(shared: &Shared, rx: &mpsc::Receiver<Job>, max_batch: usize) {
                     }
                 }
                 let n = admitted.len() as u64;
-                match batch.add(admitted) {
+                match batch.add_cached(admitted, &mut prefix) {
                     Ok(done) => {
                         for (reply, sample) in done {
                             let _ = reply.send(Ok(sample));
@@ -452,11 +489,15 @@ fn worker_loop(shared: &Shared, rx: &mpsc::Receiver<Job>, max_batch: usize) {
                     // The failed requests' reply channels close: their callers get an error.
                     Err(e) => tracing::error!("candle policy: prefill failed: {e}"),
                 }
-                shared
-                    .stats
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .requests += n;
+                let cached = prefix.stats();
+                let mut stats = shared.stats.lock().unwrap_or_else(|e| e.into_inner());
+                stats.requests += n;
+                stats.prefill_tokens_computed = cached.computed_tokens;
+                stats.prefill_tokens_reused = cached.reused_tokens;
+                stats.prefix_cache_hits = cached.hits;
+                stats.prefix_cache_evictions = cached.evicted;
+                stats.prefix_cache_invalidations = cached.invalidations;
+                stats.prefix_cache_bytes = cached.bytes;
             }
             if batch.is_empty() {
                 break;
@@ -618,6 +659,117 @@ mod tests {
         let after = p.generate(r).await.unwrap();
         assert_eq!(before.tokens, after.tokens);
         assert_eq!(before.logprobs, after.logprobs);
+    }
+
+    fn policy_with(model: &PolicyModel, prefix_cache: PrefixCacheConfig) -> CandlePolicy {
+        CandlePolicy::new(
+            model.clone(),
+            PolicyOptions {
+                prefix_cache,
+                ..PolicyOptions::default()
+            },
+        )
+    }
+
+    /// A request whose rendered prompt spans a few prefill blocks.
+    fn long_request(user: &str, seed: u64) -> PolicyRequest {
+        let mut r = request(user, seed);
+        r.messages[0] = ChatMessage::system(
+            "Be brief. Answer with one word, look words up when unsure, and never guess.",
+        );
+        r.max_new_tokens = 10;
+        r
+    }
+
+    fn same_turn(a: &PolicyTurn, b: &PolicyTurn) {
+        assert_eq!(a.context_tokens, b.context_tokens);
+        assert_eq!(a.tokens, b.tokens);
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&a.logprobs), bits(&b.logprobs));
+        assert_eq!(a.finish, b.finish);
+    }
+
+    /// Turns of an episode and a group of rollouts through a cached and an uncached policy.
+    async fn episode_and_group(p: &CandlePolicy) -> Vec<PolicyTurn> {
+        let mut turns = Vec::new();
+        let mut r = long_request("define the word harness", 3);
+        for step in 0..3u64 {
+            let turn = p.generate(r.clone()).await.unwrap();
+            r.messages.push(ChatMessage::assistant(turn.text.clone()));
+            r.messages.push(ChatMessage::tool(
+                "lookup",
+                format!("entry {step}: nothing found"),
+            ));
+            r.seed += 1;
+            turns.push(turn);
+        }
+        for k in 0..4 {
+            turns.push(p.generate(long_request("spell it", 20 + k)).await.unwrap());
+        }
+        turns
+    }
+
+    #[tokio::test]
+    async fn prefix_cache_keeps_turns_identical_and_counts_reuse() {
+        let cached = policy();
+        let model = cached.policy_model().clone();
+        let plain = policy_with(&model, PrefixCacheConfig::disabled());
+        let a = episode_and_group(&cached).await;
+        let b = episode_and_group(&plain).await;
+        assert!(a[0].context_tokens.len() > 2 * 64, "prompts span blocks");
+        for (x, y) in a.iter().zip(&b) {
+            same_turn(x, y);
+        }
+        let total: u64 = a.iter().map(|t| t.context_tokens.len() as u64).sum();
+        let (sc, sp) = (cached.stats(), plain.stats());
+        assert_eq!(sc.prefill_tokens_computed + sc.prefill_tokens_reused, total);
+        assert_eq!(
+            (sp.prefill_tokens_computed, sp.prefill_tokens_reused),
+            (total, 0)
+        );
+        // Every request after the first reuses a prefix: later turns their episode's, the group's
+        // rollouts the system prompt and tools (shared with the episode) or the group's prompt.
+        assert_eq!(sc.prefix_cache_hits, 6, "{sc:?}");
+        assert!(
+            sc.prefill_tokens_reused > sc.prefill_tokens_computed,
+            "{sc:?}"
+        );
+        assert!(sc.prefix_cache_bytes > 0 && sp.prefix_cache_bytes == 0);
+    }
+
+    #[tokio::test]
+    async fn an_update_invalidates_the_prefix_cache() {
+        let cached = policy();
+        let model = cached.policy_model().clone();
+        let r = long_request("define the word harness", 3);
+        cached.generate(r.clone()).await.unwrap();
+        {
+            let _guard = cached.update_guard();
+            for (_, var) in cached.model().named_vars() {
+                var.set(&(var.as_tensor() * 0.5).unwrap()).unwrap();
+            }
+        }
+        let after = cached.generate(r.clone()).await.unwrap();
+        let st = cached.stats();
+        assert_eq!(
+            (st.prefix_cache_hits, st.prefix_cache_invalidations),
+            (0, 1),
+            "{st:?}"
+        );
+        // The same turn as a policy that never cached anything, under the new weights.
+        let plain = policy_with(&model, PrefixCacheConfig::disabled());
+        same_turn(&after, &plain.generate(r.clone()).await.unwrap());
+        // Reloading a checkpoint is an update too.
+        let dir = tempfile::tempdir().unwrap();
+        cached.save_hf(dir.path()).unwrap();
+        cached.load_weights(dir.path()).unwrap();
+        cached.generate(r).await.unwrap();
+        let st = cached.stats();
+        assert_eq!(
+            (st.prefix_cache_hits, st.prefix_cache_invalidations),
+            (0, 2),
+            "{st:?}"
+        );
     }
 
     #[tokio::test]

@@ -1,8 +1,11 @@
 //! Batched, KV-cached sampling with per-token log-probs.
 //!
-//! [`generate`] runs several requests together: prompts are left-padded into one batch, prefilled
-//! in one forward pass, then decoded one token per step for every unfinished row; a finished row
-//! leaves the batch (its cache rows are dropped). Each request has its own seed (ChaCha8), so its
+//! [`generate`] runs several requests together: each prompt is prefilled on its own (without
+//! padding, in chunks that end at fixed positions, so its keys and values do not depend on what
+//! else is prefilled or cached: see [`crate::prefix_cache`]), the rows are left-padded into one
+//! batch, then decoded one token per step for every unfinished row; a finished row leaves the
+//! batch (its cache rows are dropped). [`generate_cached`] starts each prompt from the longest
+//! prefix a [`PrefixCache`] holds, with the same results. Each request has its own seed (ChaCha8), so its
 //! tokens do not depend on what it was batched with, up to floating-point reassociation in the
 //! matmuls.
 //!
@@ -27,6 +30,7 @@ use tokenizers::Tokenizer;
 
 use crate::error::{Error, Result};
 use crate::model::{KvCache, Qwen};
+use crate::prefix_cache::PrefixCache;
 
 /// One generation request.
 #[derive(Debug, Clone, PartialEq)]
@@ -166,8 +170,48 @@ pub fn sample_token(
     (chosen as u32, lp, raw(chosen))
 }
 
-/// Prompt tokens fed per forward pass when prefilling.
-const PREFILL_CHUNK: usize = 512;
+/// Prompt tokens per prefill forward pass, and the granularity of prefix reuse (vLLM's block
+/// size). Every prompt is prefilled block by block, `[0, 64)`, `[64, 128)`, ..., the last block
+/// ending at the prompt's end, one forward pass each, and a cached prefix is reused up to a
+/// block boundary only. A cached and an uncached prefill of a prompt then run the same forward
+/// passes on the same inputs and shapes, so they agree bit for bit. Both conditions are needed:
+/// the CPU matmul sums a row differently depending on how many rows it multiplies (one row
+/// always, up to dozens for narrow matrices), so starting a prefill mid-block, or prefilling
+/// several blocks in one pass, would change the last bits. 64 rows keep the matmuls efficient
+/// and the attention scores of a pass at `[64 x prompt]`.
+const PREFILL_BLOCK: usize = 64;
+
+/// Prefill one prompt, starting from the longest prefix `prefix` holds (and storing the prompt
+/// there); returns its one-row cache and its next-token logits `[1, vocab]`.
+fn prefill_row(
+    model: &Qwen,
+    prompt: &[u32],
+    prefix: Option<&mut PrefixCache>,
+) -> Result<(KvCache, Tensor)> {
+    let version = model.weights_version();
+    let mut prefix = prefix;
+    let reuse = match prefix.as_deref_mut() {
+        Some(c) => c.lookup(model, prompt, |n| n / PREFILL_BLOCK * PREFILL_BLOCK)?,
+        None => None,
+    };
+    let (mut cache, mut start) = match reuse {
+        Some(r) => (r.cache, r.tokens),
+        None => (KvCache::for_model(model, 1), 0),
+    };
+    let device = model.device();
+    let mut hidden = None;
+    while start < prompt.len() {
+        let end = (start + PREFILL_BLOCK).min(prompt.len());
+        let input = Tensor::new(&prompt[start..end], device)?.unsqueeze(0)?;
+        hidden = Some(model.forward_cached(&input, &mut cache)?);
+        start = end;
+    }
+    let logits = model.last_logits(&hidden.expect("at least the last prompt token is computed"))?;
+    if let Some(c) = prefix {
+        c.insert(model, version, prompt, &cache)?;
+    }
+    Ok((cache, logits))
+}
 
 /// A request being decoded.
 struct Row<K> {
@@ -255,10 +299,28 @@ impl<'m, K> DecodeBatch<'m, K> {
         self.rows.is_empty()
     }
 
-    /// Prefill `requests` (left-padded into one forward pass) and add them to the batch.
-    /// Requests that need no decoding (`max_new_tokens == 0`, or a prompt filling the model's
-    /// context) come back at once as finished.
+    /// Prefill `requests` and add them to the batch. Requests that need no decoding
+    /// (`max_new_tokens == 0`, or a prompt filling the model's context) come back at once as
+    /// finished.
     pub fn add(&mut self, requests: Vec<(K, SampleRequest)>) -> Result<Vec<(K, Sample)>> {
+        self.add_impl(requests, None)
+    }
+
+    /// [`DecodeBatch::add`], starting each prompt from the longest prefix `prefix` holds and
+    /// storing the prompts there. The results are bit-identical to [`DecodeBatch::add`]'s.
+    pub fn add_cached(
+        &mut self,
+        requests: Vec<(K, SampleRequest)>,
+        prefix: &mut PrefixCache,
+    ) -> Result<Vec<(K, Sample)>> {
+        self.add_impl(requests, Some(prefix))
+    }
+
+    fn add_impl(
+        &mut self,
+        requests: Vec<(K, SampleRequest)>,
+        mut prefix: Option<&mut PrefixCache>,
+    ) -> Result<Vec<(K, Sample)>> {
         for (_, r) in &requests {
             validate_request(self.model, r)?;
         }
@@ -287,49 +349,25 @@ impl<'m, K> DecodeBatch<'m, K> {
         if fresh.is_empty() {
             return Ok(done);
         }
-        let device = self.model.device().clone();
-        let longest = fresh
-            .iter()
-            .map(|r| r.request.prompt.len())
-            .max()
-            .unwrap_or(0);
-        let mut ids = Vec::with_capacity(fresh.len() * longest);
-        let mut pads = Vec::with_capacity(fresh.len());
+        let mut caches = Vec::with_capacity(fresh.len() + 1);
+        let mut logits = Vec::with_capacity(fresh.len() + 1);
+        if !self.rows.is_empty() {
+            caches.push(std::mem::replace(
+                &mut self.cache,
+                KvCache::new(self.model.config().num_hidden_layers, Vec::new()),
+            ));
+            logits.push(self.logits.take().expect("rows have logits"));
+        }
         for row in &fresh {
-            let p = &row.request.prompt;
-            pads.push(longest - p.len());
-            ids.extend(std::iter::repeat_n(0u32, longest - p.len()));
-            ids.extend_from_slice(p);
+            let (cache, l) = prefill_row(self.model, &row.request.prompt, prefix.as_deref_mut())?;
+            caches.push(cache);
+            logits.push(l);
         }
-        let mut cache = KvCache::new(self.model.config().num_hidden_layers, pads);
-        let input = Tensor::from_vec(ids, (fresh.len(), longest), &device)?;
-        // Prefill in chunks of queries: attention scores stay [chunk x prompt] rather than
-        // [prompt x prompt], so long prompts fit in memory.
-        let mut start = 0;
-        let mut hidden = None;
-        while start < longest {
-            let len = PREFILL_CHUNK.min(longest - start);
-            hidden = Some(
-                self.model
-                    .forward_cached(&input.narrow(1, start, len)?, &mut cache)?,
-            );
-            start += len;
-        }
-        let logits = self
-            .model
-            .last_logits(&hidden.expect("non-empty prompts"))?;
-        if self.rows.is_empty() {
-            self.cache = cache;
-            self.logits = Some(logits);
-        } else {
-            self.cache = KvCache::concat(&self.cache, &cache)?;
-            let old = self.logits.take().expect("rows have logits");
-            self.logits = Some(Tensor::cat(&[&old, &logits], 0)?);
-        }
+        self.cache = KvCache::stack(&caches.iter().collect::<Vec<_>>())?;
+        self.logits = Some(Tensor::cat(&logits, 0)?);
         self.rows.extend(fresh);
         Ok(done)
     }
-
     /// Sample one token for every row; return the rows that finished (stop token or string,
     /// `max_new_tokens`, or the model's context) and feed the others' tokens.
     pub fn step(&mut self, tokenizer: &Tokenizer) -> Result<Vec<(K, Sample)>> {
@@ -395,13 +433,33 @@ pub fn generate(
     tokenizer: &Tokenizer,
     requests: &[SampleRequest],
 ) -> Result<Vec<Sample>> {
+    generate_impl(model, tokenizer, requests, None)
+}
+
+/// [`generate`], starting each prompt from the longest prefix `prefix` holds and storing the
+/// prompts there: bit-identical results, fewer prefilled tokens.
+pub fn generate_cached(
+    model: &Qwen,
+    tokenizer: &Tokenizer,
+    requests: &[SampleRequest],
+    prefix: &mut PrefixCache,
+) -> Result<Vec<Sample>> {
+    generate_impl(model, tokenizer, requests, Some(prefix))
+}
+
+fn generate_impl(
+    model: &Qwen,
+    tokenizer: &Tokenizer,
+    requests: &[SampleRequest],
+    prefix: Option<&mut PrefixCache>,
+) -> Result<Vec<Sample>> {
     for (i, r) in requests.iter().enumerate() {
         validate_request(model, r).map_err(|e| Error::Request(format!("request {i}: {e}")))?;
     }
     let mut out: Vec<Option<Sample>> = vec![None; requests.len()];
     let mut batch = DecodeBatch::new(model);
     let keyed = requests.iter().cloned().enumerate().collect();
-    for (i, s) in batch.add(keyed)? {
+    for (i, s) in batch.add_impl(keyed, prefix)? {
         out[i] = Some(s);
     }
     while !batch.is_empty() {
@@ -418,6 +476,7 @@ pub fn generate(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::prefix_cache::PrefixCacheConfig;
     use candle_core::Device;
 
     fn params(t: f32, p: f32, k: Option<usize>) -> SamplingParams {
@@ -559,10 +618,135 @@ mod tests {
         }
     }
 
+    /// Prompts of an episode (each extends the previous turn's) and of a group (one prompt,
+    /// several seeds), one of them past a prefill chunk boundary.
+    fn shared_prefix_requests() -> Vec<SampleRequest> {
+        let system: Vec<u32> = (0..100).map(|i| (i * 13 + 5) % 200).collect();
+        let turn1: Vec<u32> = system.iter().copied().chain([40, 41, 42]).collect();
+        let turn2: Vec<u32> = turn1
+            .iter()
+            .copied()
+            .chain((0..40).map(|i| i + 60))
+            .collect();
+        let turn3: Vec<u32> = turn2.iter().copied().chain([7, 8, 9, 10]).collect();
+        let long: Vec<u32> = (0..(PREFILL_BLOCK as u32 * 3 + 20))
+            .map(|i| i * 7 % 200)
+            .collect();
+        let longer: Vec<u32> = long.iter().copied().chain([1, 2, 3]).collect();
+        let mut out = vec![
+            req(&turn1, 1, params(1.0, 1.0, None), 6),
+            req(&turn2, 2, params(0.8, 0.9, Some(20)), 6),
+            req(&turn3, 3, params(0.0, 1.0, None), 5),
+            req(&longer, 4, params(1.0, 1.0, None), 3),
+            req(&long, 5, params(1.0, 1.0, None), 3),
+        ];
+        // A group: one prompt, four seeds.
+        out.extend((0..4).map(|k| req(&turn2, 10 + k, params(1.0, 1.0, None), 6)));
+        out
+    }
+
+    fn assert_same(a: &[Sample], b: &[Sample]) {
+        assert_eq!(a.len(), b.len());
+        for (i, (x, y)) in a.iter().zip(b).enumerate() {
+            assert_eq!(x.tokens, y.tokens, "request {i}");
+            // Bit for bit, not within a tolerance.
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&x.logprobs), bits(&y.logprobs), "request {i}");
+            assert_eq!(bits(&x.raw_logprobs), bits(&y.raw_logprobs), "request {i}");
+            assert_eq!(x.finish, y.finish, "request {i}");
+        }
+    }
+
+    #[test]
+    fn prefix_cached_sampling_is_bit_identical_to_uncached() {
+        let (model, tok) = tiny_model();
+        let requests = shared_prefix_requests();
+        let total: u64 = requests.iter().map(|r| r.prompt.len() as u64).sum();
+        // One request at a time (each turn finds its predecessors cached) ...
+        let mut cache = PrefixCache::new(PrefixCacheConfig::default());
+        for r in &requests {
+            let plain = generate(&model, &tok, std::slice::from_ref(r)).unwrap();
+            let cached =
+                generate_cached(&model, &tok, std::slice::from_ref(r), &mut cache).unwrap();
+            assert_same(&plain, &cached);
+        }
+        let st = cache.stats();
+        assert_eq!(st.lookups, requests.len() as u64);
+        assert_eq!(st.reused_tokens + st.computed_tokens, total);
+        assert!(st.hits >= 6, "{st:?}");
+        assert!(st.reused_tokens > st.computed_tokens, "{st:?}");
+        // The episode keeps one entry, not one per turn.
+        assert!(st.entries < requests.len(), "{st:?}");
+        // ... and all in one batch, from a warm cache and from a cold one.
+        let plain = generate(&model, &tok, &requests).unwrap();
+        assert_same(
+            &plain,
+            &generate_cached(&model, &tok, &requests, &mut cache).unwrap(),
+        );
+        let mut cold = PrefixCache::new(PrefixCacheConfig::default());
+        assert_same(
+            &plain,
+            &generate_cached(&model, &tok, &requests, &mut cold).unwrap(),
+        );
+        assert!(cold.stats().hits > 0);
+    }
+
+    #[test]
+    fn eviction_keeps_the_budget_and_the_results() {
+        let (model, tok) = tiny_model();
+        let requests = shared_prefix_requests();
+        let budget = crate::prefix_cache::kv_bytes(&model, 250);
+        let mut cache = PrefixCache::new(PrefixCacheConfig {
+            budget_bytes: budget,
+        });
+        for r in &requests {
+            let plain = generate(&model, &tok, std::slice::from_ref(r)).unwrap();
+            let cached =
+                generate_cached(&model, &tok, std::slice::from_ref(r), &mut cache).unwrap();
+            assert_same(&plain, &cached);
+            assert!(cache.stats().bytes <= budget, "{:?}", cache.stats());
+        }
+        let st = cache.stats();
+        assert!(st.evicted > 0 && st.hits > 0, "{st:?}");
+        // A disabled cache stores nothing and reuses nothing.
+        let mut off = PrefixCache::new(PrefixCacheConfig::disabled());
+        let out = generate_cached(&model, &tok, &requests, &mut off).unwrap();
+        assert_same(&generate(&model, &tok, &requests).unwrap(), &out);
+        assert_eq!((off.stats().hits, off.stats().entries), (0, 0));
+    }
+
+    #[test]
+    fn changed_weights_invalidate_the_prefix_cache() {
+        let (model, tok) = tiny_model();
+        let requests = shared_prefix_requests();
+        let mut cache = PrefixCache::new(PrefixCacheConfig::default());
+        generate_cached(&model, &tok, &requests[..3], &mut cache).unwrap();
+        assert!(cache.stats().entries > 0);
+        // Change the weights the way every path of this crate does: write, then mark.
+        for (_, var) in model.named_vars() {
+            var.set(&(var.as_tensor() * 0.9).unwrap()).unwrap();
+        }
+        model.mark_weights_changed();
+        let before = cache.stats();
+        let plain = generate(&model, &tok, &requests[1..2]).unwrap();
+        let cached = generate_cached(&model, &tok, &requests[1..2], &mut cache).unwrap();
+        assert_same(&plain, &cached);
+        let after = cache.stats();
+        assert_eq!(after.invalidations, before.invalidations + 1);
+        assert_eq!(
+            after.hits, before.hits,
+            "nothing computed under the old weights is reused"
+        );
+        // A clone shares the version: it sees the change too.
+        let clone = model.clone();
+        clone.mark_weights_changed();
+        assert_eq!(clone.weights_version(), model.weights_version());
+    }
+
     #[test]
     fn chunked_prefill_of_long_prompts() {
         let (model, tok) = tiny_model();
-        let long: Vec<u32> = (0..(PREFILL_CHUNK as u32 * 2 + 37))
+        let long: Vec<u32> = (0..(PREFILL_BLOCK as u32 * 2 + 37))
             .map(|i| i * 7 % 200)
             .collect();
         let short = [9u32, 8, 7];

@@ -429,7 +429,7 @@ impl SftTrainer {
         metrics.confident_frac = confident as f64 * scale;
         let (lr, norm) = {
             let _guard = policy.map(CandlePolicy::update_guard);
-            apply_adamw(
+            let updated = apply_adamw(
                 &self.vars,
                 &mut self.moments,
                 &mut self.step,
@@ -439,7 +439,10 @@ impl SftTrainer {
                     max_grad_norm: self.cfg.max_grad_norm,
                 },
                 acc,
-            )?
+            );
+            // Even a failed update may have changed some variables.
+            model.weights_changed();
+            updated?
         };
         metrics.lr = lr;
         metrics.grad_norm = norm;
@@ -553,7 +556,10 @@ mod tests {
         let m2 = model(2);
         let mut one = SftTrainer::new(&m1, cfg(10_000, 0)).unwrap();
         let mut many = SftTrainer::new(&m2, cfg(12, 0)).unwrap();
+        let version = m1.weights_version();
         let a = one.step(&m1, &seqs()).unwrap();
+        // The update marks the weights changed, so a sampler's prefix cache drops its entries.
+        assert_ne!(m1.weights_version(), version);
         let b = many.step(&m2, &seqs()).unwrap();
         assert_eq!(a.micro_batches, 1);
         assert!(b.micro_batches >= 4);

@@ -66,6 +66,10 @@ pub trait TrainableLm: Send + Sync {
 
     /// Every trainable parameter, with a stable unique name.
     fn trainable_vars(&self) -> Vec<(String, Var)>;
+
+    /// Called after every optimizer update of the variables, so that what was derived from the
+    /// old weights (the sampler's prefix cache) is invalidated.
+    fn weights_changed(&self) {}
 }
 
 impl TrainableLm for crate::model::Qwen {
@@ -79,6 +83,10 @@ impl TrainableLm for crate::model::Qwen {
 
     fn trainable_vars(&self) -> Vec<(String, Var)> {
         self.named_vars()
+    }
+
+    fn weights_changed(&self) {
+        self.mark_weights_changed();
     }
 }
 
@@ -922,7 +930,10 @@ impl Trainer {
                 }
             }
             let opt_started = Instant::now();
-            let (lr, gn) = self.apply_update(acc)?;
+            let updated = self.apply_update(acc);
+            // Even a failed update may have changed some variables.
+            model.weights_changed();
+            let (lr, gn) = updated?;
             metrics.optimizer_seconds += opt_started.elapsed().as_secs_f64();
             metrics.lr = lr;
             metrics.grad_norm += gn / real_updates as f64;

@@ -98,7 +98,10 @@ fn one_on_policy_step_skips_the_old_pass_and_updates_every_weight() {
     let before = weights(&model);
     let mut trainer = Trainer::new(&model, config(64, 1)).unwrap();
     let groups = synthetic_groups(1, 3, 4);
+    let version = model.weights_version();
     let m = trainer.step_rollouts(&model, &groups).unwrap();
+    // The update marks the weights changed, so a sampler's prefix cache drops its entries.
+    assert_ne!(model.weights_version(), version);
     assert!(!m.old_logprob_pass);
     assert_eq!((m.ratio_min, m.ratio_max, m.ratio_mean), (1.0, 1.0, 1.0));
     assert_eq!(m.clip_frac_low + m.clip_frac_high, 0.0);
