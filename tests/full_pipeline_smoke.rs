@@ -3,75 +3,16 @@
 //! task, a one-step warm start and one GRPO update of the tiny built-in policy) end to end, and
 //! writes the files its docs promise. It takes well under a minute in a debug build.
 
-use std::path::{Path, PathBuf};
+mod common;
+
 use std::process::Command;
 
-use serde_json::{Value, json};
-
-/// The cargo profile this test was built with, from its own path (`<target>/<dir>/deps/<exe>`).
-fn profile_args() -> Vec<String> {
-    let exe = std::env::current_exe().expect("test executable path");
-    let dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .and_then(Path::file_name)
-        .and_then(|d| d.to_str())
-        .unwrap_or("debug")
-        .to_string();
-    match dir.as_str() {
-        "debug" => vec![],
-        "release" => vec!["--release".into()],
-        other => vec!["--profile".into(), other.into()],
-    }
-}
-
-/// Builds the example (a no-op when `cargo test --workspace` already built it: `--workspace`
-/// resolves features as that command does, so no dependency is rebuilt with other features) and
-/// returns its path, as cargo reports it.
-fn example_binary() -> PathBuf {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let output = Command::new(cargo)
-        .args([
-            "build",
-            "--offline",
-            "--workspace",
-            "--example",
-            "full_pipeline",
-            "--message-format",
-            "json",
-        ])
-        .args(profile_args())
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("cargo runs");
-    assert!(
-        output.status.success(),
-        "building the example failed:\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
-        .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == "full_pipeline")
-        .find_map(|m| m["executable"].as_str().map(PathBuf::from))
-        .expect("cargo reports the example's executable")
-}
-
-fn jsonl(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path)
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("one JSON value per line"))
-        .collect()
-}
+use common::{example_binary, fresh_dir, jsonl};
+use serde_json::json;
 
 #[test]
 fn full_pipeline_runs_a_reduced_configuration() {
-    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("full_pipeline_smoke");
-    if out.exists() {
-        std::fs::remove_dir_all(&out).expect("clear the previous run");
-    }
-    std::fs::create_dir_all(&out).expect("output folder");
+    let out = fresh_dir("full_pipeline_smoke");
     let config = json!({
         "seed": 7,
         "out": out.join("run"),
@@ -93,7 +34,7 @@ fn full_pipeline_runs_a_reduced_configuration() {
     let config_path = out.join("run.json");
     std::fs::write(&config_path, config.to_string()).expect("write the config");
 
-    let run = Command::new(example_binary())
+    let run = Command::new(example_binary("full_pipeline"))
         .arg("--config")
         .arg(&config_path)
         .env("RUST_LOG", "warn")
