@@ -62,22 +62,27 @@ pub struct DirectionPlan {
     pub reported: Vec<ReportedCause>,
 }
 
-/// Split `causes` (already ordered) into chunks of `min..=max`, as even as possible; fewer than
-/// `min` gives no chunk.
+/// Split `causes` (already ordered) into chunks of `min..=max`, as even as possible, and the
+/// causes no chunk can take. With `k` chunks every size lies in `min..=max` exactly when
+/// `ceil(n / max) <= k <= floor(n / min)`; when no such `k` exists (e.g. 3 causes in chunks of
+/// exactly 2), the largest number of full chunks is formed and the rest is returned.
 fn chunk(causes: Vec<Cause>, min: usize, max: usize) -> (Vec<Vec<Cause>>, Vec<Cause>) {
     let n = causes.len();
-    if n < min {
+    if n < min || min == 0 {
         return (Vec::new(), causes);
     }
-    let k = n.div_ceil(max);
-    let (base, extra) = (n / k, n % k);
-    let mut out = Vec::with_capacity(k);
+    let (fewest, most) = (n.div_ceil(max), n / min);
     let mut it = causes.into_iter();
-    for i in 0..k {
-        let size = base + usize::from(i < extra);
-        out.push(it.by_ref().take(size).collect());
+    if fewest <= most {
+        let k = fewest;
+        let (base, extra) = (n / k, n % k);
+        let out = (0..k)
+            .map(|i| it.by_ref().take(base + usize::from(i < extra)).collect())
+            .collect();
+        return (out, Vec::new());
     }
-    (out, Vec::new())
+    let out = (0..most).map(|_| it.by_ref().take(max).collect()).collect();
+    (out, it.collect())
 }
 
 /// Group one parent's analysed causes into directions (Table 8, "Repair direction"): causes
@@ -98,12 +103,12 @@ pub fn plan_directions(analysis: &FailureAnalysis, settings: &EvolveSettings) ->
         if tasks.len() < settings.min_failed_tasks_per_cause {
             plan.reported.push(ReportedCause {
                 kind: cause.kind.clone(),
-                tasks,
                 reason: format!(
                     "supported by {} distinct failed task(s); a direction needs at least {} per cause",
-                    cause.tasks.len(),
+                    tasks.len(),
                     settings.min_failed_tasks_per_cause
                 ),
+                tasks,
             });
         } else {
             eligible.push(Cause {
@@ -129,7 +134,9 @@ pub fn plan_directions(analysis: &FailureAnalysis, settings: &EvolveSettings) ->
     }
     for (_, list) in families {
         if list.len() >= min {
-            plan.groups.extend(chunk(list, min, max).0);
+            let (groups, left) = chunk(list, min, max);
+            plan.groups.extend(groups);
+            pooled.extend(left);
         } else {
             pooled.extend(list);
         }

@@ -201,6 +201,18 @@ impl Evolution {
     /// Run all `T` rounds from `base` and return the frozen pool with the reports.
     pub async fn run(&self, mut base: Harness) -> Result<EvolutionResult> {
         self.settings.validate()?;
+        // The settings promise greedy rollouts (Table 8); an executor sampling otherwise would
+        // make every figure of the round mean something else.
+        let greedy = self.executor.sampling.temperature == 0.0;
+        if greedy != self.settings.greedy {
+            return Err(Error::settings(
+                "greedy",
+                format!(
+                    "is {}, but the executor samples at temperature {}; set the executor's sampling to match",
+                    self.settings.greedy, self.executor.sampling.temperature
+                ),
+            ));
+        }
         if self.train.is_empty() {
             return Err(Error::Run(
                 "no training tasks: rounds run parents on fresh training tasks".into(),

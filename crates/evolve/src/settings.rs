@@ -146,6 +146,15 @@ impl EvolveSettings {
         if self.concurrency == 0 {
             return Err(Error::settings("concurrency", "expected at least 1"));
         }
+        if self.revisions > 1 {
+            return Err(Error::settings(
+                "revisions",
+                format!(
+                    "expected 0 or 1, found {}: a candidate gets at most one revision (Table 8)",
+                    self.revisions
+                ),
+            ));
+        }
         if self.rollouts_per_task != 1 {
             return Err(Error::settings(
                 "rollouts_per_task",
@@ -247,6 +256,9 @@ mod tests {
                 .to_string()
                 .contains("min_causes_per_direction")
         );
+        let mut s = EvolveSettings::paper();
+        s.revisions = 2;
+        assert!(s.validate().unwrap_err().to_string().contains("revisions"));
         let err = EvolveSettings::from_json(r#"{"proposal_budgets": [1]}"#).unwrap_err();
         assert!(err.to_string().contains("parent_slots"), "{err}");
     }

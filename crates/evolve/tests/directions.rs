@@ -146,3 +146,45 @@ fn the_budget_is_spent_round_robin_with_new_variants() {
     assert_eq!(variants, vec![0, 0, 1, 1]);
     assert!(allocate(1, &[(p1, Default::default())], 7).is_empty());
 }
+
+#[test]
+fn no_direction_falls_outside_the_configured_bounds_whatever_they_are() {
+    let kinds = [
+        "stopped-paging",
+        "union-not-intersection",
+        "budget-before-completion",
+        "finished-without-submit",
+        "repeated-failing-call",
+        "unknown-schema-name",
+        "call-without-docs",
+        "no-readback",
+        "edit-without-retest",
+    ];
+    for (min, max) in [(2, 2), (3, 3), (3, 4), (2, 3), (1, 2), (4, 5)] {
+        for n in 1..=kinds.len() {
+            let mut settings = EvolveSettings::paper();
+            settings.min_causes_per_direction = min;
+            settings.max_causes_per_direction = max;
+            let causes: Vec<Cause> = kinds[..n]
+                .iter()
+                .enumerate()
+                .map(|(i, k)| cause(k, &[&format!("{i}a"), &format!("{i}b")]))
+                .collect();
+            let plan = plan_directions(&analysis(causes), &settings);
+            for group in &plan.groups {
+                assert!(
+                    (min..=max).contains(&group.len()),
+                    "bounds {min}-{max}, {n} causes: a direction of {}",
+                    group.len()
+                );
+            }
+            // Every cause is either in a direction or reported, never dropped.
+            let placed: usize = plan.groups.iter().map(Vec::len).sum();
+            assert_eq!(
+                placed + plan.reported.len(),
+                n,
+                "bounds {min}-{max}, {n} causes"
+            );
+        }
+    }
+}

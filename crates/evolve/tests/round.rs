@@ -299,3 +299,14 @@ async fn reports_and_diversity_views_are_written() {
         "{summary}"
     );
 }
+
+#[tokio::test]
+async fn an_executor_that_does_not_sample_as_the_settings_say_is_refused() {
+    let mut evolution = evolution(Arc::new(BuiltinEditor), 1);
+    evolution.executor.sampling = harness_core::SamplingParams::default();
+    let err = evolution.run(base()).await.unwrap_err().to_string();
+    assert!(
+        err.contains("greedy") && err.contains("temperature 1"),
+        "{err}"
+    );
+}

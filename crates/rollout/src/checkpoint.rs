@@ -54,6 +54,16 @@ pub struct CheckpointState {
     pub pool: Vec<HarnessId>,
 }
 
+/// The learner folder of the checkpoint taken after `update` updates, when it exists: the
+/// policy a calibration at that point measures.
+pub fn learner_dir_at(run_dir: &Path, update: u64) -> Option<PathBuf> {
+    let dir = run_dir
+        .join(CHECKPOINT_DIR)
+        .join(folder_name(update))
+        .join(LEARNER_DIR);
+    dir.is_dir().then_some(dir)
+}
+
 fn folder_name(update: u64) -> String {
     format!("update-{update:08}")
 }
@@ -81,14 +91,21 @@ pub fn write_checkpoint(
     harness_core::fsutil::write_atomic(&partial.join(STATE_FILE), &json)?;
     sync_dir(&partial);
     let target = root.join(&name);
+    // The final checkpoint of a run can land on the update of a periodic one. The old folder
+    // is moved aside (not deleted) until the new one is in place: a crash between the two
+    // renames leaves `.update-N.old`, which the loader still accepts.
+    let old = root.join(format!(".{name}.old"));
     if target.exists() {
-        // The final checkpoint of a run can land on the update of a periodic one: swap it.
-        // `latest` still names `target`; a crash before the rename below makes the loader
-        // fall back to the newest complete folder.
-        std::fs::remove_dir_all(&target).map_err(|e| Error::io(&target, e))?;
+        if old.exists() {
+            std::fs::remove_dir_all(&old).map_err(|e| Error::io(&old, e))?;
+        }
+        std::fs::rename(&target, &old).map_err(|e| Error::io(&old, e))?;
     }
     std::fs::rename(&partial, &target).map_err(|e| Error::io(&target, e))?;
     sync_dir(&root);
+    if old.exists() {
+        std::fs::remove_dir_all(&old).map_err(|e| Error::io(&old, e))?;
+    }
     harness_core::fsutil::write_atomic(&root.join(LATEST_FILE), name.as_bytes())?;
     prune(&root, keep)?;
     Ok(target)
@@ -101,28 +118,31 @@ fn sync_dir(dir: &Path) {
     }
 }
 
-/// Complete checkpoint folders, oldest first.
+/// Complete checkpoint folders, oldest first. A folder moved aside by an interrupted swap
+/// (`.update-N.old`) counts, below a complete `update-N`.
 fn complete(root: &Path) -> Result<Vec<(u64, PathBuf)>> {
-    let mut out = Vec::new();
+    let mut out: Vec<(u64, bool, PathBuf)> = Vec::new();
     let entries = match std::fs::read_dir(root) {
         Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(Error::io(root, e)),
     };
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
-        let Some(n) = name
+        let moved_aside = name.strip_prefix('.').and_then(|n| n.strip_suffix(".old"));
+        let Some(n) = moved_aside
+            .unwrap_or(&name)
             .strip_prefix("update-")
             .and_then(|n| n.parse::<u64>().ok())
         else {
             continue;
         };
         if entry.path().join(STATE_FILE).is_file() {
-            out.push((n, entry.path()));
+            out.push((n, moved_aside.is_none(), entry.path()));
         }
     }
     out.sort();
-    Ok(out)
+    Ok(out.into_iter().map(|(n, _, path)| (n, path)).collect())
 }
 
 fn prune(root: &Path, keep: usize) -> Result<()> {
@@ -239,5 +259,38 @@ mod tests {
         again.finished = true;
         write_checkpoint(dir.path(), &again, &Tiny, 2).unwrap();
         assert!(latest_checkpoint(dir.path()).unwrap().unwrap().1.finished);
+    }
+
+    #[test]
+    fn a_swap_interrupted_between_its_renames_keeps_the_previous_checkpoint() {
+        // keep = 1: the only checkpoint is the one being replaced by the final one.
+        let dir = tempfile::tempdir().unwrap();
+        write_checkpoint(dir.path(), &state(4), &Tiny, 1).unwrap();
+        let root = dir.path().join(CHECKPOINT_DIR);
+        // What the swap leaves after its first rename: the old folder moved aside, the new
+        // one not yet in place.
+        std::fs::rename(
+            root.join("update-00000004"),
+            root.join(".update-00000004.old"),
+        )
+        .unwrap();
+        let (path, loaded) = latest_checkpoint(dir.path())
+            .unwrap()
+            .expect("the old one loads");
+        assert_eq!(loaded.update, 4);
+        assert!(path.ends_with(".update-00000004.old"));
+        // The next write completes the swap and leaves no folder aside.
+        let mut last = state(4);
+        last.finished = true;
+        write_checkpoint(dir.path(), &last, &Tiny, 1).unwrap();
+        assert!(latest_checkpoint(dir.path()).unwrap().unwrap().1.finished);
+        assert!(!root.join(".update-00000004.old").exists());
+        // A completed swap replaces in place, removing the folder it moved aside.
+        write_checkpoint(dir.path(), &state(4), &Tiny, 1).unwrap();
+        let names: Vec<String> = std::fs::read_dir(&root)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(!names.iter().any(|n| n.ends_with(".old")), "{names:?}");
     }
 }

@@ -14,7 +14,8 @@ use harness_core::{
 use harness_pool::SiblingPool;
 
 use crate::checkpoint::{
-    CHECKPOINT_FORMAT, CheckpointState, LEARNER_DIR, latest_checkpoint, write_checkpoint,
+    CHECKPOINT_FORMAT, CheckpointState, LEARNER_DIR, latest_checkpoint, learner_dir_at,
+    write_checkpoint,
 };
 use crate::config::{Allocation, RescueConfig, Strategy, resolve_harness};
 use crate::error::{Error, Result};
@@ -99,6 +100,9 @@ pub struct RescueTrainer {
     selector: Option<Arc<dyn HarnessSelector>>,
     calibrator: Option<Arc<dyn Calibrate>>,
     sync: Option<Arc<dyn WeightSync>>,
+    /// A resumed run's engine may hold other weights than the checkpoint's (a restarted vLLM
+    /// or SGLang starts from its launch weights): push them before anything samples.
+    sync_pending: bool,
     run_dir: PathBuf,
     files: RunFiles,
     order: TaskOrder,
@@ -175,6 +179,7 @@ impl RescueTrainer {
             finished: state.finished && state.update >= trainer.cfg.updates,
             cost: state.cost,
         };
+        trainer.sync_pending = trainer.sync.is_some() && state.policy_version > 0;
         // cost.json may be ahead of the checkpoint (written after a lost update).
         trainer.write_cost()?;
         tracing::info!(checkpoint = %dir.display(), update = state.update, "resumed");
@@ -253,6 +258,7 @@ impl RescueTrainer {
             selector: setup.selector,
             calibrator: setup.calibrator,
             sync: setup.weight_sync,
+            sync_pending: false,
             order,
             mixture,
             progress,
@@ -299,6 +305,7 @@ impl RescueTrainer {
 
     /// One update of Algorithm 1 (lines 3-12), with evaluation and a checkpoint when due.
     pub async fn step(&mut self) -> Result<UpdateRecord> {
+        self.sync_if_pending().await?;
         let u = self.progress.update;
         let number = u + 1;
         // Line 3: re-anchor if calibration is due (line 1, the profiles before training, is the
@@ -415,6 +422,7 @@ impl RescueTrainer {
     /// Algorithm 1, line 14: re-anchor with the final policy, then the last checkpoint and
     /// `cost.json`. Runs once; a finished run resumed does nothing more.
     pub async fn finish(&mut self) -> Result<Cost> {
+        self.sync_if_pending().await?;
         if !self.progress.finished {
             if self.cfg.final_calibration {
                 self.calibrate(true).await?;
@@ -424,6 +432,22 @@ impl RescueTrainer {
             self.checkpoint()?;
         }
         Ok(self.progress.cost.clone())
+    }
+
+    /// Push the restored weights to the serving engine once after a resume.
+    async fn sync_if_pending(&mut self) -> Result<()> {
+        if self.sync_pending
+            && let Some(sync) = &self.sync
+        {
+            sync_with_retry(
+                sync.as_ref(),
+                self.progress.policy_version,
+                self.cfg.sync_retry,
+            )
+            .await?;
+        }
+        self.sync_pending = false;
+        Ok(())
     }
 
     async fn calibrate(&mut self, is_final: bool) -> Result<f64> {
@@ -443,7 +467,9 @@ impl RescueTrainer {
                 u64::from(index),
                 0,
             ),
-            checkpoint: None,
+            // The checkpoint of this very update, when one was written (checkpoint_every
+            // dividing calibrate_every); the initial calibration measures the starting policy.
+            checkpoint: learner_dir_at(&self.run_dir, self.progress.update),
         };
         let started = Instant::now();
         let summary = calibrator.calibrate(&point).await?;

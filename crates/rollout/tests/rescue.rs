@@ -656,3 +656,78 @@ async fn a_weight_sync_that_keeps_failing_stops_the_run_with_a_clear_error() {
     // Nothing was sampled from the stale weights: the run stopped at the first update.
     assert_eq!(f.groups().len(), 0);
 }
+
+#[tokio::test]
+async fn a_resumed_run_pushes_the_checkpoint_weights_before_it_samples() {
+    let mut f = fixture(r#"{"kind": "grpo"}"#, 2);
+    f.cfg.checkpoint_every = 1;
+    f.cfg.final_calibration = false;
+    let first = Arc::new(FlakySync {
+        fail: 0,
+        attempts: Mutex::new(Vec::new()),
+    });
+    let mut setup = f.setup(mixed_policy(), None);
+    setup.weight_sync = Some(first.clone());
+    let mut t = RescueTrainer::new(f.cfg.clone(), setup, f.dir.path()).unwrap();
+    t.step().await.unwrap();
+    t.step().await.unwrap();
+    let version = t.policy_version();
+    assert!(version > 0);
+    drop(t);
+    let groups_before = f.groups().len();
+
+    // A restarted engine holds its launch weights: the resumed run must push the checkpoint's
+    // before its first rollout.
+    let resumed = Arc::new(FlakySync {
+        fail: 0,
+        attempts: Mutex::new(Vec::new()),
+    });
+    let mut cfg = f.cfg.clone();
+    cfg.updates = 3;
+    let mut setup = f.setup(mixed_policy(), None);
+    setup.weight_sync = Some(resumed.clone());
+    let mut t = RescueTrainer::resume(cfg, setup, f.dir.path()).unwrap();
+    assert_eq!(t.policy_version(), version);
+    assert!(resumed.attempts.lock().unwrap().is_empty());
+    t.step().await.unwrap();
+    let attempts = resumed.attempts.lock().unwrap().clone();
+    assert_eq!(attempts[0], version, "{attempts:?}");
+    let new_groups: Vec<u64> = f.groups()[groups_before..]
+        .iter()
+        .map(|g| g.policy_version)
+        .collect();
+    assert!(new_groups.iter().all(|&v| v == version), "{new_groups:?}");
+}
+
+#[tokio::test]
+async fn calibrations_name_the_checkpoint_of_the_policy_they_measure() {
+    let mut f = fixture(r#"{"kind": "router"}"#, 4);
+    f.cfg.calibrate_every = 2;
+    f.cfg.checkpoint_every = 2;
+    let calibrator = Arc::new(RecordingCalibrator::default());
+    let mut setup = f.setup(mixed_policy(), Some(Arc::new(RandomSelector::new(&f.pool))));
+    setup.calibrator = Some(calibrator.clone());
+    let mut t = RescueTrainer::new(f.cfg.clone(), setup, f.dir.path()).unwrap();
+    t.run().await.unwrap();
+    let points = calibrator.points.lock().unwrap();
+    let at: Vec<(u64, Option<String>)> = points
+        .iter()
+        .map(|p| {
+            let rel = p.checkpoint.as_ref().map(|c| {
+                c.strip_prefix(f.dir.path())
+                    .unwrap()
+                    .to_string_lossy()
+                    .into_owned()
+            });
+            (p.update, rel)
+        })
+        .collect();
+    assert_eq!(
+        at,
+        vec![
+            (0, None),
+            (2, Some("checkpoints/update-00000002/learner".into())),
+            (4, Some("checkpoints/update-00000004/learner".into())),
+        ]
+    );
+}

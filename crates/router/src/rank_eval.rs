@@ -98,7 +98,11 @@ pub async fn evaluate_ranks(
                 seed: harness_core::call_seed(settings.seed, i as u32),
             })
             .await?;
-        if ids.len() != settings.ranks || ids.iter().any(|id| !pool.contains(id)) {
+        let distinct: std::collections::BTreeSet<&HarnessId> = ids.iter().collect();
+        if ids.len() != settings.ranks
+            || distinct.len() != ids.len()
+            || ids.iter().any(|id| !pool.contains(id))
+        {
             return Err(Error::Selection(format!(
                 "selector `{}` returned {ids:?} for task `{}`; expected {} distinct pool members",
                 selector.name(),

@@ -506,3 +506,42 @@ async fn a_calibration_records_the_checkpoint_it_measured_with_a_content_hash() 
         .await;
     assert!(missing.unwrap_err().to_string().contains("nope"));
 }
+
+/// A selector that names the same harness at every rank.
+struct Repeating(HarnessId);
+
+#[async_trait::async_trait]
+impl HarnessSelector for Repeating {
+    fn name(&self) -> &str {
+        "repeating"
+    }
+    async fn select(&self, request: &SelectionRequest) -> harness_core::Result<Vec<HarnessId>> {
+        Ok(vec![self.0.clone(); request.k])
+    }
+}
+
+#[tokio::test]
+async fn rank_r_evaluation_refuses_a_ranking_that_repeats_a_harness() {
+    let pool = pool();
+    let tests = vec![task("test-mail-0", Split::Test, "mail", 100)];
+    let policy = phased_policy(Arc::new(AtomicU8::new(0)), default_script);
+    let err = evaluate_ranks(
+        &Repeating(pool.base_id().clone()),
+        &policy,
+        &pool,
+        &envs(),
+        &tests,
+        &RankEvalSettings {
+            ranks: 3,
+            attempts: 1,
+            ..RankEvalSettings::default()
+        },
+    )
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("repeating") && err.contains("distinct"),
+        "{err}"
+    );
+}
