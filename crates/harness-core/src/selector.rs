@@ -1,10 +1,13 @@
 //! The [`HarnessSelector`] seam: rollout code asks it which harnesses to use for a task, and
 //! never sees how the choice is made (an LLM router, a rule router, random choice).
 
+use std::collections::BTreeMap;
+
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use crate::Result;
+use crate::chat::Usage;
 use crate::harness::HarnessId;
 use crate::task::Task;
 
@@ -39,4 +42,10 @@ pub trait HarnessSelector: Send + Sync {
 
     /// Up to `k` distinct harness ids, best first.
     async fn select(&self, request: &SelectionRequest) -> Result<Vec<HarnessId>>;
+
+    /// External LLM tokens spent so far, by role (an LLM router's `voter`), cumulative since
+    /// the selector was built; the training loop accounts the difference around each batch.
+    fn usage(&self) -> BTreeMap<String, Usage> {
+        BTreeMap::new()
+    }
 }

@@ -316,7 +316,13 @@ impl Cost {
     pub fn add_calibration(&mut self, summary: &harness_core::CalibrationSummary) {
         self.calibration_rollouts += summary.rollouts as u64;
         self.calibration_seconds += summary.seconds;
-        for (role, usage) in &summary.usage {
+        self.add_external_usage(&summary.usage);
+    }
+
+    /// Add external LLM tokens by role (the profiler's at calibrations, the voters' at rescue
+    /// selection).
+    pub fn add_external_usage(&mut self, usage: &BTreeMap<String, Usage>) {
+        for (role, usage) in usage {
             let total = self.external_llm_tokens.entry(role.clone()).or_default();
             total.prompt_tokens += usage.prompt_tokens;
             total.completion_tokens += usage.completion_tokens;

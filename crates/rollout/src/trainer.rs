@@ -323,6 +323,7 @@ impl RescueTrainer {
         // Lines 4-11.
         let started = Instant::now();
         let version = self.progress.policy_version;
+        let selector_usage_before = self.selector.as_ref().map(|s| s.usage());
         let mut formed = Vec::new();
         let batches = match self.cfg.strategy {
             Strategy::DynamicSampling { max_batches } => max_batches,
@@ -338,6 +339,13 @@ impl RescueTrainer {
             if effective >= self.cfg.batch_tasks {
                 break;
             }
+        }
+        // The selector's LLM tokens of this batch (its counters are cumulative and not part
+        // of a checkpoint, so the difference goes into the checkpointed cost).
+        if let (Some(selector), Some(before)) = (&self.selector, selector_usage_before) {
+            self.progress
+                .cost
+                .add_external_usage(&usage_delta(&selector.usage(), &before));
         }
         if matches!(self.cfg.strategy, Strategy::DynamicSampling { .. }) {
             // DAPO: train only on groups with reward variance, at most a batch of them.
@@ -790,4 +798,23 @@ pub async fn run_training(
         RescueTrainer::new(cfg, setup, run_dir)?
     };
     trainer.run().await
+}
+
+/// Tokens spent per role between two cumulative snapshots.
+fn usage_delta(
+    after: &BTreeMap<String, harness_core::Usage>,
+    before: &BTreeMap<String, harness_core::Usage>,
+) -> BTreeMap<String, harness_core::Usage> {
+    after
+        .iter()
+        .map(|(role, a)| {
+            let b = before.get(role).copied().unwrap_or_default();
+            let delta = harness_core::Usage {
+                prompt_tokens: a.prompt_tokens.saturating_sub(b.prompt_tokens),
+                completion_tokens: a.completion_tokens.saturating_sub(b.completion_tokens),
+            };
+            (role.clone(), delta)
+        })
+        .filter(|(_, d)| *d != harness_core::Usage::default())
+        .collect()
 }

@@ -731,3 +731,59 @@ async fn calibrations_name_the_checkpoint_of_the_policy_they_measure() {
         ]
     );
 }
+
+/// A selector whose every answer costs 10 prompt and 2 completion tokens of a `voter` role.
+struct CostlySelector {
+    inner: RandomSelector,
+    calls: Mutex<u64>,
+}
+
+#[async_trait::async_trait]
+impl harness_core::HarnessSelector for CostlySelector {
+    fn name(&self) -> &str {
+        "costly"
+    }
+    async fn select(
+        &self,
+        request: &harness_core::SelectionRequest,
+    ) -> harness_core::Result<Vec<HarnessId>> {
+        *self.calls.lock().unwrap() += 1;
+        self.inner.select(request).await
+    }
+    fn usage(&self) -> std::collections::BTreeMap<String, harness_core::Usage> {
+        let calls = *self.calls.lock().unwrap();
+        std::collections::BTreeMap::from([(
+            "voter".to_string(),
+            harness_core::Usage {
+                prompt_tokens: 10 * calls,
+                completion_tokens: 2 * calls,
+            },
+        )])
+    }
+}
+
+#[tokio::test]
+async fn the_selectors_llm_tokens_reach_cost_json() {
+    let f = fixture(r#"{"kind": "router"}"#, 3);
+    let selector = Arc::new(CostlySelector {
+        inner: RandomSelector::new(&f.pool),
+        calls: Mutex::new(0),
+    });
+    let setup = f.setup(mixed_policy(), Some(selector.clone()));
+    let mut t = RescueTrainer::new(f.cfg.clone(), setup, f.dir.path()).unwrap();
+    t.run().await.unwrap();
+    let rescues = f
+        .groups()
+        .iter()
+        .filter(|g| g.origin == GroupOrigin::Rescue)
+        .count() as u64;
+    assert!(rescues > 0);
+    assert_eq!(*selector.calls.lock().unwrap(), rescues);
+    let cost: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(f.dir.path().join("cost.json")).unwrap())
+            .unwrap();
+    assert_eq!(
+        cost["external_llm_tokens"]["voter"],
+        serde_json::json!({"prompt_tokens": 10 * rescues, "completion_tokens": 2 * rescues})
+    );
+}

@@ -396,4 +396,12 @@ impl HarnessSelector for AdaptiveRouter {
             .selection
             .ids)
     }
+
+    fn usage(&self) -> std::collections::BTreeMap<String, harness_core::Usage> {
+        let usage = self.stats().voter_usage;
+        if usage == harness_core::Usage::default() {
+            return std::collections::BTreeMap::new();
+        }
+        std::collections::BTreeMap::from([(crate::llm_voter::VOTER_ROLE.to_string(), usage)])
+    }
 }

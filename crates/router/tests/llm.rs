@@ -204,6 +204,11 @@ async fn llm_voters_shuffle_candidates_by_seed_and_ballots_are_validated() {
     assert_eq!(tokens.role(VOTER_ROLE).requests, 3);
     assert_eq!(tokens.role(VOTER_ROLE).usage.completion_tokens, 30);
     assert_eq!(router.stats().voter_usage.completion_tokens, 30);
+    // The same figures reach the rescue loop's cost accounting through the selector seam.
+    assert_eq!(
+        harness_core::HarnessSelector::usage(&router)[VOTER_ROLE],
+        router.stats().voter_usage
+    );
 
     // Inference shows H0 too; a voter that names an unknown id is retried, then dropped.
     let bad_model = Arc::new(ScriptedChat::queue(vec![
