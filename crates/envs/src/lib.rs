@@ -10,6 +10,7 @@ pub mod appworld;
 pub mod dbbench;
 pub mod error;
 pub mod labels;
+mod sibling;
 pub mod starter;
 pub mod swe;
 

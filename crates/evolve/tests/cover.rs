@@ -1,51 +1,49 @@
 //! Parent selection (Eq. 3): the exact search equals brute force on random small instances and
 //! is never worse than greedy.
 
-use std::cmp::Ordering;
+use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet};
 
-use harness_evolve::cover::{compare_selections, select_exact, select_greedy, select_parents};
+use harness_evolve::cover::{select_exact, select_greedy, select_parents};
 use proptest::prelude::*;
 
 type Instance = BTreeMap<String, BTreeSet<String>>;
 
-/// Every subset of size 1..=b, ranked by the documented tie rules.
+/// Every subset of size 1..=b, ranked by the documented tie rules written out here on their own
+/// (not the implementation's comparator): most tasks covered, then fewer parents, then higher
+/// individual success (sizes compared largest first), then the smallest ids.
 fn brute_force(solved: &Instance, b: usize) -> (Vec<String>, usize) {
     let ids: Vec<&String> = solved.keys().collect();
     let n = ids.len();
-    let mut best: Option<(Vec<&str>, usize, Vec<usize>)> = None;
+    let mut best: Option<(BruteKey, Vec<String>, usize)> = None;
     for mask in 1u32..(1 << n) {
         if mask.count_ones() as usize > b {
             continue;
         }
-        let chosen: Vec<&str> = (0..n)
+        let mut chosen: Vec<String> = (0..n)
             .filter(|i| mask & (1 << i) != 0)
-            .map(|i| ids[i].as_str())
+            .map(|i| ids[i].clone())
             .collect();
-        let union: BTreeSet<&String> = chosen.iter().flat_map(|id| solved[*id].iter()).collect();
-        let sizes: Vec<usize> = chosen.iter().map(|id| solved[*id].len()).collect();
-        let candidate = (chosen, union.len(), sizes);
-        let wins = match &best {
-            None => true,
-            Some((ids_b, cov_b, sizes_b)) => {
-                compare_selections(
-                    (&candidate.0, candidate.1, &candidate.2),
-                    (ids_b, *cov_b, sizes_b),
-                ) == Ordering::Greater
-            }
-        };
-        if wins {
-            best = Some(candidate);
+        chosen.sort();
+        let union: BTreeSet<&String> = chosen.iter().flat_map(|id| solved[id].iter()).collect();
+        let mut sizes: Vec<usize> = chosen.iter().map(|id| solved[id].len()).collect();
+        sizes.sort_unstable_by(|x, y| y.cmp(x));
+        let key = (
+            union.len(),
+            Reverse(chosen.len()),
+            sizes,
+            Reverse(chosen.clone()),
+        );
+        if best.as_ref().is_none_or(|(k, _, _)| key > *k) {
+            best = Some((key, chosen, union.len()));
         }
     }
-    match best {
-        None => (Vec::new(), 0),
-        Some((mut ids, covered, _)) => {
-            ids.sort();
-            (ids.into_iter().map(String::from).collect(), covered)
-        }
-    }
+    best.map(|(_, ids, covered)| (ids, covered))
+        .unwrap_or((Vec::new(), 0))
 }
+
+/// The ranking key of one selection in [`brute_force`]; larger is better.
+type BruteKey = (usize, Reverse<usize>, Vec<usize>, Reverse<Vec<String>>);
 
 fn instances() -> impl Strategy<Value = (Instance, usize)> {
     (1usize..=9, 1usize..=5).prop_flat_map(|(n, b)| {

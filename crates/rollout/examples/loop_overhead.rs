@@ -3,8 +3,10 @@
 //! (same prompts, seeds and limits) straight through grpo-candle's batched sampler.
 //!
 //! ```text
-//! cargo run -p harness-rollout --example loop_overhead -- [--tasks 8] [--k 8] [--new 32] [--concurrency 64]
+//! cargo run -p harness-rollout --example loop_overhead -- [--tasks 8] [--k 8] [--new 32] [--concurrency 64] [--prefix-cache 0|1]
 //! ```
+//! The policy's prefix cache is off by default, so both sides prefill every prompt and the
+//! ratio is the loop's own overhead; `--prefix-cache 1` shows what the cache adds on top.
 //! Prints one JSON line: episodes/s and policy tokens/s both ways, their ratio, and whether the
 //! sampler reproduced the loop's tokens exactly.
 
@@ -93,7 +95,11 @@ async fn main() -> anyhow::Result<()> {
         arg(&args, "--concurrency", 64)?,
     );
     let model = PolicyModel::tiny(&TinySpec::default(), DType::F32, &Device::Cpu)?;
-    let options = PolicyOptions::default();
+    let mut options = PolicyOptions::default();
+    if arg(&args, "--prefix-cache", 0)? == 0 {
+        // The direct sampler path below prefills every prompt: compare like with like.
+        options.prefix_cache = grpo_candle::PrefixCacheConfig::disabled();
+    }
     let max_batch = options.max_batch;
     let policy = Arc::new(CandlePolicy::new(model, options));
     let mut h0 = Harness::new("H0", "Call submit.");

@@ -83,6 +83,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use crate::sibling::{hook, one_hook_sibling};
 use async_trait::async_trait;
 use harness_core::{
     ActionParser, EnvSession, Environment, Harness, HookAction, HookEvent, HookSpec, Observation,
@@ -540,21 +541,7 @@ pub fn text_harness() -> Harness {
 pub fn siblings() -> Vec<Harness> {
     let base = base_harness();
     let sibling = |name: &str, description: &str, hook: &str, spec: HookSpec| {
-        let mut harness = base.clone();
-        harness.name = name.into();
-        harness.description = description.into();
-        harness.hooks.insert(hook.into(), spec);
-        harness.lineage.parent = Some(base.id());
-        harness.lineage.generation = 1;
-        harness.lineage.direction = Some(description.into());
-        harness
-    };
-    let hook = |action, event, condition: &str, parameters: Value, message: &str| HookSpec {
-        action,
-        condition: condition.into(),
-        event,
-        message: message.into(),
-        parameters: serde_json::from_value(parameters).unwrap_or_default(),
+        one_hook_sibling(&base, name, description, hook, spec)
     };
     vec![
         sibling(

@@ -86,11 +86,12 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::sibling::{hook, one_hook_sibling};
 use async_trait::async_trait;
 use harness_core::{
     EnvSession, Environment, Error, Harness, HookAction, HookEvent, HookSpec, Result, Split, Task,
 };
-use serde_json::{Value, json};
+use serde_json::json;
 
 pub use builtin::{PAIR_SEED, builtin_instances, discover_test_ids};
 pub use exec::{CommandOutput, TestRun, TestStatus};
@@ -426,21 +427,7 @@ pub fn base_harness() -> Harness {
 pub fn siblings() -> Vec<Harness> {
     let base = base_harness();
     let sibling = |name: &str, description: &str, hook: &str, spec: HookSpec| {
-        let mut harness = base.clone();
-        harness.name = name.into();
-        harness.description = description.into();
-        harness.hooks.insert(hook.into(), spec);
-        harness.lineage.parent = Some(base.id());
-        harness.lineage.generation = 1;
-        harness.lineage.direction = Some(description.into());
-        harness
-    };
-    let hook = |action, event, condition: &str, parameters: Value, message: &str| HookSpec {
-        action,
-        condition: condition.into(),
-        event,
-        message: message.into(),
-        parameters: serde_json::from_value(parameters).unwrap_or_default(),
+        one_hook_sibling(&base, name, description, hook, spec)
     };
     vec![
         sibling(
