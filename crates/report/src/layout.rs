@@ -1,0 +1,594 @@
+//! The run directory and its files, read into plain data: one [`SeedRun`] per seed (the
+//! directory itself, or each `seed-<s>/` under it), each with its methods' training records,
+//! its test and Rank-r evaluations, and its evolution's diversity views.
+//!
+//! ```text
+//! <out>/ (or <out>/seed-<s>/ per seed)
+//!   run.json                 the resolved run configuration ("seed")
+//!   evolve/                  harness-evolve's write_reports (diversity.json, figure*.svg, rounds.json)
+//!   train/<method>/          harness-rollout run dirs: metrics.jsonl, groups.jsonl, cost.json
+//!   eval/test.jsonl          one TestEval per line
+//!   eval/rank.jsonl          one RankLine per line (Table 5)
+//! ```
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use harness_core::HarnessId;
+use harness_evolve::DiversityReport;
+use harness_evolve::round::RoundReport;
+use harness_rollout::{
+    COST_FILE, CalibrationRecord, Cost, EvalRecord, GROUPS_FILE, GroupRecord, METRICS_FILE,
+    UpdateRecord,
+};
+use harness_router::RankReport;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::error::{Error, Result};
+
+/// The run configuration file of a seed.
+pub const RUN_FILE: &str = "run.json";
+/// The folder of the training runs, one sub-folder per method.
+pub const TRAIN_DIR: &str = "train";
+/// The folder of harness-evolve's reports.
+pub const EVOLVE_DIR: &str = "evolve";
+/// The test evaluations, relative to a seed's folder.
+pub const TEST_FILE: &str = "eval/test.jsonl";
+/// The Rank-r evaluations, relative to a seed's folder.
+pub const RANK_FILE: &str = "eval/rank.jsonl";
+/// The evolution's diversity views, inside [`EVOLVE_DIR`].
+pub const DIVERSITY_FILE: &str = "diversity.json";
+/// The evolution's round reports, inside [`EVOLVE_DIR`].
+pub const ROUNDS_FILE: &str = "rounds.json";
+/// The SVGs harness-evolve draws itself, inside [`EVOLVE_DIR`].
+pub const EVOLVE_SVGS: [&str; 3] = ["figure1a.svg", "figure1b.svg", "figure5.svg"];
+
+/// The harness a test evaluation ran under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EvalMode {
+    /// The base harness for every task.
+    H0,
+    /// The router's top-ranked harness, chosen per task before its attempts.
+    Rank1,
+}
+
+/// One task of a test evaluation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskOutcome {
+    /// The task's id.
+    pub task: String,
+    /// The harness its attempts ran under.
+    pub harness: HarnessId,
+    /// Successful attempts.
+    pub successes: u32,
+    /// Attempts.
+    pub attempts: u32,
+}
+
+/// One line of `eval/test.jsonl`: a checkpoint evaluated on the test tasks.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TestEval {
+    /// The method whose checkpoint it is (`initial` for the warm start before training).
+    pub method: String,
+    /// The method's display label.
+    #[serde(default)]
+    pub label: Option<String>,
+    /// The harness it ran under.
+    pub mode: EvalMode,
+    /// Attempts per task.
+    pub k: usize,
+    /// Test tasks.
+    pub tasks: usize,
+    /// Fraction of tasks with at least one success in `k` attempts.
+    pub pass_at_k: f64,
+    /// Mean success over all attempts.
+    pub avg_at_k: f64,
+    /// Rollouts it ran.
+    pub rollouts: u64,
+    /// Seconds it took.
+    pub seconds: f64,
+    /// Per task.
+    #[serde(default)]
+    pub per_task: Vec<TaskOutcome>,
+}
+
+/// Whether a Rank-r evaluation came before or after training.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RankStage {
+    /// The warm-started policy.
+    Before,
+    /// The trained policy.
+    After,
+}
+
+/// One line of `eval/rank.jsonl`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RankLine {
+    /// Before or after training.
+    pub stage: RankStage,
+    /// The method whose router and policy were evaluated.
+    pub method: String,
+    /// harness-router's Rank-r report.
+    pub report: RankReport,
+}
+
+/// One method's training run (`train/<method>/`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct MethodRun {
+    /// Its folder.
+    pub dir: PathBuf,
+    /// `metrics.jsonl` lines of kind `update`, in file order.
+    pub updates: Vec<UpdateRecord>,
+    /// `metrics.jsonl` lines of kind `eval`.
+    pub evals: Vec<EvalRecord>,
+    /// `metrics.jsonl` lines of kind `calibration`.
+    pub calibrations: Vec<CalibrationRecord>,
+    /// `groups.jsonl`.
+    pub groups: Vec<GroupRecord>,
+    /// `cost.json`, when written.
+    pub cost: Option<Cost>,
+}
+
+impl MethodRun {
+    /// Updates the run made: the distinct update numbers of its update records, or, without
+    /// metrics, the largest update of its group records.
+    pub fn update_count(&self) -> u64 {
+        if self.updates.is_empty() {
+            self.groups.iter().map(|g| g.update).max().unwrap_or(0)
+        } else {
+            let mut u: Vec<u64> = self.updates.iter().map(|r| r.update).collect();
+            u.sort_unstable();
+            u.dedup();
+            u.len() as u64
+        }
+    }
+}
+
+/// What harness-evolve left in `evolve/`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EvolveRun {
+    /// The folder.
+    pub dir: PathBuf,
+    /// `diversity.json`, when written.
+    pub diversity: Option<DiversityReport>,
+    /// `rounds.json`, when written.
+    pub rounds: Option<Vec<RoundReport>>,
+    /// The SVGs evolution drew itself (of [`EVOLVE_SVGS`], those present).
+    pub svgs: Vec<PathBuf>,
+}
+
+/// One seed's run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SeedRun {
+    /// Its folder.
+    pub dir: PathBuf,
+    /// `run.json`'s `seed`, or the number in a `seed-<s>` folder name.
+    pub seed: Option<u64>,
+    /// `run.json`, when present.
+    pub config: Option<Value>,
+    /// `train/<method>/` by method name.
+    pub methods: BTreeMap<String, MethodRun>,
+    /// `eval/test.jsonl`, when present.
+    pub test: Option<Vec<TestEval>>,
+    /// `eval/rank.jsonl`, when present.
+    pub rank: Option<Vec<RankLine>>,
+    /// `evolve/`, when present.
+    pub evolve: Option<EvolveRun>,
+}
+
+impl SeedRun {
+    /// The test evaluation of `method` under `mode`.
+    pub fn test_eval(&self, method: &str, mode: EvalMode) -> Option<&TestEval> {
+        self.test
+            .as_ref()?
+            .iter()
+            .find(|t| t.method == method && t.mode == mode)
+    }
+
+    /// A short name for the seed ("seed 3", or the folder name).
+    pub fn name(&self) -> String {
+        match self.seed {
+            Some(s) => format!("seed {s}"),
+            None => self.dir.file_name().map_or_else(
+                || self.dir.display().to_string(),
+                |n| n.to_string_lossy().into(),
+            ),
+        }
+    }
+}
+
+/// A whole run: one or more seeds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Run {
+    /// The folder given.
+    pub dir: PathBuf,
+    /// Its seeds, in seed order (one for the single-seed layout).
+    pub seeds: Vec<SeedRun>,
+    /// With `seed-<s>/` folders, an `evolve/` beside them: one evolution shared by the seeds.
+    pub shared_evolve: Option<EvolveRun>,
+}
+
+/// Built-in display labels, for methods `eval/test.jsonl` does not label.
+pub fn builtin_label(method: &str) -> String {
+    match method {
+        "initial" => "Initial (warm start)".into(),
+        "grpo" => "GRPO".into(),
+        "h0_rescue" => "GRPO (H0 rescue)".into(),
+        "random_harness" => "Random-harness rescue".into(),
+        "harness_s" => "Harness-S".into(),
+        "harness_s_fixed" => "Harness-S (fixed profiles)".into(),
+        other => other.into(),
+    }
+}
+
+/// The display order of methods: the paper's, then the rest by name.
+pub(crate) fn method_rank(method: &str) -> (usize, String) {
+    let known = [
+        "initial",
+        "grpo",
+        "h0_rescue",
+        "harness_s_fixed",
+        "harness_s",
+    ];
+    let i = known
+        .iter()
+        .position(|m| *m == method)
+        .unwrap_or(known.len());
+    (i, method.to_string())
+}
+
+impl Run {
+    /// Every method seen in any seed (training folder or test evaluation), in display order.
+    pub fn methods(&self) -> Vec<String> {
+        let mut all: Vec<String> = self
+            .seeds
+            .iter()
+            .flat_map(|s| {
+                s.methods
+                    .keys()
+                    .cloned()
+                    .chain(s.test.iter().flatten().map(|t| t.method.clone()))
+            })
+            .collect();
+        all.sort_by_key(|m| method_rank(m));
+        all.dedup();
+        all
+    }
+
+    /// The display label of `method`: the first label `eval/test.jsonl` gives it, else the
+    /// built-in one.
+    pub fn label(&self, method: &str) -> String {
+        self.seeds
+            .iter()
+            .flat_map(|s| s.test.iter().flatten())
+            .find(|t| t.method == method && t.label.is_some())
+            .and_then(|t| t.label.clone())
+            .unwrap_or_else(|| builtin_label(method))
+    }
+}
+
+fn read_text(path: &Path) -> Result<Option<String>> {
+    match std::fs::read_to_string(path) {
+        Ok(t) => Ok(Some(t)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(Error::io(path, e)),
+    }
+}
+
+/// Deserialize `value` as `T`, naming the JSON field at fault.
+fn from_value<T: DeserializeOwned>(
+    value: Value,
+    path: &Path,
+    line: usize,
+    what: &str,
+) -> Result<T> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let field = e.path().to_string();
+        Error::parse(
+            path,
+            line,
+            format!("expected {what}; at `{field}`: {}", e.into_inner()),
+        )
+    })
+}
+
+/// The non-blank lines of a JSONL file as JSON values, with their 1-based line numbers.
+fn jsonl_values(path: &Path, text: &str) -> Result<Vec<(usize, Value)>> {
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let value: Value = serde_json::from_str(line).map_err(|e| {
+            Error::parse(
+                path,
+                i + 1,
+                format!("expected one JSON object per line: {e}"),
+            )
+        })?;
+        out.push((i + 1, value));
+    }
+    Ok(out)
+}
+
+/// Read a JSONL file of `T` with each record's 1-based line (`None` when the file is absent).
+pub fn read_jsonl<T: DeserializeOwned>(path: &Path, what: &str) -> Result<Option<Vec<(usize, T)>>> {
+    let Some(text) = read_text(path)? else {
+        return Ok(None);
+    };
+    jsonl_values(path, &text)?
+        .into_iter()
+        .map(|(line, v)| Ok((line, from_value(v, path, line, what)?)))
+        .collect::<Result<Vec<_>>>()
+        .map(Some)
+}
+
+fn without_lines<T>(lines: Option<Vec<(usize, T)>>) -> Option<Vec<T>> {
+    lines.map(|l| l.into_iter().map(|(_, t)| t).collect())
+}
+
+/// Read a JSON file of `T` (`None` when the file is absent).
+pub fn read_json<T: DeserializeOwned>(path: &Path, what: &str) -> Result<Option<T>> {
+    let Some(text) = read_text(path)? else {
+        return Ok(None);
+    };
+    let de = &mut serde_json::Deserializer::from_str(&text);
+    let value = serde_path_to_error::deserialize(de).map_err(|e| {
+        let field = e.path().to_string();
+        let inner = e.into_inner();
+        Error::parse(
+            path,
+            inner.line(),
+            format!("expected {what}; at `{field}`: {inner}"),
+        )
+    })?;
+    Ok(Some(value))
+}
+
+/// Read `metrics.jsonl`: update, eval and calibration lines by their `kind`.
+fn read_metrics(path: &Path, run: &mut MethodRun) -> Result<()> {
+    let Some(text) = read_text(path)? else {
+        return Ok(());
+    };
+    for (line, value) in jsonl_values(path, &text)? {
+        let kind = value
+            .get("kind")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        match kind.as_deref() {
+            Some("update") => run.updates.push(from_value(
+                value,
+                path,
+                line,
+                "a harness-rollout UpdateRecord (kind \"update\")",
+            )?),
+            Some("eval") => run.evals.push(from_value(
+                value,
+                path,
+                line,
+                "a harness-rollout EvalRecord (kind \"eval\")",
+            )?),
+            Some("calibration") => run.calibrations.push(from_value(
+                value,
+                path,
+                line,
+                "a harness-rollout CalibrationRecord (kind \"calibration\")",
+            )?),
+            other => {
+                return Err(Error::parse(
+                    path,
+                    line,
+                    format!(
+                        "expected `kind` to be \"update\", \"eval\" or \"calibration\", found {}",
+                        other.map_or("none".to_string(), |k| format!("\"{k}\""))
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn read_method(dir: &Path) -> Result<MethodRun> {
+    let mut run = MethodRun {
+        dir: dir.to_path_buf(),
+        ..MethodRun::default()
+    };
+    read_metrics(&dir.join(METRICS_FILE), &mut run)?;
+    run.groups = without_lines(read_jsonl(
+        &dir.join(GROUPS_FILE),
+        "a harness-rollout GroupRecord",
+    )?)
+    .unwrap_or_default();
+    run.cost = read_json(&dir.join(COST_FILE), "a harness-rollout Cost")?;
+    Ok(run)
+}
+
+fn subdirs(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
+        let entry = entry.map_err(|e| Error::io(dir, e))?;
+        let path = entry.path();
+        if path.is_dir() {
+            out.push(path);
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+fn read_evolve(dir: &Path) -> Result<Option<EvolveRun>> {
+    if !dir.is_dir() {
+        return Ok(None);
+    }
+    Ok(Some(EvolveRun {
+        dir: dir.to_path_buf(),
+        diversity: read_json(
+            &dir.join(DIVERSITY_FILE),
+            "a harness-evolve DiversityReport",
+        )?,
+        rounds: read_json(
+            &dir.join(ROUNDS_FILE),
+            "a list of harness-evolve RoundReports",
+        )?,
+        svgs: EVOLVE_SVGS
+            .iter()
+            .map(|n| dir.join(n))
+            .filter(|p| p.is_file())
+            .collect(),
+    }))
+}
+
+/// A seed's folder number, from a `seed-<s>` name.
+fn seed_from_name(dir: &Path) -> Option<u64> {
+    dir.file_name()?
+        .to_str()?
+        .strip_prefix("seed-")?
+        .parse()
+        .ok()
+}
+
+/// Read one seed's folder.
+pub fn read_seed(dir: &Path) -> Result<SeedRun> {
+    let run_file = dir.join(RUN_FILE);
+    let config: Option<Value> = read_json(&run_file, "the run configuration, a JSON object")?;
+    let seed = match &config {
+        Some(c) if !c.is_object() => {
+            return Err(Error::parse(
+                &run_file,
+                1,
+                "expected the run configuration to be a JSON object",
+            ));
+        }
+        Some(c) => match c.get("seed") {
+            None | Some(Value::Null) => seed_from_name(dir),
+            Some(s) => Some(s.as_u64().ok_or_else(|| {
+                Error::parse(
+                    &run_file,
+                    1,
+                    format!("expected `seed` to be a non-negative integer, found {s}"),
+                )
+            })?),
+        },
+        None => seed_from_name(dir),
+    };
+    let mut methods = BTreeMap::new();
+    let train = dir.join(TRAIN_DIR);
+    if train.is_dir() {
+        for m in subdirs(&train)? {
+            let name = m
+                .file_name()
+                .map(|n| n.to_string_lossy().to_string())
+                .unwrap_or_default();
+            methods.insert(name, read_method(&m)?);
+        }
+    }
+    let test_path = dir.join(TEST_FILE);
+    let test: Option<Vec<(usize, TestEval)>> = read_jsonl(
+        &test_path,
+        "a test evaluation {method, label, mode: \"h0\"|\"rank1\", k, tasks, pass_at_k, avg_at_k, rollouts, seconds, per_task}",
+    )?;
+    if let Some(test) = &test {
+        for (i, (line, t)) in test.iter().enumerate() {
+            if let Some((first, _)) = test[..i]
+                .iter()
+                .find(|(_, u)| u.method == t.method && u.mode == t.mode)
+            {
+                return Err(Error::parse(
+                    &test_path,
+                    *line,
+                    format!(
+                        "a second evaluation of method `{}` in mode {:?} (the first is on line {first}); expected one per method and mode",
+                        t.method, t.mode
+                    ),
+                ));
+            }
+        }
+    }
+    let rank_path = dir.join(RANK_FILE);
+    let rank: Option<Vec<(usize, RankLine)>> = read_jsonl(
+        &rank_path,
+        "a Rank-r line {stage: \"before\"|\"after\", method, report: harness-router RankReport}",
+    )?;
+    if let Some(rank) = &rank {
+        for (i, (line, r)) in rank.iter().enumerate() {
+            if let Some((first, _)) = rank[..i]
+                .iter()
+                .find(|(_, u)| u.method == r.method && u.stage == r.stage)
+            {
+                return Err(Error::parse(
+                    &rank_path,
+                    *line,
+                    format!(
+                        "a second {:?} report for method `{}` (the first is on line {first}); expected one per method and stage",
+                        r.stage, r.method
+                    ),
+                ));
+            }
+        }
+    }
+    let (test, rank) = (without_lines(test), without_lines(rank));
+    let evolve = read_evolve(&dir.join(EVOLVE_DIR))?;
+    if config.is_none()
+        && methods.is_empty()
+        && test.is_none()
+        && rank.is_none()
+        && evolve.is_none()
+    {
+        return Err(Error::layout(
+            dir,
+            "expected a run directory: run.json, train/<method>/, eval/ or evolve/ (or seed-<s>/ folders holding them)",
+        ));
+    }
+    Ok(SeedRun {
+        dir: dir.to_path_buf(),
+        seed,
+        config,
+        methods,
+        test,
+        rank,
+        evolve,
+    })
+}
+
+/// Read a run: `out` itself, or every `seed-*/` folder under it (and an `evolve/` beside
+/// them, shared by the seeds).
+pub fn read_run(out: &Path) -> Result<Run> {
+    if !out.is_dir() {
+        return Err(Error::layout(
+            out,
+            "expected a run directory; it is not a folder",
+        ));
+    }
+    let seed_dirs: Vec<PathBuf> = subdirs(out)?
+        .into_iter()
+        .filter(|d| {
+            d.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("seed-"))
+        })
+        .collect();
+    let mut seeds = if seed_dirs.is_empty() {
+        vec![read_seed(out)?]
+    } else {
+        seed_dirs
+            .iter()
+            .map(|d| read_seed(d))
+            .collect::<Result<Vec<_>>>()?
+    };
+    seeds.sort_by_key(|s| (s.seed, s.dir.clone()));
+    let shared_evolve = if seed_dirs.is_empty() {
+        None
+    } else {
+        read_evolve(&out.join(EVOLVE_DIR))?
+    };
+    Ok(Run {
+        dir: out.to_path_buf(),
+        seeds,
+        shared_evolve,
+    })
+}

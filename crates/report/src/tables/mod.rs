@@ -1,0 +1,9 @@
+//! The paper-shaped tables, each computed from a [`crate::Run`] into plain data and rendered
+//! into a [`crate::TextTable`].
+
+pub mod directions;
+pub mod evolution;
+pub mod table1;
+pub mod table2;
+pub mod table5;
+pub mod table9;
