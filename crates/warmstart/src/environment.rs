@@ -1,0 +1,304 @@
+//! The environment of the embedded default: generated DBBench tasks behind compact tool
+//! documentation, the compact base harness H0, its siblings, and the task families the warm
+//! start plants failures in.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use harness_core::{
+    ActionParser, EnvSession, Environment, Harness, Observation, Outcome, Split, Task, ToolCall,
+    ToolKind, ToolSpec,
+};
+use harness_envs::dbbench::{
+    self, COMMIT_TOOL, DbBench, GeneratorConfig, QuestionType, SQL_TOOL, TOOL_FORMAT,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+/// Training tasks of [`default_environment`] (the warm start's demonstrations use the first
+/// [`WarmStartSettings::demo_tasks`](crate::WarmStartSettings::demo_tasks) of them).
+pub const TRAIN_TASKS: usize = 2200;
+/// Validation tasks of [`default_environment`] (10 of each of the 11 question types).
+pub const VALIDATION_TASKS: usize = 110;
+/// Test tasks of [`default_environment`].
+pub const TEST_TASKS: usize = 110;
+
+/// The task split sizes of [`default_environment`].
+pub fn task_splits(seed: u64) -> GeneratorConfig {
+    GeneratorConfig {
+        seed,
+        train: TRAIN_TASKS,
+        validation: VALIDATION_TASKS,
+        test: TEST_TASKS,
+    }
+}
+
+/// The environment the main job should use with a warm start made from `seed`: DBBench tasks
+/// generated from `seed` ([`task_splits`]), whose tools are documented in one short line each
+/// so that prompts stay a few hundred tokens ([`CompactDbBench`]).
+pub fn default_environment(seed: u64) -> Arc<dyn Environment> {
+    Arc::new(CompactDbBench::new(DbBench::generated(&task_splits(seed))))
+}
+
+/// The environment's name (that of DBBench).
+pub const ENV_NAME: &str = dbbench::ENV_NAME;
+
+/// DBBench with the same tasks, sessions and verifier, but tool specs whose descriptions and
+/// schemas are one short line each (the tool list is rendered into every prompt).
+#[derive(Debug, Clone)]
+pub struct CompactDbBench {
+    inner: DbBench,
+}
+
+impl CompactDbBench {
+    /// Wrap `inner`.
+    pub fn new(inner: DbBench) -> Self {
+        CompactDbBench { inner }
+    }
+
+    /// The wrapped environment.
+    pub fn inner(&self) -> &DbBench {
+        &self.inner
+    }
+}
+
+/// The compact tool specs of [`CompactDbBench`].
+pub fn compact_tools() -> Vec<ToolSpec> {
+    vec![
+        ToolSpec::new(
+            SQL_TOOL,
+            "Run one SQL statement.",
+            json!({"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}),
+        ),
+        ToolSpec::new(
+            COMMIT_TOOL,
+            "Commit the answer values and end.",
+            json!({"type": "object", "properties": {"answers": {"type": "array", "items": {"type": "string"}}}, "required": ["answers"]}),
+        )
+        .with_kind(ToolKind::Submit),
+    ]
+}
+
+#[async_trait]
+impl Environment for CompactDbBench {
+    fn name(&self) -> &str {
+        ENV_NAME
+    }
+
+    async fn reset(&self, task: &Task, seed: u64) -> harness_core::Result<Box<dyn EnvSession>> {
+        Ok(Box::new(CompactSession(
+            self.inner.reset(task, seed).await?,
+        )))
+    }
+
+    fn tasks(&self, split: Split) -> harness_core::Result<Vec<Task>> {
+        self.inner.tasks(split)
+    }
+}
+
+struct CompactSession(Box<dyn EnvSession>);
+
+#[async_trait]
+impl EnvSession for CompactSession {
+    fn tools(&self) -> Vec<ToolSpec> {
+        compact_tools()
+    }
+
+    async fn step(&mut self, call: &ToolCall) -> harness_core::Result<Observation> {
+        self.0.step(call).await
+    }
+
+    async fn verify(&mut self, final_answer: Option<&str>) -> harness_core::Result<Outcome> {
+        self.0.verify(final_answer).await
+    }
+
+    fn initial_observation(&self) -> String {
+        self.0.initial_observation()
+    }
+
+    fn action_parser(&self, format: &str) -> Option<Arc<dyn ActionParser>> {
+        self.0.action_parser(format)
+    }
+}
+
+/// Limits of the compact H0: short episodes so the CPU can train and sample them fast.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EpisodeLimits {
+    /// Policy calls per episode.
+    pub max_model_calls: u32,
+    /// SQL statements and commits per episode.
+    pub max_env_actions: u32,
+    /// Generated tokens per policy call.
+    pub max_output_tokens: u32,
+    /// Context tokens (at most the model's positions).
+    pub max_context_tokens: u32,
+}
+
+impl Default for EpisodeLimits {
+    fn default() -> Self {
+        EpisodeLimits {
+            max_model_calls: 5,
+            max_env_actions: 5,
+            max_output_tokens: 96,
+            max_context_tokens: 1024,
+        }
+    }
+}
+
+const COMPACT_SYSTEM: &str = "You work with a MySQL table: answer the question, or change the table as asked. {action_guidance} Run one SQL statement per step. At most {max_env_actions} steps.";
+
+const COMPACT_GUIDANCE: &str = "Call execute_sql to run SQL and commit_final_answer to commit the answer values (an empty list after a change).";
+
+/// The compact base harness H0 of the embedded default: a two-sentence system prompt with the
+/// `action_guidance` slot of DBBench's H0, the `<tool_call>` format of DBBench
+/// ([`TOOL_FORMAT`]) and short limits.
+pub fn compact_base(limits: &EpisodeLimits) -> Harness {
+    let mut harness = Harness::new("dbbench-compact-H0", COMPACT_SYSTEM);
+    harness.description =
+        "Compact base harness for the embedded default: DBBench in few tokens and few steps."
+            .into();
+    harness.tool_view.format = TOOL_FORMAT.into();
+    harness
+        .prompt
+        .slots
+        .insert("action_guidance".into(), COMPACT_GUIDANCE.into());
+    harness.limits.max_model_calls = limits.max_model_calls;
+    harness.limits.max_env_actions = limits.max_env_actions;
+    harness.limits.max_output_tokens = limits.max_output_tokens;
+    harness.limits.max_context_tokens = limits.max_context_tokens;
+    harness
+}
+
+/// DBBench's built-in siblings ([`dbbench::siblings`]) re-based on `base`: the same hooks
+/// (names, conditions, messages) and prompt rules on the compact H0, children of it.
+pub fn rebased_siblings(base: &Harness) -> Vec<Harness> {
+    dbbench::siblings()
+        .into_iter()
+        .map(|s| {
+            let mut h = base.clone();
+            h.name = s.name.replace("dbbench-", "dbbench-compact-");
+            h.description = s.description.clone();
+            h.hooks.extend(s.hooks);
+            h.prompt_rules.extend(s.prompt_rules);
+            h.lineage.parent = Some(base.id());
+            h.lineage.generation = 1;
+            h.lineage.direction = s.lineage.direction;
+            h
+        })
+        .collect()
+}
+
+/// The hook of the sibling that repairs [`Family::Quoting`].
+pub const RECOVERY_HOOK: &str = "sql-error-recovery";
+/// The hook of the sibling that repairs [`Family::Recheck`] (and [`Family::Change`]).
+pub const LOW_BUDGET_HOOK: &str = "low-budget-commit";
+/// The hook of the sibling that repairs [`Family::Change`].
+pub const COMMIT_AFTER_CHANGE_HOOK: &str = "commit-after-change";
+
+/// The task families of the embedded default, by DBBench question type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Family {
+    /// Counting, ranking, MIN, MAX: nothing planted, the demonstrations solve them.
+    Plain,
+    /// INSERT, UPDATE, DELETE: without a prompt the policy checks the table after the change
+    /// instead of committing (repaired by commit-after-change and low-budget).
+    Change,
+    /// SUM, AVG: without a prompt the policy re-runs its query instead of committing the result
+    /// (repaired by low-budget).
+    Recheck,
+    /// "other" lookups and comparisons: the policy writes table and column names unquoted and,
+    /// without a prompt, repeats the failed statement (repaired by sql-error-recovery).
+    Quoting,
+}
+
+impl Family {
+    /// Every family, in table order.
+    pub const ALL: [Family; 4] = [
+        Family::Plain,
+        Family::Change,
+        Family::Recheck,
+        Family::Quoting,
+    ];
+
+    /// The family of a question type.
+    pub fn of_type(kind: QuestionType) -> Family {
+        match kind {
+            QuestionType::Insert | QuestionType::Update | QuestionType::Delete => Family::Change,
+            QuestionType::AggregationSum | QuestionType::AggregationAvg => Family::Recheck,
+            QuestionType::Other | QuestionType::Comparison => Family::Quoting,
+            QuestionType::Counting
+            | QuestionType::Ranking
+            | QuestionType::AggregationMin
+            | QuestionType::AggregationMax => Family::Plain,
+        }
+    }
+
+    /// The family of a task of this environment (`None` for a task that is not DBBench's).
+    pub fn of_task(task: &Task) -> Option<Family> {
+        let db = dbbench::db_task(task).ok()?;
+        QuestionType::parse(&db.kind).map(Family::of_type)
+    }
+
+    /// A short name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Family::Plain => "plain",
+            Family::Change => "change",
+            Family::Recheck => "recheck",
+            Family::Quoting => "quoting",
+        }
+    }
+
+    /// The hooks whose messages prompt for this family's planted behaviour.
+    pub fn repairing_hooks(self) -> &'static [&'static str] {
+        match self {
+            Family::Plain => &[],
+            Family::Change => &[COMMIT_AFTER_CHANGE_HOOK, LOW_BUDGET_HOOK],
+            Family::Recheck => &[LOW_BUDGET_HOOK],
+            Family::Quoting => &[RECOVERY_HOOK],
+        }
+    }
+}
+
+impl std::fmt::Display for Family {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn harnesses_validate_and_siblings_keep_the_hooks() {
+        let base = compact_base(&EpisodeLimits::default());
+        base.validate().unwrap();
+        base.validate_for_tools(&compact_tools()).unwrap();
+        let siblings = rebased_siblings(&base);
+        assert_eq!(siblings.len(), 3);
+        for (s, original) in siblings.iter().zip(dbbench::siblings()) {
+            s.validate().unwrap();
+            s.compile_hooks().unwrap();
+            assert_eq!(s.hooks, original.hooks);
+            assert_eq!(s.lineage.parent, Some(base.id()));
+            assert_eq!(s.limits, base.limits);
+        }
+        let hooks: Vec<&String> = siblings.iter().flat_map(|s| s.hooks.keys()).collect();
+        for name in [RECOVERY_HOOK, LOW_BUDGET_HOOK, COMMIT_AFTER_CHANGE_HOOK] {
+            assert!(hooks.iter().any(|h| *h == name), "{name}");
+        }
+    }
+
+    #[test]
+    fn every_type_has_a_family() {
+        let mut counts = std::collections::BTreeMap::new();
+        for kind in QuestionType::ALL {
+            *counts.entry(Family::of_type(kind)).or_insert(0) += 1;
+        }
+        assert_eq!(counts.len(), 4);
+        assert_eq!(counts[&Family::Change], 3);
+    }
+}

@@ -1,0 +1,87 @@
+//! The embedded default's warm start: a tiny Qwen-architecture policy that starts where rescue
+//! training has something to rescue. A *model organism* of the paper's setting (DESIGN.md §8).
+//!
+//! The paper fine-tunes a pretrained Qwen3 whose failures under the base harness H0 some sibling
+//! harnesses repair. A tiny policy trained from scratch on a CPU in minutes has no such
+//! failures of its own, so this crate **plants** them, on purpose and documented:
+//!
+//! - The environment is DBBench on generated tasks ([`default_environment`]: the same tasks,
+//!   sessions and verifier as `harness_envs::dbbench`, with each tool documented in one short
+//!   line so prompts stay a few hundred tokens).
+//! - H0 is a compact harness ([`compact_base`]: a two-sentence system prompt, at most 5 steps,
+//!   96 output tokens per call); its siblings are DBBench's three one-hook siblings re-based on
+//!   it ([`rebased_siblings`]: the same hooks, messages and conditions), so their hook messages
+//!   appear exactly as they do for DBBench's own H0.
+//! - Demonstrations ([`demo`]) are recorded by a scripted policy through the real agent loop,
+//!   under H0 or one sibling chosen uniformly per task, in the student's own tokens
+//!   (`grpo_candle::TeacherForcedPolicy`). The script solves every task as the environment's
+//!   oracle does (gold SQL, then the answer), except in three planted [`Family`]s, where it
+//!   does the bad thing unless a hook message asks for the good one:
+//!   - [`Family::Change`] (INSERT/UPDATE/DELETE): after `Query OK, n rows affected` it runs a
+//!     `SELECT COUNT(*)` check instead of committing, again and again until the step budget is
+//!     gone; it commits `[]` after the commit-after-change message (right after the change) or
+//!     the low-budget message (after the first check).
+//!   - [`Family::Recheck`] (SUM, AVG): it re-runs its query instead of committing the result;
+//!     it commits after the low-budget message.
+//!   - [`Family::Quoting`] ("other" lookups, comparisons): it writes table and column names
+//!     without backticks; where a name has a space the statement fails and the script repeats it;
+//!     after the sql-error-recovery message it runs the quoted statement and commits. (Tasks
+//!     whose names need no quotes succeed under every harness.)
+//!   - [`Family::Plain`] (counting, ranking, MIN, MAX): nothing planted.
+//!
+//!   In a share [`WarmStartSettings::unprompted_good_rate`] of the planted episodes (seeded)
+//!   the script makes the good decision without a hook message, so H0 is not at 0% on the
+//!   planted families and GRPO sees some successes there.
+//! - A byte-level BPE tokenizer of a few thousand tokens is fitted to the demonstrations' text
+//!   ([`fit_tokenizer`]), a fresh Qwen3 of [`ModelShape`] is initialised from the seed, and
+//!   `grpo_candle::SftTrainer` fits every demonstration (failed ones included: the planted
+//!   behaviour *is* the failure) for [`WarmStartSettings::sft_steps`] updates.
+//!
+//! The result: under H0 the policy solves the plain family and fails most planted tasks on
+//! every attempt; each sibling rescues its own families; the union of one rollout under each
+//! sibling covers more tasks than the best single sibling and than H0 with the same number of
+//! rollouts (the paper's Figure 1b). Whether rescue training then moves the prompted behaviours
+//! into H0 is what the main job *measures*; nothing here assumes it. `examples/base_rates.rs`
+//! measures the starting point.
+//!
+//! # Use
+//! ```no_run
+//! use harness_warmstart::{WarmStartSettings, warm_start};
+//!
+//! let started = warm_start(&WarmStartSettings::default(), "runs/cache".as_ref(), &mut |p| {
+//!     eprintln!("{p:?}")
+//! })?;
+//! let model = started.load_model()?; // a grpo_candle::PolicyModel
+//! let env = started.environment(); // the tasks the warm start was made for
+//! # let _ = (model, env);
+//! # Ok::<(), harness_warmstart::Error>(())
+//! ```
+//! A second call with the same settings loads the cached folder (named after a hash of the
+//! settings, [`cache_dir_name`]) instead of training. Everything derives from one seed
+//! ([`WarmStartSettings::seed`]); two runs give the same checkpoint.
+//!
+//! # Where it sits
+//! It depends on harness-core (episodes), harness-envs (DBBench) and grpo-candle (model,
+//! teacher forcing, fine-tuning); the main job calls [`warm_start`] and then runs evolution,
+//! calibration and GRPO/rescue training from [`WarmStarted::checkpoint`] under
+//! [`WarmStarted::base`] and [`WarmStarted::siblings`] on [`WarmStarted::environment`].
+
+pub mod demo;
+pub mod environment;
+pub mod error;
+pub mod settings;
+pub mod tokenizer;
+pub mod warm;
+
+pub use demo::{DemoScript, Demonstration, FamilyCounts};
+pub use environment::{
+    CompactDbBench, EpisodeLimits, Family, TEST_TASKS, TRAIN_TASKS, VALIDATION_TASKS, compact_base,
+    default_environment, rebased_siblings, task_splits,
+};
+pub use error::{Error, Result};
+pub use settings::{ModelShape, WarmStartSettings};
+pub use tokenizer::fit_tokenizer;
+pub use warm::{
+    WarmStartProgress, WarmStartReport, WarmStarted, cache_dir_name, demonstrations, harnesses,
+    warm_start,
+};
