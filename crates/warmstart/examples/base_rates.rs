@@ -34,6 +34,7 @@ struct Args {
     k: usize,
     tasks: Option<usize>,
     concurrency: usize,
+    show: usize,
 }
 
 fn args() -> Result<Args> {
@@ -43,6 +44,7 @@ fn args() -> Result<Args> {
         k: 4,
         tasks: None,
         concurrency: 32,
+        show: 0,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -57,6 +59,7 @@ fn args() -> Result<Args> {
             "--k" => out.k = value()?.parse()?,
             "--tasks" => out.tasks = Some(value()?.parse()?),
             "--concurrency" => out.concurrency = value()?.parse()?,
+            "--show" => out.show = value()?.parse()?,
             other => bail!("unknown flag `{other}`"),
         }
     }
@@ -139,6 +142,7 @@ async fn main() -> Result<()> {
     let jobs: Vec<(usize, usize, usize)> = (0..harnesses.len())
         .flat_map(|h| (0..tasks.len()).flat_map(move |t| (0..k).map(move |j| (h, t, j))))
         .collect();
+    let show = args.show;
     let results: Vec<Result<(usize, usize, usize, f32)>> =
         futures::stream::iter(jobs.into_iter().map(|(h, t, j)| {
             let policy = Arc::clone(&policy);
@@ -152,6 +156,16 @@ async fn main() -> Result<()> {
                 let traj =
                     run_episode_with(policy.as_ref(), harness, env.as_ref(), task, seed, options)
                         .await?;
+                if j == 0 && t < show {
+                    let mut text = format!(
+                        "---- {} under {} (reward {}, {:?})\n",
+                        task.id, harness.name, traj.outcome.reward, traj.termination
+                    );
+                    for m in traj.messages.iter().skip(2) {
+                        text.push_str(&format!("[{:?}] {}\n", m.role, m.content));
+                    }
+                    println!("{text}");
+                }
                 Ok((h, t, j, traj.outcome.reward))
             }
         }))

@@ -265,22 +265,45 @@ impl Demonstration {
     }
 }
 
-/// The planned demonstrations of `count` training tasks generated from `seed`: each task under
-/// H0 or one sibling (uniformly, `n_harnesses` choices), with an unprompted good decision at
+/// The planned demonstrations of `count` training tasks generated from `seed`. A task of a
+/// planted family runs, with probability `repair_share`, under one of the siblings whose hook
+/// repairs the family (uniformly); every other task under any of `harnesses` (H0 first),
+/// uniformly. A planted episode makes its decision well without a hook message with probability
 /// `unprompted_good_rate`.
 pub fn plan(
     seed: u64,
     count: usize,
-    n_harnesses: usize,
+    harnesses: &[Harness],
+    repair_share: f64,
     unprompted_good_rate: f64,
 ) -> Vec<DemoSpec> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5eed_de30);
+    let n = harnesses.len().max(1);
     (0..count)
         .map(|i| {
             let task = generate::generate_task(seed, Split::Train, i);
+            let repairing: Vec<usize> = Family::of_task(&task)
+                .map(|f| {
+                    (0..harnesses.len())
+                        .filter(|&h| {
+                            harnesses[h]
+                                .hooks
+                                .keys()
+                                .any(|k| f.repairing_hooks().contains(&k.as_str()))
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            let repair = rng.gen_bool(repair_share.clamp(0.0, 1.0));
+            let uniform = rng.gen_range(0..n);
+            let harness = if repair && !repairing.is_empty() {
+                repairing[uniform % repairing.len()]
+            } else {
+                uniform
+            };
             DemoSpec {
                 task,
-                harness: rng.gen_range(0..n_harnesses.max(1)),
+                harness,
                 unprompted_good: rng.gen_bool(unprompted_good_rate.clamp(0.0, 1.0)),
                 seed: rng.r#gen(),
             }

@@ -13,10 +13,12 @@
 //!   it ([`rebased_siblings`]: the same hooks, messages and conditions), so their hook messages
 //!   appear exactly as they do for DBBench's own H0.
 //! - Demonstrations ([`demo`]) are recorded by a scripted policy through the real agent loop,
-//!   under H0 or one sibling chosen uniformly per task, in the student's own tokens
-//!   (`grpo_candle::TeacherForcedPolicy`). The script solves every task as the environment's
-//!   oracle does (gold SQL, then the answer), except in three planted [`Family`]s, where it
-//!   does the bad thing unless a hook message asks for the good one:
+//!   one per training task, in the student's own tokens (`grpo_candle::TeacherForcedPolicy`):
+//!   a task of a planted family runs under a sibling that repairs it with probability
+//!   [`WarmStartSettings::repair_share`], every other task under H0 or any sibling uniformly.
+//!   The script solves every task as the environment's oracle does (gold SQL, then the
+//!   answer), except in three planted [`Family`]s, where it does the bad thing unless a hook
+//!   message asks for the good one:
 //!   - [`Family::Change`] (INSERT/UPDATE/DELETE): after `Query OK, n rows affected` it runs a
 //!     `SELECT COUNT(*)` check instead of committing, again and again until the step budget is
 //!     gone; it commits `[]` after the commit-after-change message (right after the change) or

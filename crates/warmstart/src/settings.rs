@@ -50,8 +50,12 @@ pub struct WarmStartSettings {
     /// corpus order, the model's initial weights and the fine-tuning batches. Default 0.
     pub seed: u64,
     /// Training tasks demonstrated (the first ones of the generator's training split), each
-    /// once under H0 or one sibling chosen uniformly. Default 1600.
+    /// once, under H0 or one sibling (see `repair_share`). Default 1600.
     pub demo_tasks: usize,
+    /// Share of planted-family demonstrations recorded under a sibling whose hook repairs the
+    /// family (so the prompted behaviour has enough examples); the others, and every plain
+    /// task, run under H0 or any sibling uniformly. Default 0.5.
+    pub repair_share: f64,
     /// Share of demonstrations in the planted families that make the planted decision well
     /// without a hook message (so H0 is not at 0% there and GRPO sees some successes).
     /// Default 0.1.
@@ -62,13 +66,13 @@ pub struct WarmStartSettings {
     pub model: ModelShape,
     /// The compact H0's episode limits (the siblings share them).
     pub limits: EpisodeLimits,
-    /// Fine-tuning updates. Default 300.
+    /// Fine-tuning updates. Default 800.
     pub sft_steps: usize,
-    /// Demonstration sequences per update. Default 16.
+    /// Demonstration sequences per update. Default 8.
     pub batch_sequences: usize,
-    /// Peak learning rate of AdamW. Default 5e-3.
+    /// Peak learning rate of AdamW. Default 1e-2.
     pub learning_rate: f64,
-    /// Linear warmup updates. Default 20.
+    /// Linear warmup updates. Default 30.
     pub warmup_steps: usize,
     /// Final learning rate of the cosine decay, as a fraction of the peak. Default 0.1.
     pub min_lr_ratio: f64,
@@ -79,14 +83,15 @@ impl Default for WarmStartSettings {
         WarmStartSettings {
             seed: 0,
             demo_tasks: 1600,
+            repair_share: 0.5,
             unprompted_good_rate: 0.1,
             vocab_size: 2048,
             model: ModelShape::default(),
             limits: EpisodeLimits::default(),
-            sft_steps: 300,
-            batch_sequences: 16,
-            learning_rate: 5e-3,
-            warmup_steps: 20,
+            sft_steps: 800,
+            batch_sequences: 8,
+            learning_rate: 1e-2,
+            warmup_steps: 30,
             min_lr_ratio: 0.1,
         }
     }
@@ -135,6 +140,12 @@ impl WarmStartSettings {
         positive("demo_tasks", self.demo_tasks)?;
         positive("sft_steps", self.sft_steps)?;
         positive("batch_sequences", self.batch_sequences)?;
+        if !(0.0..=1.0).contains(&self.repair_share) {
+            return Err(Error::setting(
+                "repair_share",
+                format!("{} is not a share in [0, 1]", self.repair_share),
+            ));
+        }
         if !(0.0..=1.0).contains(&self.unprompted_good_rate) {
             return Err(Error::setting(
                 "unprompted_good_rate",
@@ -169,7 +180,7 @@ impl WarmStartSettings {
         positive("model.num_kv_heads", m.num_kv_heads)?;
         positive("model.head_dim", m.head_dim)?;
         positive("model.intermediate_size", m.intermediate_size)?;
-        if m.num_heads % m.num_kv_heads != 0 {
+        if !m.num_heads.is_multiple_of(m.num_kv_heads) {
             return Err(Error::setting(
                 "model.num_kv_heads",
                 format!(
@@ -178,7 +189,7 @@ impl WarmStartSettings {
                 ),
             ));
         }
-        if m.head_dim % 2 != 0 {
+        if !m.head_dim.is_multiple_of(2) {
             return Err(Error::setting(
                 "model.head_dim",
                 format!("{} must be even (rotary embedding)", m.head_dim),

@@ -24,7 +24,7 @@ use crate::settings::WarmStartSettings;
 use crate::tokenizer::fit_tokenizer;
 
 /// Bumped whenever the warm start's procedure changes, so old caches are not reused.
-pub const CACHE_VERSION: u32 = 1;
+pub const CACHE_VERSION: u32 = 2;
 
 /// The file in a warm-start folder that describes it.
 pub const REPORT_FILE: &str = "warmstart.json";
@@ -335,7 +335,8 @@ pub async fn demonstrations(
     let specs = demo::plan(
         settings.seed,
         settings.demo_tasks,
-        all.len(),
+        &all,
+        settings.repair_share,
         settings.unprompted_good_rate,
     );
     let total = specs.len();
