@@ -162,3 +162,17 @@ fn bad_settings_are_refused_naming_the_field() {
         .to_string();
     assert!(err.contains("demos"), "{err}");
 }
+
+#[test]
+fn the_checkpoint_is_deterministic_in_the_seed() {
+    let settings = WarmStartSettings::tiny();
+    let weights = |root: &std::path::Path| {
+        let started = warm_start(&settings, root, &mut |_| {}).unwrap();
+        (
+            std::fs::read(started.checkpoint.join("model.safetensors")).unwrap(),
+            std::fs::read(started.checkpoint.join("tokenizer.json")).unwrap(),
+        )
+    };
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    assert_eq!(weights(a.path()), weights(b.path()));
+}
