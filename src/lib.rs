@@ -1,11 +1,15 @@
 //! # harness-s
 //!
-//! Agent reinforcement learning with *sibling harnesses*. This root package hosts the runnable
+//! Agent reinforcement learning with *sibling harnesses*. This root package is the
+//! `harness-s` command line (`cargo run --release --bin harness-s -- --help`), the runnable
 //! examples (`cargo run --release --example full_pipeline`) and the cross-crate tests. As a
-//! library it only re-exports `harness-core` as [`core`]: the data model and the
-//! seams (tasks, harnesses, the agent loop, trajectories, groups, and the traits the other
-//! crates implement). Every other workspace crate (`harness-envs`, `grpo-candle`,
-//! `harness-openai`, `harness-testkit`, ...) is used under its own name, so depending on this
-//! package does not pull in candle or an HTTP stack.
+//! library it re-exports `harness-core` as [`core`] (the data model and the seams: tasks,
+//! harnesses, the agent loop, trajectories, groups, and the traits the other crates
+//! implement) and `harness-pipeline` as [`pipeline`] (the main job's configuration and stages,
+//! which the binary and the example call). Every other workspace crate (`harness-envs`,
+//! `grpo-candle`, `harness-openai`, `harness-rollout`, ...) is used under its own name; a
+//! stack that needs only the data model depends on `harness-core` alone, which pulls in no
+//! candle and no HTTP stack.
 
 pub use harness_core as core;
+pub use harness_pipeline as pipeline;

@@ -216,10 +216,14 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// Library sources of every crate (not their tests, examples or benches).
+/// Library sources of every crate (not their tests, examples, benches or binaries: the root
+/// package's `src/main.rs` is the `harness-s` binary).
 fn library_sources() -> Vec<PathBuf> {
     let mut files = Vec::new();
     rust_files(&root().join("src"), &mut files);
+    files.retain(|f| {
+        f != &root().join("src/main.rs") && !f.starts_with(root().join("src/bin"))
+    });
     for entry in std::fs::read_dir(root().join("crates"))
         .expect("crates")
         .flatten()

@@ -1,0 +1,825 @@
+//! The run configuration: every setting of the main job in one TOML or JSON document.
+//!
+//! A document may give any subset of the settings; the rest come from the preset it names
+//! (`preset = "quick"`, the default, or `"paper"`), and flags (in the binary) override both.
+//! Unknown fields are rejected, and every error names the file, the field and what was expected.
+//! [`RunConfig::validate`] checks the values that parse but make no sense (K = 0, a Top-K larger
+//! than the pool, a missing pool directory, ...).
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::error::{Error, Result};
+
+/// Which defaults a document starts from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Preset {
+    /// The embedded default: minutes on a laptop CPU.
+    #[default]
+    Quick,
+    /// The paper's values (K = G = 8, 40 updates, re-anchoring every 10, Table 8 evolution,
+    /// k = 3 test rollouts), for a real checkpoint on a GPU.
+    Paper,
+}
+
+/// A training method of the comparison (paper Tables 1, 2 and 9).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Method {
+    /// Plain GRPO under H0.
+    Grpo,
+    /// GRPO with H0 rescue: an all-failure group is replaced by K fresh H0 rollouts.
+    H0Rescue,
+    /// Random-harness rescue (Table 2's "Random Harness").
+    RandomHarness,
+    /// Harness-S: Top-K router rescue with re-anchored profiles.
+    HarnessS,
+    /// Top-K router rescue with the first calibration's profiles kept (Table 2's "Top-8 Fixed").
+    HarnessSFixed,
+}
+
+impl Method {
+    /// Every method, in table order.
+    pub const ALL: [Method; 5] = [
+        Method::Grpo,
+        Method::H0Rescue,
+        Method::RandomHarness,
+        Method::HarnessSFixed,
+        Method::HarnessS,
+    ];
+
+    /// The name used in files and directories (`train/<name>/`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Method::Grpo => "grpo",
+            Method::H0Rescue => "h0_rescue",
+            Method::RandomHarness => "random_harness",
+            Method::HarnessS => "harness_s",
+            Method::HarnessSFixed => "harness_s_fixed",
+        }
+    }
+
+    /// The label of the tables.
+    pub fn label(self) -> &'static str {
+        match self {
+            Method::Grpo => "GRPO",
+            Method::H0Rescue => "GRPO (H0 rescue)",
+            Method::RandomHarness => "Random-harness rescue",
+            Method::HarnessS => "Harness-S (Top-K, adaptive)",
+            Method::HarnessSFixed => "Top-K, fixed profiles",
+        }
+    }
+
+    /// Whether the method routes with the Adaptive Harness Router.
+    pub fn uses_router(self) -> bool {
+        matches!(self, Method::HarnessS | Method::HarnessSFixed)
+    }
+
+    /// Parse a method name, naming the accepted ones on failure.
+    pub fn parse(name: &str) -> Option<Method> {
+        Method::ALL.into_iter().find(|m| m.name() == name)
+    }
+}
+
+/// Which environment the run trains and evaluates on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EnvConfig {
+    /// `default` (the embedded model organism of harness-warmstart), or a built-in environment
+    /// with its own base harness: `dbbench`, `appworld` or `swe`.
+    pub name: String,
+    /// An AgentBench DBBench JSONL file whose tasks become the test split (`dbbench` only).
+    pub dbbench_data: Option<PathBuf>,
+    /// Training tasks used (the first of the split).
+    pub train_tasks: usize,
+    /// Validation tasks: evolution's selection, the router's calibration and the validation
+    /// curves (never test tasks).
+    pub validation_tasks: usize,
+    /// Test tasks of the final evaluation.
+    pub test_tasks: usize,
+}
+
+/// The policy: the embedded warm-started organism or a checkpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyConfig {
+    /// A Hugging Face checkpoint folder (config.json, safetensors, tokenizer.json) or a hub id
+    /// already in the local cache; `None` warm-starts the embedded tiny policy.
+    pub model: Option<String>,
+    /// Where the warm-started checkpoint is cached between runs.
+    pub cache_dir: PathBuf,
+    /// Which warm-start defaults `warm_start` starts from: `default` (a few minutes in a
+    /// release build) or `tiny` (seconds, for tests and smoke runs; its policy is not useful).
+    pub warm_start_preset: WarmStartPreset,
+    /// The warm start's settings (harness-warmstart's `WarmStartSettings`, any subset over
+    /// `warm_start_preset`). Its `seed` is always the run's.
+    pub warm_start: Value,
+    /// Peak learning rate of the GRPO updates.
+    pub learning_rate: f64,
+}
+
+/// The warm start's defaults.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WarmStartPreset {
+    /// harness-warmstart's defaults.
+    #[default]
+    Default,
+    /// harness-warmstart's `tiny` preset.
+    Tiny,
+}
+
+/// The LLM roles: failure analyst, editor, profiler and voters.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RolesConfig {
+    /// An OpenAI-compatible base URL (ending in `/v1`); `None` uses the built-in analyst,
+    /// editor, profiler and voters.
+    pub llm: Option<String>,
+    /// The model asked at `llm`.
+    pub llm_model: String,
+    /// The environment variable the binary reads the API key from.
+    pub llm_key_env: String,
+    /// Voters on the router's panel (paper: 4).
+    pub voters: usize,
+}
+
+/// Which engine samples rollouts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RolloutEngine {
+    /// grpo-candle in this process.
+    #[default]
+    Local,
+    /// A vLLM server (token-id prompts on `/v1/completions`, in-place weight reload).
+    Vllm,
+    /// An SGLang server (`/generate`, `update_weights_from_disk`).
+    Sglang,
+}
+
+/// How rollouts are sampled.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RolloutConfig {
+    /// The engine.
+    pub engine: RolloutEngine,
+    /// The engine's server root (`http://127.0.0.1:8000`), for `vllm` and `sglang`.
+    pub engine_url: Option<String>,
+    /// The model name the engine serves (vLLM's `--served-model-name`).
+    pub served_model: Option<String>,
+    /// The folder the trained weights are written to for the engine to reload (vLLM reloads
+    /// in place: make it the folder it serves).
+    pub weights_dir: Option<PathBuf>,
+    /// Sampling temperature of training and validation rollouts.
+    pub temperature: f32,
+    /// Episodes in flight at once.
+    pub concurrency: usize,
+}
+
+/// Directional Harness Evolution (paper Eqs. 2-4, Table 8).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EvolveConfig {
+    /// Where the pool comes from: `evolve` (Directional Harness Evolution from H0, the
+    /// paper's pool) or `builtin` (H0 with the environment's hand-written siblings, no
+    /// evolution: a comparison and smoke-test pool).
+    pub source: PoolSource,
+    /// Proposal budget per round; its length is the number of rounds T (Table 8: 7 / 8 / 8).
+    pub proposal_budgets: Vec<usize>,
+    /// B, the parent slots of Eq. 3 (Table 8: 4).
+    pub parent_slots: usize,
+    /// Fresh training tasks each parent runs on per round.
+    pub train_tasks_per_round: usize,
+    /// Tasks of one local evaluation (Table 8: at most 30).
+    pub local_eval_tasks: usize,
+    /// Successful controls among them (Table 8: at most 10).
+    pub local_eval_controls: usize,
+    /// Revisions after the first candidate (Table 8: at most 1).
+    pub revisions: usize,
+}
+
+/// Where the pool comes from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PoolSource {
+    /// Directional Harness Evolution from H0.
+    #[default]
+    Evolve,
+    /// H0 with the environment's hand-written siblings.
+    Builtin,
+}
+
+/// The router's calibration (paired validation runs and profiles).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CalibrationConfig {
+    /// Re-anchor every this many updates (paper: 10; 0 calibrates only before and after).
+    pub every: u64,
+    /// Paired rollouts per validation task and pool member (paper: one greedy rollout).
+    pub rollouts_per_task: u32,
+}
+
+/// Rescue training.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainConfig {
+    /// The methods trained, each from the same initial checkpoint and seed.
+    pub methods: Vec<Method>,
+    /// Policy updates per method (paper: 40).
+    pub updates: u64,
+    /// K = G, rollouts per task and size of every retained group (paper: 8).
+    pub group_size: usize,
+    /// Tasks per update.
+    pub batch_tasks: usize,
+    /// Validation Pass@k / Avg@k under H0 every this many updates (0: never).
+    pub eval_every: u64,
+    /// Attempts per validation task.
+    pub eval_k: usize,
+    /// Write a checkpoint every this many updates (0: only at the end).
+    pub checkpoint_every: u64,
+}
+
+/// The final test evaluation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EvalConfig {
+    /// Rollouts per test task (paper: k = 3).
+    pub k: usize,
+    /// Router ranks of Table 5 (paper: 3).
+    pub ranks: usize,
+}
+
+/// Every setting of a run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunConfig {
+    /// The defaults the document starts from.
+    pub preset: Preset,
+    /// The one seed of the run: every random choice derives from it.
+    pub seed: u64,
+    /// Seeds run one after another (`seed`, `seed + 1`, ...); the report gives mean and
+    /// standard deviation across them, as the paper's Table 1 does.
+    pub seeds: usize,
+    /// The run directory.
+    pub out: PathBuf,
+    /// A saved pool directory to train on instead of `out/evolve/pool`.
+    pub pool: Option<PathBuf>,
+    /// The environment.
+    pub env: EnvConfig,
+    /// The policy.
+    pub policy: PolicyConfig,
+    /// The LLM roles.
+    pub roles: RolesConfig,
+    /// Rollout sampling.
+    pub rollout: RolloutConfig,
+    /// Evolution.
+    pub evolve: EvolveConfig,
+    /// Calibration.
+    pub calibration: CalibrationConfig,
+    /// Training.
+    pub train: TrainConfig,
+    /// Test evaluation.
+    pub eval: EvalConfig,
+}
+
+impl Default for RunConfig {
+    fn default() -> Self {
+        RunConfig::preset(Preset::Quick)
+    }
+}
+
+impl RunConfig {
+    /// The settings of a preset.
+    pub fn preset(preset: Preset) -> Self {
+        let quick = preset == Preset::Quick;
+        RunConfig {
+            preset,
+            seed: 42,
+            seeds: 1,
+            out: PathBuf::from("runs/main"),
+            pool: None,
+            env: EnvConfig {
+                name: "default".into(),
+                dbbench_data: None,
+                train_tasks: if quick { 240 } else { 1000 },
+                validation_tasks: if quick { 24 } else { 60 },
+                test_tasks: if quick { 32 } else { 100 },
+            },
+            policy: PolicyConfig {
+                model: None,
+                cache_dir: PathBuf::from("runs/cache"),
+                warm_start_preset: WarmStartPreset::Default,
+                warm_start: serde_json::to_value(harness_warmstart::WarmStartSettings::default())
+                    .unwrap_or_else(|_| unreachable!("plain data")),
+                learning_rate: if quick { 2e-4 } else { 1e-6 },
+            },
+            roles: RolesConfig {
+                llm: None,
+                llm_model: "gpt-4o-mini".into(),
+                llm_key_env: "OPENAI_API_KEY".into(),
+                voters: 4,
+            },
+            rollout: RolloutConfig {
+                engine: RolloutEngine::Local,
+                engine_url: None,
+                served_model: None,
+                weights_dir: None,
+                temperature: 1.0,
+                concurrency: if quick { 32 } else { 64 },
+            },
+            evolve: EvolveConfig {
+                source: PoolSource::Evolve,
+                // Table 8: three rounds with budgets 7 / 8 / 8 and B = 4 parent slots; the
+                // quick preset runs two short rounds.
+                proposal_budgets: if quick { vec![4, 4] } else { vec![7, 8, 8] },
+                parent_slots: 4,
+                train_tasks_per_round: if quick { 24 } else { 40 },
+                local_eval_tasks: if quick { 12 } else { 30 },
+                local_eval_controls: if quick { 4 } else { 10 },
+                revisions: 1,
+            },
+            calibration: CalibrationConfig {
+                every: if quick { 4 } else { 10 },
+                rollouts_per_task: 1,
+            },
+            train: TrainConfig {
+                methods: vec![
+                    Method::Grpo,
+                    Method::H0Rescue,
+                    Method::HarnessSFixed,
+                    Method::HarnessS,
+                ],
+                updates: if quick { 8 } else { 40 },
+                group_size: if quick { 4 } else { 8 },
+                batch_tasks: if quick { 8 } else { 16 },
+                eval_every: if quick { 2 } else { 5 },
+                eval_k: if quick { 2 } else { 3 },
+                checkpoint_every: if quick { 4 } else { 10 },
+            },
+            eval: EvalConfig { k: 3, ranks: 3 },
+        }
+    }
+
+    /// Parse a document (`toml` or `json` by the file's extension; `file` names it in errors).
+    pub fn parse(text: &str, file: &Path) -> Result<Self> {
+        Self::from_value(parse_document(text, file)?, Some(file))
+    }
+
+    /// Read a run configuration file.
+    pub fn load(file: impl AsRef<Path>) -> Result<Self> {
+        let file = file.as_ref();
+        Self::from_value(document(file)?, Some(file))
+    }
+
+    /// Build from a parsed document: the preset it names, with the document's fields over it.
+    pub fn from_value(doc: Value, file: Option<&Path>) -> Result<Self> {
+        let file_path = file.map_or_else(|| PathBuf::from("<run config>"), Path::to_path_buf);
+        let config_error = |field: String, message: String| Error::Config {
+            file: file_path.clone(),
+            field,
+            message,
+        };
+        let Value::Object(_) = doc else {
+            return Err(config_error(
+                String::new(),
+                "expected a table of settings at the top level".into(),
+            ));
+        };
+        let preset: Preset = match doc.get("preset") {
+            None => Preset::Quick,
+            Some(v) => serde_json::from_value(v.clone()).map_err(|_| {
+                config_error(
+                    "preset".into(),
+                    format!("expected \"quick\" or \"paper\", found {v}"),
+                )
+            })?,
+        };
+        let mut merged = serde_json::to_value(RunConfig::preset(preset))
+            .unwrap_or_else(|_| unreachable!("plain data"));
+        let tiny = doc.pointer("/policy/warm_start_preset") == Some(&Value::from("tiny"));
+        if tiny {
+            merged["policy"]["warm_start"] =
+                serde_json::to_value(harness_warmstart::WarmStartSettings::tiny())
+                    .unwrap_or_else(|_| unreachable!("plain data"));
+        }
+        merge(&mut merged, doc);
+        let cfg: RunConfig = serde_path_to_error::deserialize(merged)
+            .map_err(|e| config_error(e.path().to_string(), e.into_inner().to_string()))?;
+        // The warm start's own fields are checked here too, so a typo names the file.
+        harness_warmstart::WarmStartSettings::deserialize(&cfg.policy.warm_start)
+            .map_err(|e| config_error("policy.warm_start".into(), e.to_string()))?;
+        Ok(cfg)
+    }
+
+    /// Check values that parse but cannot run; `file` names the document in errors.
+    pub fn validate(&self, file: Option<&Path>) -> Result<()> {
+        let file = file.map_or_else(|| PathBuf::from("<run config>"), Path::to_path_buf);
+        let bad = |field: &str, message: String| {
+            Err(Error::Config {
+                file: file.clone(),
+                field: field.to_string(),
+                message,
+            })
+        };
+        if self.seeds == 0 {
+            return bad("seeds", "expected at least 1 seed".into());
+        }
+        if !["default", "dbbench", "appworld", "swe"].contains(&self.env.name.as_str()) {
+            return bad(
+                "env.name",
+                format!(
+                    "unknown environment `{}`; expected default, dbbench, appworld or swe",
+                    self.env.name
+                ),
+            );
+        }
+        if self.env.dbbench_data.is_some() && self.env.name != "dbbench" {
+            return bad(
+                "env.dbbench_data",
+                "a DBBench file needs env.name = \"dbbench\"".into(),
+            );
+        }
+        for (field, value) in [
+            ("env.train_tasks", self.env.train_tasks),
+            ("env.validation_tasks", self.env.validation_tasks),
+            ("env.test_tasks", self.env.test_tasks),
+            ("train.group_size", self.train.group_size),
+            ("train.batch_tasks", self.train.batch_tasks),
+            ("train.eval_k", self.train.eval_k),
+            ("eval.k", self.eval.k),
+            ("eval.ranks", self.eval.ranks),
+            ("roles.voters", self.roles.voters),
+            ("rollout.concurrency", self.rollout.concurrency),
+            ("evolve.parent_slots", self.evolve.parent_slots),
+            (
+                "evolve.train_tasks_per_round",
+                self.evolve.train_tasks_per_round,
+            ),
+        ] {
+            if value == 0 {
+                return bad(field, "expected at least 1, found 0".into());
+            }
+        }
+        if self.train.updates == 0 {
+            return bad("train.updates", "expected at least 1, found 0".into());
+        }
+        if self.train.methods.is_empty() {
+            return bad("train.methods", "expected at least one method".into());
+        }
+        if self.calibration.rollouts_per_task == 0 {
+            return bad(
+                "calibration.rollouts_per_task",
+                "expected at least 1, found 0".into(),
+            );
+        }
+        if !(self.policy.learning_rate > 0.0 && self.policy.learning_rate.is_finite()) {
+            return bad(
+                "policy.learning_rate",
+                format!(
+                    "expected a positive number, found {}",
+                    self.policy.learning_rate
+                ),
+            );
+        }
+        if !(self.rollout.temperature > 0.0 && self.rollout.temperature.is_finite()) {
+            return bad(
+                "rollout.temperature",
+                format!(
+                    "expected a positive temperature (GRPO samples), found {}",
+                    self.rollout.temperature
+                ),
+            );
+        }
+        if self.rollout.engine != RolloutEngine::Local && self.rollout.engine_url.is_none() {
+            return bad(
+                "rollout.engine_url",
+                "a vllm or sglang engine needs its server URL".into(),
+            );
+        }
+        if self.rollout.engine != RolloutEngine::Local && self.policy.model.is_none() {
+            return bad(
+                "policy.model",
+                "a remote engine serves a checkpoint: give the same checkpoint here".into(),
+            );
+        }
+        if let Some(pool) = &self.pool
+            && !pool.join(harness_pool::POOL_FILE).is_file()
+        {
+            return bad(
+                "pool",
+                format!(
+                    "expected a pool directory holding {}, but {} has none",
+                    harness_pool::POOL_FILE,
+                    pool.display()
+                ),
+            );
+        }
+        if let Some(data) = &self.env.dbbench_data
+            && !data.is_file()
+        {
+            return bad(
+                "env.dbbench_data",
+                format!(
+                    "expected a DBBench JSONL file, found no file at {}",
+                    data.display()
+                ),
+            );
+        }
+        Ok(())
+    }
+
+    /// The run directory of one seed: `out` itself with one seed, `out/seed-<s>` with several.
+    pub fn seed_dir(&self, seed: u64) -> PathBuf {
+        if self.seeds <= 1 {
+            self.out.clone()
+        } else {
+            self.out.join(format!("seed-{seed}"))
+        }
+    }
+
+    /// The seeds of the run.
+    pub fn seed_list(&self) -> Vec<u64> {
+        (0..self.seeds as u64).map(|i| self.seed + i).collect()
+    }
+
+    /// This configuration with another seed (for one run of several).
+    pub fn with_seed(&self, seed: u64) -> RunConfig {
+        RunConfig {
+            seed,
+            seeds: 1,
+            out: self.seed_dir(seed),
+            ..self.clone()
+        }
+    }
+}
+
+/// A configuration file as a JSON value, before presets and validation (for callers that
+/// change a field, such as `preset`, before building the configuration).
+pub fn document(file: &Path) -> Result<Value> {
+    let text = std::fs::read_to_string(file).map_err(|e| Error::Config {
+        file: file.to_path_buf(),
+        field: String::new(),
+        message: format!("cannot read it: {e}"),
+    })?;
+    parse_document(&text, file)
+}
+
+fn parse_document(text: &str, file: &Path) -> Result<Value> {
+    match file.extension().and_then(|e| e.to_str()) {
+        Some("json") => serde_json::from_str(text).map_err(|e| Error::Config {
+            file: file.to_path_buf(),
+            field: String::new(),
+            message: format!("not valid JSON: {e}"),
+        }),
+        Some("toml") => toml::from_str(text).map_err(|e: toml::de::Error| Error::Config {
+            file: file.to_path_buf(),
+            field: String::new(),
+            message: format!("not valid TOML: {}", e.message()),
+        }),
+        _ => Err(Error::Config {
+            file: file.to_path_buf(),
+            field: String::new(),
+            message: "expected a `.toml` or `.json` run configuration".into(),
+        }),
+    }
+}
+
+/// Merge `over` into `base`: tables merge field by field, anything else replaces.
+fn merge(base: &mut Value, over: Value) {
+    match (base, over) {
+        (Value::Object(b), Value::Object(o)) => {
+            for (k, v) in o {
+                match b.get_mut(&k) {
+                    // `warm_start` is free-form: a document's table replaces the default `{}`
+                    // field by field like any other.
+                    Some(slot) => merge(slot, v),
+                    None => {
+                        b.insert(k, v);
+                    }
+                }
+            }
+        }
+        (slot, v) => *slot = v,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str, name: &str) -> Result<RunConfig> {
+        RunConfig::parse(text, Path::new(name))
+    }
+
+    #[test]
+    fn an_empty_document_is_the_quick_preset() {
+        assert_eq!(parse("", "a.toml").unwrap(), RunConfig::default());
+        assert_eq!(parse("{}", "a.json").unwrap(), RunConfig::default());
+    }
+
+    #[test]
+    fn the_paper_preset_has_the_papers_values() {
+        let cfg = parse("preset = \"paper\"", "a.toml").unwrap();
+        assert_eq!(cfg.train.group_size, 8);
+        assert_eq!(cfg.train.updates, 40);
+        assert_eq!(cfg.calibration.every, 10);
+        assert_eq!(cfg.evolve.proposal_budgets, vec![7, 8, 8]);
+        assert_eq!(cfg.evolve.parent_slots, 4);
+        assert_eq!(cfg.eval.k, 3);
+    }
+
+    #[test]
+    fn document_fields_override_the_preset_field_by_field() {
+        let cfg = parse("preset = \"paper\"\n[train]\nupdates = 3\n", "a.toml").unwrap();
+        assert_eq!(cfg.train.updates, 3);
+        assert_eq!(cfg.train.group_size, 8);
+    }
+
+    #[test]
+    fn errors_name_the_file_and_field() {
+        let e = parse("[train]\nupdtes = 3\n", "run.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("run.toml") && e.contains("updtes"), "{e}");
+        let e = parse("{\"train\": {\"group_size\": \"eight\"}}", "run.json")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("train.group_size") && e.contains("run.json"),
+            "{e}"
+        );
+        let e = parse("[train]\nmethods = [\"ppo\"]\n", "run.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("train.methods") && e.contains("ppo"), "{e}");
+    }
+
+    #[test]
+    fn validation_names_the_field() {
+        let mut cfg = RunConfig::default();
+        cfg.train.group_size = 0;
+        let e = cfg
+            .validate(Some(Path::new("x.toml")))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("train.group_size") && e.contains("x.toml"),
+            "{e}"
+        );
+        let cfg = RunConfig {
+            pool: Some(PathBuf::from("/nonexistent/pool")),
+            ..RunConfig::default()
+        };
+        let e = cfg.validate(None).unwrap_err().to_string();
+        assert!(e.contains("pool") && e.contains("pool.json"), "{e}");
+    }
+}
+
+impl RunConfig {
+    /// Set one setting by its dotted path (`train.updates`, `roles.llm`) from a TOML value
+    /// (`8`, `"paper"`, `["grpo", "harness_s"]`; a bare word is taken as a string). The result
+    /// is checked like a document: unknown paths and wrong types are errors naming the field.
+    pub fn set(&mut self, path: &str, value: &str) -> Result<()> {
+        let origin = PathBuf::from(format!("--set {path}={value}"));
+        let parsed: Value = toml::from_str::<toml::Table>(&format!("v = {value}"))
+            .ok()
+            .and_then(|t| t.get("v").cloned())
+            .map(|v| serde_json::to_value(v).unwrap_or(Value::Null))
+            .unwrap_or_else(|| Value::String(value.to_string()));
+        let mut doc = serde_json::to_value(&*self).unwrap_or_else(|_| unreachable!("plain data"));
+        let mut slot = &mut doc;
+        let parts: Vec<&str> = path.split('.').collect();
+        for (i, part) in parts.iter().enumerate() {
+            let Value::Object(map) = slot else {
+                return Err(Error::Config {
+                    file: origin,
+                    field: parts[..i].join("."),
+                    message: "is not a table of settings".into(),
+                });
+            };
+            if i + 1 == parts.len() {
+                map.insert((*part).to_string(), parsed);
+                break;
+            }
+            slot = map
+                .entry((*part).to_string())
+                .or_insert_with(|| Value::Object(Default::default()));
+        }
+        if path == "policy.warm_start_preset"
+            && let Some(policy) = doc.get_mut("policy").and_then(Value::as_object_mut)
+        {
+            // A new preset brings its own warm-start settings.
+            policy.remove("warm_start");
+        }
+        *self = RunConfig::from_value(doc, Some(&origin))?;
+        Ok(())
+    }
+}
+
+/// Every setting with what it means, for `--help`.
+pub const SETTINGS_HELP: &str = "\
+Run configuration (TOML or JSON; any subset; `preset` picks the defaults; flags and --set override):
+  preset                        quick (default: minutes on a CPU) | paper (K = G = 8, 40 updates, re-anchoring every 10, Table 8, k = 3)
+  seed                          the one seed of the run (every random choice derives from it)
+  seeds                         seeds run one after another (seed, seed+1, ...); the report gives mean and std
+  out                           the run directory
+  pool                          a saved pool directory to train on instead of <out>/evolve/pool
+  env.name                      default (the embedded warm-started organism) | dbbench | appworld | swe
+  env.dbbench_data              an AgentBench DBBench JSONL file as the test split (env.name = dbbench)
+  env.train_tasks               training tasks used
+  env.validation_tasks          validation tasks (evolution, calibration, validation curves)
+  env.test_tasks                test tasks of the final evaluation
+  policy.model                  a Hugging Face checkpoint folder or cached hub id (unset: the embedded tiny policy)
+  policy.cache_dir              where the warm-started checkpoint is cached
+  policy.warm_start_preset      default | tiny (seconds, for tests; its policy is not useful)
+  policy.warm_start             harness-warmstart settings over the preset (demo_tasks, sft_steps, model, limits, ...); its seed is the run's
+  policy.learning_rate          peak learning rate of the GRPO updates
+  roles.llm                     OpenAI-compatible base URL (ending in /v1) for analyst, editor, profiler, voters (unset: built-in)
+  roles.llm_model               the model asked at roles.llm
+  roles.llm_key_env             the environment variable holding its API key
+  roles.voters                  voters on the router's panel (paper: 4)
+  rollout.engine                local | vllm | sglang
+  rollout.engine_url            the engine's server root (http://host:port)
+  rollout.served_model          the model name the engine serves
+  rollout.weights_dir           where trained weights are written for the engine to reload
+  rollout.temperature           sampling temperature of training, validation and test rollouts
+  rollout.concurrency           episodes in flight at once
+  evolve.source                 evolve (Directional Harness Evolution from H0) | builtin (H0 with the environment's hand-written siblings)
+  evolve.proposal_budgets       proposals per round; its length is the number of rounds (Table 8: [7, 8, 8])
+  evolve.parent_slots           B of Eq. 3 (Table 8: 4)
+  evolve.train_tasks_per_round  fresh training tasks per parent and round
+  evolve.local_eval_tasks       tasks of one local evaluation (Table 8: at most 30)
+  evolve.local_eval_controls    successful controls among them (Table 8: at most 10)
+  evolve.revisions              revisions after the first candidate (Table 8: at most 1)
+  calibration.every             re-anchor every this many updates (paper: 10)
+  calibration.rollouts_per_task paired rollouts per validation task and member (paper: 1)
+  train.methods                 any of grpo, h0_rescue, random_harness, harness_s_fixed, harness_s
+  train.updates                 policy updates per method (paper: 40)
+  train.group_size              K = G (paper: 8)
+  train.batch_tasks             tasks per update
+  train.eval_every              validation Pass@k / Avg@k under H0 every this many updates
+  train.eval_k                  attempts per validation task
+  train.checkpoint_every        checkpoint every this many updates
+  eval.k                        rollouts per test task (paper: 3)
+  eval.ranks                    router ranks of Table 5 (paper: 3)
+";
+
+#[cfg(test)]
+mod set_tests {
+    use super::*;
+
+    #[test]
+    fn set_takes_toml_values_and_rejects_unknown_paths() {
+        let mut cfg = RunConfig::default();
+        cfg.set("train.updates", "3").unwrap();
+        assert_eq!(cfg.train.updates, 3);
+        cfg.set("train.methods", "[\"grpo\", \"harness_s\"]")
+            .unwrap();
+        assert_eq!(cfg.train.methods, vec![Method::Grpo, Method::HarnessS]);
+        cfg.set("roles.llm", "http://127.0.0.1:8000/v1").unwrap();
+        assert_eq!(cfg.roles.llm.as_deref(), Some("http://127.0.0.1:8000/v1"));
+        let e = cfg.set("train.updtes", "3").unwrap_err().to_string();
+        assert!(e.contains("updtes"), "{e}");
+        let e = cfg
+            .set("train.group_size", "\"many\"")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("train.group_size"), "{e}");
+    }
+
+    #[test]
+    fn the_help_lists_every_setting() {
+        fn paths(prefix: &str, v: &Value, out: &mut Vec<String>) {
+            if let Value::Object(map) = v {
+                for (k, v) in map {
+                    let p = if prefix.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{prefix}.{k}")
+                    };
+                    // `policy.warm_start` is a free-form table documented by harness-warmstart.
+                    if v.is_object() && p != "policy.warm_start" {
+                        paths(&p, v, out);
+                    } else {
+                        out.push(p);
+                    }
+                }
+            }
+        }
+        let mut all = Vec::new();
+        let cfg = serde_json::to_value(RunConfig::default()).unwrap();
+        // Optional settings serialize as null; they are settings all the same.
+        paths("", &cfg, &mut all);
+        for p in all {
+            assert!(
+                SETTINGS_HELP
+                    .lines()
+                    .any(|l| l.trim_start().starts_with(&format!("{p} "))),
+                "`{p}` is not in SETTINGS_HELP"
+            );
+        }
+    }
+}

@@ -1,0 +1,75 @@
+//! Where a run's files go. Every table and plot of the report is made from these files.
+//!
+//! ```text
+//! <out>/run.json                 the resolved configuration of the seed's run
+//! <out>/evolve/                  evolution: pool/, rounds.json, round-<g>.json, diversity.json, figure*.svg
+//! <out>/calibration/             the first calibration (profiles and validation statistics)
+//! <out>/train/<method>/          one rescue-training run per method (metrics.jsonl, groups.jsonl,
+//!                                trajectories.jsonl, cost.json, checkpoints/, calibrations/, final/)
+//! <out>/eval/test.jsonl          test Pass@k / Avg@k per method under H0, and Rank-1
+//! <out>/eval/rank.jsonl          Table 5: router ranks before and after training
+//! <out>/report.md, report.html, plots/
+//! ```
+//! With several seeds each seed's run is `<out>/seed-<s>/` and the report sits in `<out>`.
+
+use std::path::{Path, PathBuf};
+
+use crate::config::Method;
+
+/// The files of one seed's run.
+#[derive(Debug, Clone)]
+pub struct Layout {
+    root: PathBuf,
+}
+
+impl Layout {
+    /// The layout under `root`.
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        Layout { root: root.into() }
+    }
+
+    /// The run directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The resolved configuration.
+    pub fn config(&self) -> PathBuf {
+        self.root.join("run.json")
+    }
+
+    /// Evolution's outputs.
+    pub fn evolve(&self) -> PathBuf {
+        self.root.join("evolve")
+    }
+
+    /// The frozen pool evolution wrote.
+    pub fn pool(&self) -> PathBuf {
+        self.evolve().join("pool")
+    }
+
+    /// The first calibration.
+    pub fn calibration(&self) -> PathBuf {
+        self.root.join("calibration")
+    }
+
+    /// One method's training run.
+    pub fn train(&self, method: Method) -> PathBuf {
+        self.root.join("train").join(method.name())
+    }
+
+    /// The trained policy of a method, as an HF checkpoint.
+    pub fn final_checkpoint(&self, method: Method) -> PathBuf {
+        self.train(method).join("final")
+    }
+
+    /// The test evaluations.
+    pub fn test_results(&self) -> PathBuf {
+        self.root.join("eval").join("test.jsonl")
+    }
+
+    /// Table 5's rank evaluations.
+    pub fn rank_results(&self) -> PathBuf {
+        self.root.join("eval").join("rank.jsonl")
+    }
+}

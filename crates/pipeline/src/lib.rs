@@ -1,0 +1,163 @@
+//! # harness-pipeline
+//!
+//! The Harness-S main job as library calls, shared by the `harness-s` command line and the
+//! `full_pipeline` example: one [`RunConfig`] (TOML or JSON, validated, every error naming the
+//! file and field), and the stages that read and write a run directory ([`layout`]):
+//!
+//! 1. [`stages::evolve`]: Directional Harness Evolution from H0 into a frozen Sibling Harness
+//!    Pool (harness-evolve);
+//! 2. [`stages::calibrate`]: the router's first calibration with the initial policy
+//!    (harness-router);
+//! 3. [`stages::train`]: rescue training of one method (harness-rollout, with grpo-candle's
+//!    learner): plain GRPO, GRPO with H0 rescue, random-harness rescue, Top-K router rescue with
+//!    fixed profiles, and Harness-S (Top-K with re-anchored profiles), each from the same
+//!    checkpoint and seed;
+//! 4. [`stages::evaluate`]: test Pass@k / Avg@k under H0, and the router's Rank-1..R;
+//! 5. the report (harness-report): the paper's Tables 1, 2, 5 and 9 and Figure 3's panels.
+//!
+//! [`run_main_job`] runs them all for every seed. The embedded default (`env.name =
+//! "default"`) is harness-warmstart's model organism; a checkpoint (`policy.model`), an
+//! OpenAI-compatible endpoint for the LLM roles (`roles.llm`) and a vLLM or SGLang engine for
+//! rollouts (`rollout.engine`) replace its parts without code changes. The library reads no
+//! flags and no environment variables: the binary hands it the configuration and [`Secrets`].
+//!
+//! ```no_run
+//! # async fn run() -> harness_pipeline::Result<()> {
+//! use harness_pipeline::{Progress, RunConfig, Secrets, run_main_job};
+//! let mut cfg = RunConfig::load("run.toml")?;
+//! cfg.train.updates = 4;
+//! let summary = run_main_job(&cfg, &Secrets::default(), &Progress::bars()).await?;
+//! println!("{}", summary.tables);
+//! # Ok(()) }
+//! ```
+
+pub mod config;
+pub mod engine;
+pub mod error;
+pub mod layout;
+pub mod organism;
+pub mod serve;
+pub mod setup;
+pub mod stages;
+
+pub use config::{Method, Preset, RunConfig};
+pub use error::{Error, Result};
+pub use layout::Layout;
+pub use setup::{Progress, Secrets, Workbench};
+
+use std::time::Instant;
+
+use error::StageExt;
+
+/// What [`run_main_job`] did.
+#[derive(Debug, Clone)]
+pub struct MainJobSummary {
+    /// The paper-shaped tables, as printed.
+    pub tables: String,
+    /// The report files written.
+    pub files: Vec<std::path::PathBuf>,
+    /// Wall seconds of the whole job.
+    pub seconds: f64,
+}
+
+/// Write the resolved configuration of a seed's run (`run.json`). A directory that already
+/// holds a run of another configuration is refused (its results are never mixed or lost);
+/// one of the same configuration is continued.
+pub fn write_run_config(wb: &Workbench) -> Result<()> {
+    let path = wb.layout.config();
+    let current = serde_json::to_value(&wb.cfg).unwrap_or_else(|_| unreachable!("plain data"));
+    if let Ok(text) = std::fs::read_to_string(&path) {
+        let saved: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| Error::input("run", &path, format!("not a run configuration: {e}")))?;
+        if saved == current {
+            return Ok(());
+        }
+        return Err(Error::input(
+            "run",
+            &path,
+            "this directory holds a run of another configuration; choose another `out` (--out) or remove the directory",
+        ));
+    }
+    std::fs::create_dir_all(wb.layout.root())
+        .map_err(|e| Error::input("run", wb.layout.root(), e.to_string()))?;
+    let text =
+        serde_json::to_string_pretty(&current).unwrap_or_else(|_| unreachable!("plain data"));
+    harness_core::fsutil::write_atomic(&path, text.as_bytes()).at("run")
+}
+
+/// Write `report.md`, `report.html` and `plots/` for the run in `cfg.out` (every seed).
+pub fn write_report(cfg: &RunConfig) -> Result<Vec<std::path::PathBuf>> {
+    let written = harness_report::write_report(&cfg.out).at("report")?;
+    let mut files = vec![written.markdown, written.html];
+    files.extend(written.plots);
+    Ok(files)
+}
+
+/// The paper-shaped tables of the run in `cfg.out`, as text for the terminal.
+pub fn render_tables(cfg: &RunConfig) -> Result<String> {
+    harness_report::render_tables(&cfg.out).at("report")
+}
+
+/// The whole loop for every seed: evolution, the first calibration, every method's training
+/// from the same checkpoint and seed, the test evaluations, then the report over all seeds.
+pub async fn run_main_job(
+    cfg: &RunConfig,
+    secrets: &Secrets,
+    progress: &Progress,
+) -> Result<MainJobSummary> {
+    cfg.validate(None)?;
+    let started = Instant::now();
+    for seed in cfg.seed_list() {
+        let wb = Workbench::new(cfg.with_seed(seed), secrets.clone(), progress.clone())?;
+        progress.println(format!("== seed {seed}: {}", wb.layout.root().display()));
+        write_run_config(&wb)?;
+        run_seed(&wb).await?;
+    }
+    let files = write_report(cfg)?;
+    let tables = render_tables(cfg)?;
+    Ok(MainJobSummary {
+        tables,
+        files,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// One seed's loop. A stage whose outputs are complete is not run again, and a killed
+/// training run resumes from its latest checkpoint, so re-running the same configuration
+/// continues where the last run stopped.
+pub async fn run_seed(wb: &Workbench) -> Result<()> {
+    let pool = if wb.cfg.pool.is_some() || wb.layout.pool().join(harness_pool::POOL_FILE).is_file()
+    {
+        stages::load_pool(wb)?
+    } else {
+        stages::evolve(wb).await?
+    };
+    let calibrated = harness_router::Calibration::load_latest(&wb.layout.calibration())
+        .at("calibrate")?
+        .is_some();
+    if !calibrated {
+        stages::calibrate(wb, &pool).await?;
+    }
+    if !stages::has_test_record(wb, None)? {
+        stages::evaluate(wb, &pool, None).await?;
+    }
+    for &method in &wb.cfg.train.methods {
+        if !wb
+            .layout
+            .final_checkpoint(method)
+            .join("config.json")
+            .is_file()
+        {
+            let started = wb
+                .layout
+                .train(method)
+                .join(harness_rollout::METRICS_FILE)
+                .is_file();
+            stages::train(wb, &pool, method, started).await?;
+        }
+        if !stages::has_test_record(wb, Some(method))? {
+            stages::evaluate(wb, &pool, Some(method)).await?;
+        }
+    }
+    Ok(())
+}

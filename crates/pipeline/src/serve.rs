@@ -1,0 +1,42 @@
+//! The `serve` stage: a checkpoint (a trained method's, or the initial one) behind the
+//! project's OpenAI- and SGLang-compatible server, with weight reloading, so any OpenAI client,
+//! harness-openai's `RemotePolicy`, or the LLM roles of another run can use it.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+
+use harness_openai::{ServerConfig, ServerHandle, ServerState};
+
+use crate::engine::{CandleEncoder, CandleGenerator, CandleLoader};
+use crate::error::{Result, StageExt};
+use crate::setup::load_model;
+
+/// Settings of a served checkpoint.
+#[derive(Debug, Clone)]
+pub struct ServeSettings {
+    /// Where to listen (port 0 picks a free one).
+    pub addr: SocketAddr,
+    /// The model name clients send.
+    pub served_model: String,
+    /// Most requests decoded together.
+    pub max_batch: usize,
+}
+
+/// Start serving the checkpoint in `dir`; the handle's `base_url` is the server root.
+pub async fn serve(dir: &Path, settings: &ServeSettings) -> Result<ServerHandle> {
+    let model = load_model(dir)?;
+    let max_len = model.model.config().max_position_embeddings;
+    let mut config = ServerConfig::new(settings.served_model.clone(), max_len);
+    config.model_dir = Some(dir.to_path_buf());
+    let generator = Arc::new(CandleGenerator::new(model.clone(), settings.max_batch));
+    let state = ServerState::new(
+        config,
+        Arc::new(CandleEncoder::new(model)),
+        generator.clone(),
+    )
+    .with_loader(Arc::new(CandleLoader(generator)));
+    ServerHandle::spawn(settings.addr, Arc::new(state))
+        .await
+        .at("serve")
+}

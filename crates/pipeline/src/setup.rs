@@ -1,0 +1,316 @@
+//! What every stage shares: the environment and its task splits, the base harness H0, the
+//! initial policy checkpoint, the LLM roles and the progress display.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use candle_core::{DType, Device};
+use grpo_candle::{CandlePolicy, PolicyModel, PolicyOptions};
+use harness_core::{ChatModel, Environment, Harness, Policy, Split, Task};
+use harness_envs::{appworld, dbbench, swe};
+use harness_openai::{ChatClient, ChatClientConfig, EngineKind, RemotePolicy, RemotePolicyConfig};
+use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+use crate::config::{RolloutEngine, RunConfig};
+use crate::engine::CandleEncoder;
+use crate::error::{Error, Result, StageExt};
+use crate::layout::Layout;
+
+/// Whether stages draw progress bars (on stderr) or stay quiet (tests, logs to files).
+#[derive(Debug, Clone)]
+pub struct Progress {
+    bars: Option<MultiProgress>,
+}
+
+impl Progress {
+    /// Bars on stderr.
+    pub fn bars() -> Self {
+        Progress {
+            bars: Some(MultiProgress::with_draw_target(ProgressDrawTarget::stderr())),
+        }
+    }
+
+    /// No bars.
+    pub fn hidden() -> Self {
+        Progress { bars: None }
+    }
+
+    /// A bar of `len` steps with a message, or a hidden one.
+    pub fn bar(&self, len: u64, message: impl Into<String>) -> ProgressBar {
+        let Some(multi) = &self.bars else {
+            return ProgressBar::hidden();
+        };
+        let bar = multi.add(ProgressBar::new(len));
+        bar.set_style(
+            ProgressStyle::with_template(
+                "{spinner} {msg:<34} [{elapsed_precise}] {wide_bar} {pos}/{len} (eta {eta})",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        bar.set_message(message.into());
+        bar.enable_steady_tick(std::time::Duration::from_millis(250));
+        bar
+    }
+
+    /// A spinner for work without a known length.
+    pub fn spinner(&self, message: impl Into<String>) -> ProgressBar {
+        let Some(multi) = &self.bars else {
+            return ProgressBar::hidden();
+        };
+        let bar = multi.add(ProgressBar::new_spinner());
+        bar.set_style(
+            ProgressStyle::with_template("{spinner} {msg} [{elapsed_precise}]")
+                .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+        );
+        bar.set_message(message.into());
+        bar.enable_steady_tick(std::time::Duration::from_millis(250));
+        bar
+    }
+
+    /// Print a line above the bars.
+    pub fn println(&self, line: impl AsRef<str>) {
+        match &self.bars {
+            Some(multi) => {
+                let _ = multi.println(line.as_ref());
+            }
+            None => tracing::info!("{}", line.as_ref()),
+        }
+    }
+}
+
+/// What the binary hands the library besides the configuration (only binaries read the
+/// process environment).
+#[derive(Debug, Clone, Default)]
+pub struct Secrets {
+    /// The API key of the LLM roles' endpoint (read from `roles.llm_key_env`).
+    pub llm_api_key: Option<String>,
+    /// The API key of the rollout engine, if it wants one.
+    pub engine_api_key: Option<String>,
+}
+
+/// The shared state of one seed's run.
+pub struct Workbench {
+    /// The configuration (one seed).
+    pub cfg: RunConfig,
+    /// Where everything goes.
+    pub layout: Layout,
+    /// The environment.
+    pub env: Arc<dyn Environment>,
+    /// H0.
+    pub base: Harness,
+    /// The environment's hand-written siblings of H0 (for the embedded default, the ones its
+    /// warm start planted against). The main job's pool comes from evolution; these serve as a
+    /// ready-made pool ([`Workbench::builtin_pool`]) for smoke runs and comparisons.
+    pub builtin_siblings: Vec<Harness>,
+    /// Training tasks.
+    pub train: Vec<Task>,
+    /// Validation tasks.
+    pub validation: Vec<Task>,
+    /// Test tasks (never seen by evolution, the router or training).
+    pub test: Vec<Task>,
+    /// The initial policy checkpoint (HF folder) every method starts from.
+    pub checkpoint: PathBuf,
+    /// The LLM of the roles, when configured.
+    pub chat: Option<Arc<dyn ChatModel>>,
+    /// Secrets from the binary.
+    pub secrets: Secrets,
+    /// Progress display.
+    pub progress: Progress,
+}
+
+impl Workbench {
+    /// Set up one seed's run: environment and splits, H0, the initial checkpoint (warm-started
+    /// and cached for the embedded default), the LLM roles.
+    pub fn new(cfg: RunConfig, secrets: Secrets, progress: Progress) -> Result<Self> {
+        cfg.validate(None)?;
+        let layout = Layout::new(&cfg.out);
+        let (env, base, builtin_siblings, checkpoint) = match cfg.env.name.as_str() {
+            "default" => {
+                let started = crate::organism::warm_start(&cfg, &progress)?;
+                (
+                    started.env,
+                    started.base,
+                    started.siblings,
+                    started.checkpoint,
+                )
+            }
+            name => {
+                let (env, base, siblings) = builtin_environment(name, &cfg)?;
+                let model = cfg.policy.model.clone().ok_or_else(|| Error::Config {
+                    file: PathBuf::from("<run config>"),
+                    field: "policy.model".into(),
+                    message: format!(
+                        "environment `{name}` runs its own base harness and needs a checkpoint; the embedded tiny policy is warm-started for env.name = \"default\" only"
+                    ),
+                })?;
+                (env, base, siblings, resolve_checkpoint(&model)?)
+            }
+        };
+        let take = |split: Split, n: usize| -> Result<Vec<Task>> {
+            let mut tasks = env.tasks(split).at("tasks")?;
+            tasks.truncate(n);
+            if tasks.is_empty() {
+                return Err(Error::input(
+                    "tasks",
+                    PathBuf::from(env.name()),
+                    format!("the environment has no {split:?} tasks"),
+                ));
+            }
+            Ok(tasks)
+        };
+        let train = take(Split::Train, cfg.env.train_tasks)?;
+        let validation = take(Split::Validation, cfg.env.validation_tasks)?;
+        let test = take(Split::Test, cfg.env.test_tasks)?;
+        let chat = match &cfg.roles.llm {
+            None => None,
+            Some(url) => {
+                let mut config = ChatClientConfig::new(url, &cfg.roles.llm_model);
+                if let Some(key) = &secrets.llm_api_key {
+                    config.endpoint = config.endpoint.with_api_key(key.clone());
+                }
+                Some(Arc::new(ChatClient::new(config).at("roles")?) as Arc<dyn ChatModel>)
+            }
+        };
+        Ok(Workbench {
+            cfg,
+            layout,
+            env,
+            base,
+            builtin_siblings,
+            train,
+            validation,
+            test,
+            checkpoint,
+            chat,
+            secrets,
+            progress,
+        })
+    }
+
+    /// A fresh local policy on the checkpoint in `dir`.
+    pub fn local_policy(&self, dir: &Path, name: &str) -> Result<Arc<CandlePolicy>> {
+        let model = load_model(dir)?;
+        Ok(Arc::new(CandlePolicy::new(
+            model,
+            PolicyOptions {
+                name: name.to_string(),
+                ..PolicyOptions::default()
+            },
+        )))
+    }
+
+    /// The policy that acts in episodes for a local learner on `local`: `local` itself, or a
+    /// vLLM / SGLang engine serving the same checkpoint.
+    pub fn acting_policy(&self, local: &Arc<CandlePolicy>) -> Result<Arc<dyn Policy>> {
+        let kind = match self.cfg.rollout.engine {
+            RolloutEngine::Local => return Ok(local.clone() as Arc<dyn Policy>),
+            RolloutEngine::Vllm => EngineKind::Vllm,
+            RolloutEngine::Sglang => EngineKind::Sglang,
+        };
+        let url = self.cfg.rollout.engine_url.clone().unwrap_or_default();
+        let served = self
+            .cfg
+            .rollout
+            .served_model
+            .clone()
+            .or_else(|| self.cfg.policy.model.clone())
+            .unwrap_or_default();
+        let mut config = RemotePolicyConfig::new(url, served, kind);
+        if let Some(key) = &self.secrets.engine_api_key {
+            config.endpoint = config.endpoint.with_api_key(key.clone());
+        }
+        let remote = RemotePolicy::new(
+            config,
+            Arc::new(CandleEncoder::new(local.policy_model().clone())),
+        )
+        .at("rollout engine")?;
+        Ok(Arc::new(remote))
+    }
+
+    /// H0 with the environment's hand-written siblings, as a frozen pool.
+    pub fn builtin_pool(&self) -> Result<harness_pool::SiblingPool> {
+        harness_pool::SiblingPool::starter(
+            self.base.clone(),
+            self.builtin_siblings.iter().cloned(),
+            serde_json::json!({"source": "the environment's built-in siblings"}),
+        )
+        .at("pool")
+    }
+
+    /// The environments by name, as the router's paired runs want them.
+    pub fn environments(&self) -> harness_router::Environments {
+        [(self.env.name().to_string(), self.env.clone())].into()
+    }
+}
+
+/// A built-in environment with its own base harness.
+fn builtin_environment(
+    name: &str,
+    cfg: &RunConfig,
+) -> Result<(Arc<dyn Environment>, Harness, Vec<Harness>)> {
+    Ok(match name {
+        "dbbench" => {
+            let env = match &cfg.env.dbbench_data {
+                Some(path) => dbbench::DbBench::from_jsonl(path, Split::Test).at("dbbench")?,
+                None => dbbench::DbBench::generated(&dbbench::GeneratorConfig {
+                    seed: cfg.seed,
+                    ..Default::default()
+                }),
+            };
+            (Arc::new(env), dbbench::base_harness(), dbbench::siblings())
+        }
+        "appworld" => (
+            Arc::new(appworld::AppWorld::with_config(appworld::AppWorldConfig {
+                base_seed: cfg.seed,
+                ..Default::default()
+            })),
+            appworld::base_harness(),
+            appworld::siblings(),
+        ),
+        "swe" => (
+            Arc::new(swe::SweEnv::builtin()),
+            swe::base_harness(),
+            swe::siblings(),
+        ),
+        other => {
+            return Err(Error::Config {
+                file: PathBuf::from("<run config>"),
+                field: "env.name".into(),
+                message: format!("unknown environment `{other}`"),
+            });
+        }
+    })
+}
+
+/// A checkpoint folder, or a hub id resolved from the local Hugging Face cache (no download).
+fn resolve_checkpoint(model: &str) -> Result<PathBuf> {
+    let dir = PathBuf::from(model);
+    if dir.join("config.json").is_file() {
+        return Ok(dir);
+    }
+    let files = grpo_candle::ModelFiles::from_hub_blocking(model, None, true).map_err(|e| {
+        Error::input(
+            "policy",
+            dir.clone(),
+            format!(
+                "expected a checkpoint folder (config.json, safetensors, tokenizer.json) or a hub id in the local cache: {e}"
+            ),
+        )
+    })?;
+    files
+        .config
+        .parent()
+        .map(Path::to_path_buf)
+        .ok_or_else(|| Error::input("policy", dir, "the cached checkpoint has no folder"))
+}
+
+/// Load a checkpoint folder on the CPU (f32).
+pub fn load_model(dir: &Path) -> Result<PolicyModel> {
+    PolicyModel::load_dir(dir, DType::F32, &Device::Cpu).map_err(|e| {
+        Error::input(
+            "policy",
+            dir,
+            format!("expected a Hugging Face checkpoint folder: {e}"),
+        )
+    })
+}

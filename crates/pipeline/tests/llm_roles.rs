@@ -1,0 +1,103 @@
+//! The LLM roles through the `roles.llm` path, against the project's own OpenAI-compatible
+//! server (the `serve` stage on the run's own tiny checkpoint): evolution's analyst and
+//! editor, the router's profiler and voters all send chat requests there, and the run
+//! completes whatever the tiny model answers (malformed answers are rejected and logged).
+
+use std::net::SocketAddr;
+
+use harness_pipeline::serve::{ServeSettings, serve};
+use harness_pipeline::{Method, Progress, RunConfig, Secrets, Workbench, run_main_job, stages};
+use serde_json::Value;
+
+fn reduced(dir: &std::path::Path) -> RunConfig {
+    let mut cfg = RunConfig {
+        out: dir.join("run"),
+        ..RunConfig::default()
+    };
+    cfg.policy.cache_dir = dir.join("cache");
+    for (path, value) in [
+        ("policy.warm_start_preset", "\"tiny\""),
+        // Room for the roles' long prompts (the episodes keep their own 1,024-token limit).
+        ("policy.warm_start.model.max_position_embeddings", "8192"),
+        ("env.train_tasks", "8"),
+        ("env.validation_tasks", "2"),
+        ("env.test_tasks", "2"),
+        ("evolve.proposal_budgets", "[1]"),
+        ("evolve.train_tasks_per_round", "2"),
+        ("evolve.local_eval_tasks", "2"),
+        ("evolve.local_eval_controls", "1"),
+        ("calibration.every", "1"),
+        ("train.methods", "[\"harness_s\"]"),
+        ("train.updates", "1"),
+        ("train.group_size", "2"),
+        ("train.batch_tasks", "2"),
+        ("train.eval_every", "0"),
+        ("train.checkpoint_every", "0"),
+        ("eval.k", "1"),
+        ("eval.ranks", "2"),
+        ("roles.voters", "2"),
+        ("rollout.concurrency", "8"),
+    ] {
+        cfg.set(path, value).unwrap();
+    }
+    cfg
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_llm_roles_run_against_the_projects_own_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = reduced(dir.path());
+    // The served model: the run's own warm-started checkpoint.
+    let wb = Workbench::new(cfg.clone(), Secrets::default(), Progress::hidden()).unwrap();
+    let server = serve(
+        &wb.checkpoint,
+        &ServeSettings {
+            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            served_model: "tiny".into(),
+            max_batch: 8,
+        },
+    )
+    .await
+    .unwrap();
+    cfg.roles.llm = Some(format!("{}/v1", server.base_url()));
+    cfg.roles.llm_model = "tiny".into();
+    let secrets = Secrets {
+        llm_api_key: Some("test-key".into()),
+        engine_api_key: None,
+    };
+
+    // Evolution with the LLM analyst and editor.
+    let mut evolved = cfg.clone();
+    evolved.out = dir.path().join("evolved");
+    let wb = Workbench::new(evolved, secrets.clone(), Progress::hidden()).unwrap();
+    stages::evolve(&wb).await.unwrap();
+    let usage: Value = serde_json::from_str(
+        &std::fs::read_to_string(wb.layout.evolve().join("usage.json")).unwrap(),
+    )
+    .unwrap();
+    let tokens = |v: &Value| v["calls"].as_u64().unwrap_or(0);
+    let analyst: u64 = usage.as_object().unwrap().values().map(tokens).sum();
+    assert!(analyst > 0, "evolution sent no LLM request: {usage}");
+
+    // The loop with the LLM profiler and voters (on the built-in siblings, so Top-2 exists).
+    cfg.set("evolve.source", "\"builtin\"").unwrap();
+    run_main_job(&cfg, &secrets, &Progress::hidden())
+        .await
+        .unwrap();
+    let cost: Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            cfg.out
+                .join("train")
+                .join(Method::HarnessS.name())
+                .join("cost.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let text = cost.to_string();
+    assert!(
+        text.contains("voter") || text.contains("profiler"),
+        "no LLM role usage in cost.json: {text}"
+    );
+    server.shutdown().await.unwrap();
+}

@@ -1,0 +1,189 @@
+//! The whole loop on a reduced configuration: every output file is written, and the report's
+//! figures agree with the run files they are made from (read back here, not recomputed by the
+//! code under test).
+
+use std::path::Path;
+
+use harness_pipeline::{Method, Progress, RunConfig, Secrets, Workbench, run_main_job};
+use serde_json::Value;
+
+fn jsonl(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// A reduced configuration of the embedded default, small enough for a debug test.
+pub fn reduced(dir: &Path) -> RunConfig {
+    let mut cfg = RunConfig {
+        out: dir.join("run"),
+        ..RunConfig::default()
+    };
+    cfg.policy.cache_dir = dir.join("cache");
+    for (path, value) in [
+        ("policy.warm_start_preset", "\"tiny\""),
+        ("env.train_tasks", "16"),
+        ("env.validation_tasks", "4"),
+        ("env.test_tasks", "4"),
+        ("evolve.proposal_budgets", "[2]"),
+        ("evolve.train_tasks_per_round", "4"),
+        ("evolve.local_eval_tasks", "4"),
+        ("evolve.local_eval_controls", "2"),
+        ("calibration.every", "1"),
+        ("train.updates", "2"),
+        ("train.group_size", "2"),
+        ("train.batch_tasks", "2"),
+        ("train.eval_every", "1"),
+        ("train.eval_k", "1"),
+        ("train.checkpoint_every", "1"),
+        ("eval.k", "1"),
+        ("eval.ranks", "2"),
+        ("rollout.concurrency", "8"),
+    ] {
+        cfg.set(path, value).unwrap();
+    }
+    cfg
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_whole_loop_writes_every_output_and_the_tables_match_the_run_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = reduced(dir.path());
+    // Evolution of the reduced run writes its reports; its barely trained policy finds too
+    // few valid children for a Top-2 router, so the loop then trains on the environment's
+    // built-in siblings.
+    let mut evolved = cfg.clone();
+    evolved.out = dir.path().join("evolved");
+    let wb = Workbench::new(evolved, Secrets::default(), Progress::hidden()).unwrap();
+    let pool = harness_pipeline::stages::evolve(&wb).await.unwrap();
+    assert_eq!(pool.base_id(), &wb.base.id());
+    for file in [
+        "pool/pool.json",
+        "rounds.json",
+        "round-1.json",
+        "diversity.json",
+        "figure1b.svg",
+    ] {
+        assert!(
+            wb.layout.evolve().join(file).is_file(),
+            "evolve/{file} missing"
+        );
+    }
+    cfg.set("evolve.source", "\"builtin\"").unwrap();
+    let summary = run_main_job(&cfg, &Secrets::default(), &Progress::hidden())
+        .await
+        .unwrap();
+    let out = &cfg.out;
+    for file in [
+        "run.json",
+        "report.md",
+        "report.html",
+        "eval/test.jsonl",
+        "eval/rank.jsonl",
+    ] {
+        assert!(out.join(file).is_file(), "{file} missing");
+    }
+    assert!(out.join("calibration/calibration-0000.json").is_file());
+    for m in &cfg.train.methods {
+        let run = out.join("train").join(m.name());
+        for file in [
+            "metrics.jsonl",
+            "groups.jsonl",
+            "trajectories.jsonl",
+            "cost.json",
+        ] {
+            assert!(run.join(file).is_file(), "{}/{file} missing", m.name());
+        }
+        assert!(run.join("final/config.json").is_file());
+    }
+    assert!(
+        summary
+            .files
+            .iter()
+            .any(|f| f.extension().is_some_and(|e| e == "svg"))
+    );
+
+    // Table 1's H0 Avg@k of each method is the mean reward of its test episodes.
+    let tests = jsonl(&out.join("eval/test.jsonl"));
+    let report = std::fs::read_to_string(out.join("report.md")).unwrap();
+    for record in tests.iter().filter(|r| r["mode"] == "h0") {
+        let per_task = record["per_task"].as_array().unwrap();
+        let successes: f64 = per_task
+            .iter()
+            .map(|t| t["successes"].as_f64().unwrap())
+            .sum();
+        let attempts: f64 = per_task
+            .iter()
+            .map(|t| t["attempts"].as_f64().unwrap())
+            .sum();
+        let avg = successes / attempts;
+        assert!((record["avg_at_k"].as_f64().unwrap() - avg).abs() < 1e-9);
+        let cell = format!("{:.2}", 100.0 * avg);
+        assert!(
+            report.contains(&cell),
+            "report.md lacks {cell} for {}",
+            record["method"]
+        );
+    }
+
+    // Table 9's training rollouts of each method are its update records' base and rescue
+    // rollouts; Table 2's rescue counts are the rescue-origin records of groups.jsonl.
+    for m in &cfg.train.methods {
+        let run = out.join("train").join(m.name());
+        let updates: Vec<Value> = jsonl(&run.join("metrics.jsonl"))
+            .into_iter()
+            .filter(|r| r["kind"] == "update")
+            .collect();
+        assert_eq!(updates.len() as u64, cfg.train.updates, "{}", m.name());
+        let rollouts: u64 = updates
+            .iter()
+            .map(|u| u["rollouts_base"].as_u64().unwrap() + u["rollouts_rescue"].as_u64().unwrap())
+            .sum();
+        let row = format!("| {} | {} | {} |", m.label(), cfg.train.updates, rollouts);
+        assert!(
+            report.contains(&row),
+            "report.md lacks the Table 9 row `{row}`"
+        );
+
+        let groups = jsonl(&run.join("groups.jsonl"));
+        let rescued: Vec<&Value> = groups.iter().filter(|g| g["origin"] == "rescue").collect();
+        let saved = rescued
+            .iter()
+            .filter(|g| {
+                g["rescue_rewards"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|r| r.as_f64() >= Some(1.0))
+            })
+            .count();
+        if *m != Method::Grpo {
+            // One stage per update here: the stages' "(successes/triggers)" add up to the file's.
+            let cells: Vec<(usize, usize)> = report
+                .lines()
+                .filter(|l| l.starts_with("| Rescue success, updates"))
+                .map(|l| {
+                    let col = cfg.train.methods.iter().position(|x| x == m).unwrap() + 2;
+                    let cell = l.split('|').nth(col).unwrap();
+                    let inner = cell.split('(').nth(1).unwrap().trim_end_matches([')', ' ']);
+                    let (a, b) = inner.split_once('/').unwrap();
+                    (a.trim().parse().unwrap(), b.trim().parse().unwrap())
+                })
+                .collect();
+            let (s, t) = cells
+                .iter()
+                .fold((0, 0), |acc, c| (acc.0 + c.0, acc.1 + c.1));
+            assert_eq!(
+                (s, t),
+                (saved, rescued.len()),
+                "{}: Table 2 counts",
+                m.name()
+            );
+        } else {
+            assert!(rescued.is_empty());
+        }
+    }
+}

@@ -1,0 +1,384 @@
+//! `harness-s`: the Harness-S main job from the command line.
+//!
+//! ```text
+//! harness-s run                                   # the whole loop on the embedded default
+//! harness-s evolve    --config run.toml           # evolution into <out>/evolve/pool
+//! harness-s calibrate --config run.toml           # the router's first calibration
+//! harness-s train     --config run.toml --method harness_s [--resume]
+//! harness-s eval      --config run.toml --method harness_s
+//! harness-s report    --config run.toml
+//! harness-s serve     --config run.toml --method harness_s --port 8000
+//! ```
+//!
+//! Every subcommand reads one run configuration (`--config`, TOML or JSON, every setting listed
+//! by `--help`), with flags and `--set path=value` overriding it. Only this binary reads flags
+//! and environment variables (the LLM roles' API key, from `roles.llm_key_env`).
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Parser, Subcommand};
+use harness_pipeline::config::{RolloutEngine, SETTINGS_HELP};
+use harness_pipeline::{Method, Preset, Progress, RunConfig, Secrets, Workbench, stages};
+
+// The default allocator spends much of a CPU training step in page faults; mimalloc reuses
+// the large tensor buffers.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+#[derive(Parser)]
+#[command(
+    name = "harness-s",
+    version,
+    about = "Agent RL with sibling harnesses: evolve a pool, calibrate the router, rescue-train, evaluate, report",
+    after_long_help = SETTINGS_HELP
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// The whole loop: evolve, calibrate, train every method, evaluate, report.
+    #[command(after_long_help = SETTINGS_HELP)]
+    Run(Common),
+    /// Directional Harness Evolution from H0 into <out>/evolve/pool (Eqs. 2-4).
+    #[command(after_long_help = SETTINGS_HELP)]
+    Evolve(Common),
+    /// The router's first calibration with the initial policy, into <out>/calibration.
+    #[command(after_long_help = SETTINGS_HELP)]
+    Calibrate(Common),
+    /// Rescue-train one method (or every configured one) into <out>/train/<method>.
+    #[command(after_long_help = SETTINGS_HELP)]
+    Train {
+        #[command(flatten)]
+        common: Common,
+        /// The method (default: every method of train.methods).
+        #[arg(long)]
+        method: Option<String>,
+        /// Continue a killed run from its latest checkpoint.
+        #[arg(long)]
+        resume: bool,
+    },
+    /// Test evaluation of a trained method (or `initial`) under H0, and Rank-1 for harness_s.
+    #[command(after_long_help = SETTINGS_HELP)]
+    Eval {
+        #[command(flatten)]
+        common: Common,
+        /// The method, or `initial` (default: the initial policy and every configured method).
+        #[arg(long)]
+        method: Option<String>,
+    },
+    /// Write report.md, report.html and plots/ from the run's files.
+    #[command(after_long_help = SETTINGS_HELP)]
+    Report(Common),
+    /// Serve a checkpoint over the OpenAI- and SGLang-compatible API.
+    #[command(after_long_help = SETTINGS_HELP)]
+    Serve {
+        #[command(flatten)]
+        common: Common,
+        /// The trained method to serve, or `initial` (default).
+        #[arg(long)]
+        method: Option<String>,
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1")]
+        host: IpAddr,
+        /// Port (0 picks a free one).
+        #[arg(long, default_value_t = 8000)]
+        port: u16,
+    },
+}
+
+/// Flags every subcommand takes; each overrides the configuration file.
+#[derive(Args, Clone, Default)]
+struct Common {
+    /// The run configuration (TOML or JSON).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Start from a preset's defaults: quick or paper.
+    #[arg(long)]
+    preset: Option<String>,
+    /// The one seed of the run.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Seeds run one after another; the report gives mean and standard deviation.
+    #[arg(long)]
+    seeds: Option<usize>,
+    /// The run directory.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// A saved pool directory to train on.
+    #[arg(long)]
+    pool: Option<PathBuf>,
+    /// A Hugging Face checkpoint folder (or cached hub id) instead of the embedded tiny policy.
+    #[arg(long)]
+    model: Option<String>,
+    /// The environment: default, dbbench, appworld or swe.
+    #[arg(long)]
+    env: Option<String>,
+    /// An OpenAI-compatible base URL (ending in /v1) for the LLM roles.
+    #[arg(long)]
+    llm: Option<String>,
+    /// The model asked at --llm.
+    #[arg(long)]
+    llm_model: Option<String>,
+    /// The environment variable holding the --llm API key.
+    #[arg(long)]
+    llm_key_env: Option<String>,
+    /// The rollout engine: local, vllm or sglang.
+    #[arg(long)]
+    rollout_engine: Option<String>,
+    /// The rollout engine's server root (http://host:port).
+    #[arg(long)]
+    engine_url: Option<String>,
+    /// Policy updates per method.
+    #[arg(long)]
+    updates: Option<u64>,
+    /// Any setting by its dotted path, as a TOML value (repeatable): --set train.group_size=8
+    #[arg(long = "set", value_name = "PATH=VALUE")]
+    sets: Vec<String>,
+    /// No progress bars.
+    #[arg(long)]
+    quiet: bool,
+}
+
+impl Common {
+    /// File, then preset, then flags.
+    fn config(&self) -> Result<RunConfig> {
+        let mut cfg = match &self.config {
+            Some(path) => RunConfig::load(path)?,
+            None => RunConfig::default(),
+        };
+        if let Some(preset) = &self.preset {
+            let preset = match preset.as_str() {
+                "quick" => Preset::Quick,
+                "paper" => Preset::Paper,
+                other => bail!("--preset {other}: expected quick or paper"),
+            };
+            // The flag wins over the file's own `preset`; the file's settings still apply.
+            cfg = match &self.config {
+                Some(path) => reload_with_preset(path, preset)?,
+                None => RunConfig::preset(preset),
+            };
+        }
+        let mut sets: Vec<(String, String)> = Vec::new();
+        let mut flag = |path: &str, value: Option<String>| {
+            if let Some(v) = value {
+                sets.push((path.to_string(), v));
+            }
+        };
+        flag("seed", self.seed.map(|v| v.to_string()));
+        flag("seeds", self.seeds.map(|v| v.to_string()));
+        flag("train.updates", self.updates.map(|v| v.to_string()));
+        let quoted = |v: &Option<String>| v.as_ref().map(|s| toml_string(s));
+        flag(
+            "out",
+            self.out.as_ref().map(|p| toml_string(&p.to_string_lossy())),
+        );
+        flag(
+            "pool",
+            self.pool
+                .as_ref()
+                .map(|p| toml_string(&p.to_string_lossy())),
+        );
+        flag("policy.model", quoted(&self.model));
+        flag("env.name", quoted(&self.env));
+        flag("roles.llm", quoted(&self.llm));
+        flag("roles.llm_model", quoted(&self.llm_model));
+        flag("roles.llm_key_env", quoted(&self.llm_key_env));
+        flag("rollout.engine", quoted(&self.rollout_engine));
+        flag("rollout.engine_url", quoted(&self.engine_url));
+        for set in &self.sets {
+            let (path, value) = set
+                .split_once('=')
+                .with_context(|| format!("--set {set}: expected PATH=VALUE"))?;
+            sets.push((path.trim().to_string(), value.trim().to_string()));
+        }
+        for (path, value) in sets {
+            cfg.set(&path, &value)?;
+        }
+        let file = self.config.as_deref();
+        cfg.validate(file)?;
+        Ok(cfg)
+    }
+
+    fn secrets(&self, cfg: &RunConfig) -> Secrets {
+        Secrets {
+            llm_api_key: cfg
+                .roles
+                .llm
+                .as_ref()
+                .and_then(|_| std::env::var(&cfg.roles.llm_key_env).ok()),
+            engine_api_key: match cfg.rollout.engine {
+                RolloutEngine::Local => None,
+                _ => std::env::var("HARNESS_S_ENGINE_API_KEY").ok(),
+            },
+        }
+    }
+
+    fn progress(&self) -> Progress {
+        if self.quiet {
+            Progress::hidden()
+        } else {
+            Progress::bars()
+        }
+    }
+}
+
+/// Load `path` as if it named `preset` (the flag wins over the file's own `preset`).
+fn reload_with_preset(path: &std::path::Path, preset: Preset) -> Result<RunConfig> {
+    let mut doc = harness_pipeline::config::document(path)?;
+    doc["preset"] = serde_json::to_value(preset)?;
+    Ok(RunConfig::from_value(doc, Some(path))?)
+}
+
+fn toml_string(s: &str) -> String {
+    toml::Value::String(s.to_string()).to_string()
+}
+
+fn method(name: &str) -> Result<Method> {
+    Method::parse(name).with_context(|| {
+        let names: Vec<&str> = Method::ALL.iter().map(|m| m.name()).collect();
+        format!("--method {name}: expected one of {}", names.join(", "))
+    })
+}
+
+#[tokio::main(flavor = "multi_thread")]
+async fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Run(common) => {
+            let cfg = common.config()?;
+            let summary =
+                harness_pipeline::run_main_job(&cfg, &common.secrets(&cfg), &common.progress())
+                    .await?;
+            println!("{}", summary.tables);
+            println!(
+                "wrote {} report files under {} in {:.0}s",
+                summary.files.len(),
+                cfg.out.display(),
+                summary.seconds
+            );
+        }
+        Command::Evolve(common) => {
+            for wb in workbenches(&common)? {
+                harness_pipeline::write_run_config(&wb)?;
+                let pool = stages::evolve(&wb).await?;
+                println!("{}", pool.render_lineage());
+                println!("pool: {}", wb.layout.pool().display());
+            }
+        }
+        Command::Calibrate(common) => {
+            for wb in workbenches(&common)? {
+                let pool = stages::load_pool(&wb)?;
+                stages::calibrate(&wb, &pool).await?;
+                println!("calibration: {}", wb.layout.calibration().display());
+            }
+        }
+        Command::Train {
+            common,
+            method: name,
+            resume,
+        } => {
+            for wb in workbenches(&common)? {
+                let pool = stages::load_pool(&wb)?;
+                let methods = match &name {
+                    Some(n) => vec![method(n)?],
+                    None => wb.cfg.train.methods.clone(),
+                };
+                for m in methods {
+                    let trained = stages::train(&wb, &pool, m, resume).await?;
+                    println!(
+                        "{}: {} (checkpoint {})",
+                        m.name(),
+                        trained.run_dir.display(),
+                        trained.checkpoint.display()
+                    );
+                }
+            }
+        }
+        Command::Eval {
+            common,
+            method: name,
+        } => {
+            for wb in workbenches(&common)? {
+                let pool = stages::load_pool(&wb)?;
+                let methods: Vec<Option<Method>> = match name.as_deref() {
+                    Some("initial") => vec![None],
+                    Some(n) => vec![Some(method(n)?)],
+                    None => std::iter::once(None)
+                        .chain(wb.cfg.train.methods.iter().copied().map(Some))
+                        .collect(),
+                };
+                for m in methods {
+                    stages::evaluate(&wb, &pool, m).await?;
+                }
+                println!("results: {}", wb.layout.test_results().display());
+            }
+        }
+        Command::Report(common) => {
+            let cfg = common.config()?;
+            let files = harness_pipeline::write_report(&cfg)?;
+            println!("{}", harness_pipeline::render_tables(&cfg)?);
+            for f in files {
+                println!("wrote {}", f.display());
+            }
+        }
+        Command::Serve {
+            common,
+            method: name,
+            host,
+            port,
+        } => {
+            let cfg = common.config()?;
+            let wb = Workbench::new(cfg.clone(), common.secrets(&cfg), common.progress())?;
+            let dir = match name.as_deref() {
+                None | Some("initial") => wb.checkpoint.clone(),
+                Some(n) => wb.layout.final_checkpoint(method(n)?),
+            };
+            let served = name.unwrap_or_else(|| "initial".into());
+            let server = harness_pipeline::serve::serve(
+                &dir,
+                &harness_pipeline::serve::ServeSettings {
+                    addr: SocketAddr::new(host, port),
+                    served_model: served.clone(),
+                    max_batch: 32,
+                },
+            )
+            .await?;
+            println!(
+                "serving `{served}` from {} at {} (OpenAI base URL {}/v1); Ctrl-C stops",
+                dir.display(),
+                server.base_url(),
+                server.base_url()
+            );
+            tokio::signal::ctrl_c().await?;
+            server.shutdown().await?;
+        }
+    }
+    Ok(())
+}
+
+/// One workbench per seed of the configuration.
+fn workbenches(common: &Common) -> Result<Vec<Workbench>> {
+    let cfg = common.config()?;
+    let secrets = common.secrets(&cfg);
+    cfg.seed_list()
+        .into_iter()
+        .map(|seed| {
+            Ok(Workbench::new(
+                cfg.with_seed(seed),
+                secrets.clone(),
+                common.progress(),
+            )?)
+        })
+        .collect()
+}
