@@ -205,6 +205,23 @@ fn router_and_evolution_reach_models_only_through_the_core_traits() {
     }
 }
 
+#[test]
+fn the_report_is_made_from_files() {
+    let graph = normal_dependency_graph();
+    let forbidden: Vec<&str> = ML
+        .iter()
+        .chain(HTTP)
+        .copied()
+        .chain(["grpo-candle", "harness-openai", "harness-warmstart", "harness-pipeline"])
+        .collect();
+    assert_free_of(
+        &graph,
+        "harness-report",
+        &forbidden,
+        "the report reads run files with the producing crates' serde types and runs nothing",
+    );
+}
+
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
         let path = entry.path();
