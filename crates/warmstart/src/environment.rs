@@ -200,7 +200,7 @@ pub const COMMIT_AFTER_CHANGE_HOOK: &str = "commit-after-change";
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Family {
-    /// Counting, ranking, MIN, MAX: nothing planted, the demonstrations solve them.
+    /// Counting, comparison, MIN, MAX: nothing planted, the demonstrations solve them.
     Plain,
     /// INSERT, UPDATE, DELETE: without a prompt the policy checks the table after the change
     /// instead of committing (repaired by commit-after-change and low-budget).
@@ -208,7 +208,8 @@ pub enum Family {
     /// SUM, AVG: without a prompt the policy re-runs its query instead of committing the result
     /// (repaired by low-budget).
     Recheck,
-    /// "other" lookups and comparisons: the policy writes table and column names unquoted and,
+    /// "other" lookups and rankings (one-value answers): the policy writes table and column
+    /// names unquoted and,
     /// without a prompt, repeats the failed statement (repaired by sql-error-recovery).
     Quoting,
 }
@@ -227,9 +228,9 @@ impl Family {
         match kind {
             QuestionType::Insert | QuestionType::Update | QuestionType::Delete => Family::Change,
             QuestionType::AggregationSum | QuestionType::AggregationAvg => Family::Recheck,
-            QuestionType::Other | QuestionType::Comparison => Family::Quoting,
+            QuestionType::Other | QuestionType::Ranking => Family::Quoting,
             QuestionType::Counting
-            | QuestionType::Ranking
+            | QuestionType::Comparison
             | QuestionType::AggregationMin
             | QuestionType::AggregationMax => Family::Plain,
         }

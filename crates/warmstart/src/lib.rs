@@ -25,11 +25,11 @@
 //!     the low-budget message (after the first check).
 //!   - [`Family::Recheck`] (SUM, AVG): it re-runs its query instead of committing the result;
 //!     it commits after the low-budget message.
-//!   - [`Family::Quoting`] ("other" lookups, comparisons): it writes table and column names
+//!   - [`Family::Quoting`] ("other" lookups, rankings): it writes table and column names
 //!     without backticks; where a name has a space the statement fails and the script repeats it;
 //!     after the sql-error-recovery message it runs the quoted statement and commits. (Tasks
 //!     whose names need no quotes succeed under every harness.)
-//!   - [`Family::Plain`] (counting, ranking, MIN, MAX): nothing planted.
+//!   - [`Family::Plain`] (counting, comparison, MIN, MAX): nothing planted.
 //!
 //!   In a share [`WarmStartSettings::unprompted_good_rate`] of the planted episodes (seeded)
 //!   the script makes the good decision without a hook message, so H0 is not at 0% on the
@@ -39,12 +39,16 @@
 //!   `grpo_candle::SftTrainer` fits every demonstration (failed ones included: the planted
 //!   behaviour *is* the failure) for [`WarmStartSettings::sft_steps`] updates.
 //!
-//! The result: under H0 the policy solves the plain family and fails most planted tasks on
+//! The intent: under H0 the policy solves the plain family and fails most planted tasks on
 //! every attempt; each sibling rescues its own families; the union of one rollout under each
 //! sibling covers more tasks than the best single sibling and than H0 with the same number of
-//! rollouts (the paper's Figure 1b). Whether rescue training then moves the prompted behaviours
-//! into H0 is what the main job *measures*; nothing here assumes it. `examples/base_rates.rs`
-//! measures the starting point.
+//! rollouts (the paper's Figure 1b). How far a given checkpoint gets there is *measured*, not
+//! assumed: `examples/base_rates.rs` prints the per-family rates and the Figure 1b numbers.
+//! With the defaults the tiny policy is still undertrained: its weak point is copying values
+//! (names, numbers) from the question and the observations into SQL and answers, which caps
+//! every family's success, the prompted repairs of the recheck and quoting families included.
+//! Whether rescue training then moves the prompted behaviours into H0 is what the main job
+//! measures; nothing here assumes it.
 //!
 //! # Use
 //! ```no_run

@@ -66,7 +66,7 @@ pub struct WarmStartSettings {
     pub model: ModelShape,
     /// The compact H0's episode limits (the siblings share them).
     pub limits: EpisodeLimits,
-    /// Fine-tuning updates. Default 800.
+    /// Fine-tuning updates. Default 1400.
     pub sft_steps: usize,
     /// Demonstration sequences per update. Default 8.
     pub batch_sequences: usize,
@@ -88,7 +88,7 @@ impl Default for WarmStartSettings {
             vocab_size: 2048,
             model: ModelShape::default(),
             limits: EpisodeLimits::default(),
-            sft_steps: 800,
+            sft_steps: 1400,
             batch_sequences: 8,
             learning_rate: 1e-2,
             warmup_steps: 30,

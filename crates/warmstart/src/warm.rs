@@ -24,7 +24,7 @@ use crate::settings::WarmStartSettings;
 use crate::tokenizer::fit_tokenizer;
 
 /// Bumped whenever the warm start's procedure changes, so old caches are not reused.
-pub const CACHE_VERSION: u32 = 2;
+pub const CACHE_VERSION: u32 = 3;
 
 /// The file in a warm-start folder that describes it.
 pub const REPORT_FILE: &str = "warmstart.json";
