@@ -22,6 +22,11 @@ use crate::error::Result;
 pub const PAGINATION_MESSAGE: &str = "This result is one page of a longer listing. Keep requesting pages until one comes back empty or shorter than the page size; the first page is not the whole list.";
 /// Message of the low-budget hook (Table 7, S8).
 pub const LOW_BUDGET_MESSAGE: &str = "Only a few actions are left. Finish only the required checks and keep one action for the completion call; skip anything else.";
+/// Message of the low-call-budget hook.
+pub const LOW_CALL_BUDGET_MESSAGE: &str = "Only a few replies are left: keep one action for the completion call and submit now if the work is done.";
+/// Message of the unknown-name hook.
+pub const UNKNOWN_NAME_MESSAGE: &str =
+    "That table or column does not exist. Look up the schema and retry with an existing name.";
 /// Message of the repeated-failure hook.
 pub const REPEATED_FAILURE_MESSAGE: &str = "You repeated a call that failed. Do not repeat it: read the error, then change the arguments or the approach.";
 
@@ -210,7 +215,7 @@ pub fn operators(kind: &str) -> &'static [Operator] {
                             "warn",
                             "remaining_calls_lte",
                             "before_model",
-                            "Only a few replies are left: keep one action for the completion call and submit now if the work is done.",
+                            LOW_CALL_BUDGET_MESSAGE,
                             json!({"threshold": 2}),
                         ))
                     },
@@ -313,7 +318,7 @@ pub fn operators(kind: &str) -> &'static [Operator] {
                             "warn",
                             "observation_matches",
                             "on_error",
-                            "That table or column does not exist. Look up the schema and retry with an existing name.",
+                            UNKNOWN_NAME_MESSAGE,
                             json!({"pattern": "(?i)no such (column|table)|doesn't exist"}),
                         ))
                     },

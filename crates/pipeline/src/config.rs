@@ -115,7 +115,8 @@ pub struct PolicyConfig {
     /// release build) or `tiny` (seconds, for tests and smoke runs; its policy is not useful).
     pub warm_start_preset: WarmStartPreset,
     /// The warm start's settings (harness-warmstart's `WarmStartSettings`, any subset over
-    /// `warm_start_preset`). Its `seed` is always the run's.
+    /// `warm_start_preset`). Its `seed` defaults to the run's; with several seeds every seed
+    /// trains from the checkpoint of the first.
     pub warm_start: Value,
     /// Peak learning rate of the GRPO updates.
     pub learning_rate: f64,
@@ -312,8 +313,7 @@ impl RunConfig {
                 model: None,
                 cache_dir: PathBuf::from("runs/cache"),
                 warm_start_preset: WarmStartPreset::Default,
-                warm_start: serde_json::to_value(harness_warmstart::WarmStartSettings::default())
-                    .unwrap_or_else(|_| unreachable!("plain data")),
+                warm_start: warm_start_defaults(WarmStartPreset::Default),
                 learning_rate: if quick { 2e-4 } else { 1e-6 },
             },
             roles: RolesConfig {
@@ -401,9 +401,7 @@ impl RunConfig {
             .unwrap_or_else(|_| unreachable!("plain data"));
         let tiny = doc.pointer("/policy/warm_start_preset") == Some(&Value::from("tiny"));
         if tiny {
-            merged["policy"]["warm_start"] =
-                serde_json::to_value(harness_warmstart::WarmStartSettings::tiny())
-                    .unwrap_or_else(|_| unreachable!("plain data"));
+            merged["policy"]["warm_start"] = warm_start_defaults(WarmStartPreset::Tiny);
         }
         merge(&mut merged, doc);
         let cfg: RunConfig = serde_path_to_error::deserialize(merged)
@@ -545,15 +543,46 @@ impl RunConfig {
         (0..self.seeds as u64).map(|i| self.seed + i).collect()
     }
 
-    /// This configuration with another seed (for one run of several).
+    /// This configuration with another seed (for one run of several). Every seed's training
+    /// starts from the same warm-started checkpoint, the one of this configuration's own seed
+    /// (as the paper's runs start from one pretrained model): `policy.warm_start.seed` is
+    /// pinned to it.
     pub fn with_seed(&self, seed: u64) -> RunConfig {
+        let mut policy = self.policy.clone();
+        let warm_seed = self.warm_start_seed();
+        if let Some(table) = policy.warm_start.as_object_mut() {
+            table.insert("seed".into(), Value::from(warm_seed));
+        }
         RunConfig {
             seed,
             seeds: 1,
             out: self.seed_dir(seed),
+            policy,
             ..self.clone()
         }
     }
+
+    /// The warm start's seed: `policy.warm_start.seed` when given, else the run's `seed`.
+    pub fn warm_start_seed(&self) -> u64 {
+        self.policy
+            .warm_start
+            .get("seed")
+            .and_then(Value::as_u64)
+            .unwrap_or(self.seed)
+    }
+}
+
+/// A warm-start preset's settings as a table, without `seed` (it follows the run's).
+fn warm_start_defaults(preset: WarmStartPreset) -> Value {
+    let settings = match preset {
+        WarmStartPreset::Default => harness_warmstart::WarmStartSettings::default(),
+        WarmStartPreset::Tiny => harness_warmstart::WarmStartSettings::tiny(),
+    };
+    let mut value = serde_json::to_value(settings).unwrap_or_else(|_| unreachable!("plain data"));
+    if let Some(table) = value.as_object_mut() {
+        table.remove("seed");
+    }
+    value
 }
 
 /// A configuration file as a JSON value, before presets and validation (for callers that
@@ -735,7 +764,7 @@ Run configuration (TOML or JSON; any subset; `preset` picks the defaults; flags 
   policy.model                  a Hugging Face checkpoint folder or cached hub id (unset: the embedded tiny policy)
   policy.cache_dir              where the warm-started checkpoint is cached
   policy.warm_start_preset      default | tiny (seconds, for tests; its policy is not useful)
-  policy.warm_start             harness-warmstart settings over the preset (demo_tasks, sft_steps, model, limits, ...); its seed is the run's
+  policy.warm_start             harness-warmstart settings over the preset (demo_tasks, sft_steps, model, limits, ...); seed: default the run's (every seed of --seeds trains from that one checkpoint)
   policy.learning_rate          peak learning rate of the GRPO updates
   roles.llm                     OpenAI-compatible base URL (ending in /v1) for analyst, editor, profiler, voters (unset: built-in)
   roles.llm_model               the model asked at roles.llm

@@ -24,8 +24,8 @@ pub struct Organism {
     pub checkpoint: PathBuf,
 }
 
-/// The warm start's settings of `cfg`: `policy.warm_start` over the chosen preset, with the
-/// run's seed.
+/// The warm start's settings of `cfg`: `policy.warm_start` over the chosen preset, seeded by
+/// [`RunConfig::warm_start_seed`].
 pub fn settings(cfg: &RunConfig) -> Result<WarmStartSettings> {
     let mut settings: WarmStartSettings = serde_json::from_value(cfg.policy.warm_start.clone())
         .map_err(|e| Error::Config {
@@ -33,7 +33,7 @@ pub fn settings(cfg: &RunConfig) -> Result<WarmStartSettings> {
             field: "policy.warm_start".into(),
             message: format!("expected harness-warmstart settings: {e}"),
         })?;
-    settings.seed = cfg.seed;
+    settings.seed = cfg.warm_start_seed();
     settings.validate().map_err(|e| Error::Config {
         file: PathBuf::from("<run config>"),
         field: "policy.warm_start".into(),

@@ -70,9 +70,12 @@ impl Progress {
     /// Print a line above the bars.
     pub fn println(&self, line: impl AsRef<str>) {
         match &self.bars {
-            Some(multi) => {
+            // Above live bars; on a stream that is not a terminal indicatif draws nothing, so
+            // the line goes to stderr as it is.
+            Some(multi) if !multi.is_hidden() => {
                 let _ = multi.println(line.as_ref());
             }
+            Some(_) => eprintln!("{}", line.as_ref()),
             None => tracing::info!("{}", line.as_ref()),
         }
     }

@@ -437,6 +437,13 @@ pub async fn train(
         Method::Grpo | Method::H0Rescue => (None, None),
     };
     let weight_sync = remote_sync(wb, &local, &acting, &run_dir)?;
+    if let Some(sync) = &weight_sync
+        && !resume
+    {
+        // The engine may still hold another method's trained weights: every method starts
+        // from the initial checkpoint.
+        sync.sync(0).await.at("train")?;
+    }
     let setup = TrainingSetup {
         policy: acting,
         environments: vec![wb.env.clone()],

@@ -189,6 +189,103 @@ pub fn rebased_siblings(base: &Harness) -> Vec<Harness> {
         .collect()
 }
 
+/// One-hook siblings of `base` carrying the hooks harness-evolve's built-in editor writes for
+/// the causes these failures are diagnosed as (`budget-before-completion`: a low-step and a
+/// low-reply reminder; `unknown-schema-name`: an unknown-name reminder; `repeated-failing-call`:
+/// a repeated-failure reminder), with the editor's names, conditions and messages. The warm
+/// start demonstrates under them too, so that a pool evolved from H0 by the built-in editor
+/// can elicit the planted behaviours as the hand-written siblings do.
+pub fn editor_repairs(base: &Harness) -> Vec<Harness> {
+    use harness_core::{HookAction, HookEvent, HookSpec};
+    use harness_evolve::repair::{
+        LOW_BUDGET_MESSAGE, LOW_CALL_BUDGET_MESSAGE, REPEATED_FAILURE_MESSAGE, UNKNOWN_NAME_MESSAGE,
+    };
+    let one = |name: &str,
+               event: HookEvent,
+               condition: &str,
+               message: &str,
+               params: serde_json::Value| {
+        let mut h = base.clone();
+        h.name = format!("{}+{name}", base.name);
+        h.description = format!("H0 with the built-in editor's `{name}` hook.");
+        let parameters = params
+            .as_object()
+            .map(|m| m.clone().into_iter().collect())
+            .unwrap_or_default();
+        h.hooks.insert(
+            name.to_string(),
+            HookSpec {
+                action: HookAction::Warn,
+                condition: condition.into(),
+                event,
+                message: message.into(),
+                parameters,
+            },
+        );
+        h.lineage.parent = Some(base.id());
+        h.lineage.generation = 1;
+        h
+    };
+    vec![
+        one(
+            EDITOR_LOW_BUDGET_HOOK,
+            HookEvent::AfterTool,
+            "remaining_steps_lte",
+            LOW_BUDGET_MESSAGE,
+            serde_json::json!({"threshold": 3}),
+        ),
+        one(
+            EDITOR_LOW_CALLS_HOOK,
+            HookEvent::BeforeModel,
+            "remaining_calls_lte",
+            LOW_CALL_BUDGET_MESSAGE,
+            serde_json::json!({"threshold": 2}),
+        ),
+        one(
+            EDITOR_UNKNOWN_NAME_HOOK,
+            HookEvent::OnError,
+            "observation_matches",
+            UNKNOWN_NAME_MESSAGE,
+            serde_json::json!({"pattern": "(?i)no such (column|table)|doesn't exist"}),
+        ),
+        one(
+            EDITOR_REPEATED_FAILURE_HOOK,
+            HookEvent::OnError,
+            "repeated_action",
+            REPEATED_FAILURE_MESSAGE,
+            serde_json::json!({"n": 2}),
+        ),
+    ]
+}
+
+/// The built-in editor's low-step reminder (`budget-before-completion`).
+pub const EDITOR_LOW_BUDGET_HOOK: &str = "low-budget-completion";
+/// The built-in editor's low-reply reminder (`budget-before-completion`).
+pub const EDITOR_LOW_CALLS_HOOK: &str = "low-call-budget";
+/// The built-in editor's unknown-name reminder (`unknown-schema-name`).
+pub const EDITOR_UNKNOWN_NAME_HOOK: &str = "unknown-name-recovery";
+/// The built-in editor's repeated-failure reminder (`repeated-failing-call`).
+pub const EDITOR_REPEATED_FAILURE_HOOK: &str = "repeated-failure-recovery";
+
+/// The hooks that prompt for the same behaviour as `hook` (itself included): the built-in
+/// editor's reminders count as the hand-written siblings' hooks they paraphrase.
+pub fn same_behaviour(hook: &str) -> &'static [&'static str] {
+    match hook {
+        LOW_BUDGET_HOOK | EDITOR_LOW_BUDGET_HOOK | EDITOR_LOW_CALLS_HOOK => &[
+            LOW_BUDGET_HOOK,
+            EDITOR_LOW_BUDGET_HOOK,
+            EDITOR_LOW_CALLS_HOOK,
+        ],
+        RECOVERY_HOOK | EDITOR_UNKNOWN_NAME_HOOK | EDITOR_REPEATED_FAILURE_HOOK => &[
+            RECOVERY_HOOK,
+            EDITOR_UNKNOWN_NAME_HOOK,
+            EDITOR_REPEATED_FAILURE_HOOK,
+        ],
+        COMMIT_AFTER_CHANGE_HOOK => &[COMMIT_AFTER_CHANGE_HOOK],
+        _ => &[],
+    }
+}
+
 /// The hook of the sibling that repairs [`Family::Quoting`].
 pub const RECOVERY_HOOK: &str = "sql-error-recovery";
 /// The hook of the sibling that repairs [`Family::Recheck`] (and [`Family::Change`]).
@@ -256,9 +353,22 @@ impl Family {
     pub fn repairing_hooks(self) -> &'static [&'static str] {
         match self {
             Family::Plain => &[],
-            Family::Change => &[COMMIT_AFTER_CHANGE_HOOK, LOW_BUDGET_HOOK],
-            Family::Recheck => &[LOW_BUDGET_HOOK],
-            Family::Quoting => &[RECOVERY_HOOK],
+            Family::Change => &[
+                COMMIT_AFTER_CHANGE_HOOK,
+                LOW_BUDGET_HOOK,
+                EDITOR_LOW_BUDGET_HOOK,
+                EDITOR_LOW_CALLS_HOOK,
+            ],
+            Family::Recheck => &[
+                LOW_BUDGET_HOOK,
+                EDITOR_LOW_BUDGET_HOOK,
+                EDITOR_LOW_CALLS_HOOK,
+            ],
+            Family::Quoting => &[
+                RECOVERY_HOOK,
+                EDITOR_UNKNOWN_NAME_HOOK,
+                EDITOR_REPEATED_FAILURE_HOOK,
+            ],
         }
     }
 }

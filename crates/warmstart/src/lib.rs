@@ -12,6 +12,13 @@
 //!   96 output tokens per call); its siblings are DBBench's three one-hook siblings re-based on
 //!   it ([`rebased_siblings`]: the same hooks, messages and conditions), so their hook messages
 //!   appear exactly as they do for DBBench's own H0.
+//! - The demonstrations also run under one-hook siblings carrying the reminders
+//!   harness-evolve's built-in editor writes for these failures ([`editor_repairs`]: its
+//!   low-step, low-reply, unknown-name and repeated-failure hooks, with its messages), and a
+//!   reminder counts as the hand-written hook it paraphrases ([`environment::same_behaviour`]).
+//!   So a pool evolved from H0 by the built-in editor can elicit the planted behaviours; prompt
+//!   rules the editor writes (a budget-planning rule, a check-the-schema rule) are planted to
+//!   change nothing, the locality of the paper's siblings.
 //! - Demonstrations ([`demo`]) are recorded by a scripted policy through the real agent loop,
 //!   one per training task, in the student's own tokens (`grpo_candle::TeacherForcedPolicy`):
 //!   a task of a planted family runs under a sibling that repairs it with probability
@@ -82,7 +89,7 @@ pub mod warm;
 pub use demo::{DemoScript, Demonstration, FamilyCounts};
 pub use environment::{
     CompactDbBench, EpisodeLimits, Family, TEST_TASKS, TRAIN_TASKS, VALIDATION_TASKS, compact_base,
-    default_environment, rebased_siblings, task_splits,
+    default_environment, editor_repairs, rebased_siblings, task_splits,
 };
 pub use error::{Error, Result};
 pub use settings::{ModelShape, WarmStartSettings};

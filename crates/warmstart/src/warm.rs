@@ -24,7 +24,7 @@ use crate::settings::WarmStartSettings;
 use crate::tokenizer::fit_tokenizer;
 
 /// Bumped whenever the warm start's procedure changes, so old caches are not reused.
-pub const CACHE_VERSION: u32 = 3;
+pub const CACHE_VERSION: u32 = 4;
 
 /// The file in a warm-start folder that describes it.
 pub const REPORT_FILE: &str = "warmstart.json";
@@ -329,8 +329,10 @@ pub async fn demonstrations(
     progress: &mut dyn FnMut(WarmStartProgress),
 ) -> Result<(PolicyModel, Vec<Demonstration>)> {
     let (base, siblings) = harnesses(settings);
-    let mut all = vec![base];
+    let mut all = vec![base.clone()];
     all.extend(siblings);
+    // The built-in editor's reminders too: a pool evolved from H0 carries them.
+    all.extend(environment::editor_repairs(&base));
     let env = demo_env();
     let specs = demo::plan(
         settings.seed,

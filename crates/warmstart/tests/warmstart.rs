@@ -48,6 +48,14 @@ fn hooks_before(messages: &[TrajectoryMessage], i: usize) -> Vec<&str> {
         .collect()
 }
 
+/// Whether a hook prompting for the behaviour of `hook` fired (the built-in editor's
+/// reminders count as the hand-written hooks they paraphrase).
+fn told(hooks: &[&str], hook: &str) -> bool {
+    harness_warmstart::environment::same_behaviour(hook)
+        .iter()
+        .any(|h| hooks.contains(h))
+}
+
 fn is_commit(text: &str) -> bool {
     text.contains("commit_final_answer")
 }
@@ -70,8 +78,8 @@ fn planted_good_behaviour_appears_only_where_a_hook_message_prompts_for_it() {
             let text = &m[i].content;
             match d.family {
                 Family::Change if n >= 1 => {
-                    let told = hooks.contains(&COMMIT_AFTER_CHANGE_HOOK)
-                        || hooks.contains(&LOW_BUDGET_HOOK);
+                    let told =
+                        told(&hooks, COMMIT_AFTER_CHANGE_HOOK) || told(&hooks, LOW_BUDGET_HOOK);
                     if told {
                         prompted[0] += 1;
                         assert!(
@@ -84,7 +92,7 @@ fn planted_good_behaviour_appears_only_where_a_hook_message_prompts_for_it() {
                     }
                 }
                 Family::Recheck if n >= 1 => {
-                    if hooks.contains(&LOW_BUDGET_HOOK) {
+                    if told(&hooks, LOW_BUDGET_HOOK) {
                         prompted[1] += 1;
                         assert!(is_commit(text), "{}: {text}", d.trajectory.task_id);
                     } else if is_commit(text) {
@@ -93,7 +101,7 @@ fn planted_good_behaviour_appears_only_where_a_hook_message_prompts_for_it() {
                 }
                 Family::Quoting if n >= 1 => {
                     let recovered = text.contains('`');
-                    if hooks.contains(&RECOVERY_HOOK) {
+                    if told(&hooks, RECOVERY_HOOK) {
                         prompted[2] += 1;
                         assert!(recovered, "{}: {text}", d.trajectory.task_id);
                     } else if recovered {
