@@ -36,6 +36,8 @@
 //! # }
 //! ```
 
+#[cfg(feature = "candle")]
+pub mod candle;
 pub mod chat;
 pub mod engine;
 pub mod error;

@@ -32,7 +32,6 @@
 //! ```
 
 pub mod config;
-pub mod engine;
 pub mod error;
 pub mod layout;
 pub mod organism;

@@ -8,9 +8,9 @@ use std::sync::Arc;
 
 use harness_openai::{ServerConfig, ServerHandle, ServerState};
 
-use crate::engine::{CandleEncoder, CandleGenerator, CandleLoader};
 use crate::error::{Result, StageExt};
 use crate::setup::load_model;
+use harness_openai::candle::{CandleEncoder, CandleGenerator, CandleLoader};
 
 /// Settings of a served checkpoint.
 #[derive(Debug, Clone)]

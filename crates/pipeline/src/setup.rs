@@ -12,9 +12,9 @@ use harness_openai::{ChatClient, ChatClientConfig, EngineKind, RemotePolicy, Rem
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::config::{RolloutEngine, RunConfig};
-use crate::engine::CandleEncoder;
 use crate::error::{Error, Result, StageExt};
 use crate::layout::Layout;
+use harness_openai::candle::CandleEncoder;
 
 /// Whether stages draw progress bars (on stderr) or stay quiet (tests, logs to files).
 #[derive(Debug, Clone)]

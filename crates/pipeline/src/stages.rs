@@ -335,14 +335,14 @@ pub struct Trained {
 }
 
 /// The rescue-training configuration of a method.
-pub fn rescue_config(wb: &Workbench, method: Method) -> RescueConfig {
+pub fn rescue_config(wb: &Workbench, pool: &SiblingPool, method: Method) -> RescueConfig {
     let cfg = &wb.cfg;
     let strategy = match method {
         Method::Grpo => Strategy::Grpo,
         Method::H0Rescue => Strategy::H0Rescue,
         Method::RandomHarness => Strategy::RandomHarness,
         Method::HarnessS | Method::HarnessSFixed => Strategy::Router {
-            allocation: harness_rollout::Allocation::TopK,
+            allocation: router_allocation(cfg.train.group_size, pool.len().saturating_sub(1)),
         },
     };
     RescueConfig {
@@ -367,6 +367,20 @@ pub fn rescue_config(wb: &Workbench, method: Method) -> RescueConfig {
     }
 }
 
+/// Top-K (one rescue rollout under each of K siblings, the paper's Top-8) when the pool has K
+/// siblings; a smaller pool gets Top-m x n with the most siblings m that divide K (the paper's
+/// "Top-4 x 2" allocation), so the rescue group keeps K rollouts.
+pub fn router_allocation(k: usize, siblings: usize) -> harness_rollout::Allocation {
+    if siblings >= k {
+        return harness_rollout::Allocation::TopK;
+    }
+    let m = (1..=siblings.max(1))
+        .rev()
+        .find(|m| k.is_multiple_of(*m))
+        .unwrap_or(1);
+    harness_rollout::Allocation::TopMXN { m, n: k / m }
+}
+
 /// Rescue-train `method` from the initial checkpoint into `train/<method>/`; `resume`
 /// continues a killed run from its latest checkpoint.
 pub async fn train(
@@ -377,8 +391,19 @@ pub async fn train(
 ) -> Result<Trained> {
     let cfg = &wb.cfg;
     let run_dir = wb.layout.train(method);
-    let rescue = rescue_config(wb, method);
+    let rescue = rescue_config(wb, pool, method);
     rescue.validate(pool).at("train")?;
+    if let Strategy::Router {
+        allocation: harness_rollout::Allocation::TopMXN { m, n },
+    } = rescue.strategy
+    {
+        wb.progress.println(format!(
+            "{}: the pool has {} siblings for K = {}: rescue with Top-{m} x {n}",
+            method.name(),
+            pool.len() - 1,
+            rescue.group_size
+        ));
+    }
     let local = wb.local_policy(&wb.checkpoint, method.name())?;
     let acting = wb.acting_policy(&local)?;
     let trainer_cfg = TrainerConfig {
@@ -532,7 +557,7 @@ fn remote_sync(
         Arc::new(
             harness_openai::RemotePolicy::new(
                 config,
-                Arc::new(crate::engine::CandleEncoder::new(
+                Arc::new(harness_openai::candle::CandleEncoder::new(
                     local.policy_model().clone(),
                 )),
             )
@@ -826,4 +851,20 @@ fn replace_lines<T: Serialize>(path: &Path, method: &str, lines: &[T]) -> Result
         std::fs::create_dir_all(dir).map_err(|e| Error::input("evaluate", dir, e.to_string()))?;
     }
     harness_core::fsutil::write_atomic(path, kept.as_bytes()).at("evaluate")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::router_allocation;
+    use harness_rollout::Allocation;
+
+    #[test]
+    fn a_small_pool_gets_top_m_by_n_with_k_rollouts() {
+        assert_eq!(router_allocation(4, 6), Allocation::TopK);
+        assert_eq!(router_allocation(4, 4), Allocation::TopK);
+        assert_eq!(router_allocation(4, 3), Allocation::TopMXN { m: 2, n: 2 });
+        assert_eq!(router_allocation(8, 5), Allocation::TopMXN { m: 4, n: 2 });
+        assert_eq!(router_allocation(3, 2), Allocation::TopMXN { m: 1, n: 3 });
+        assert_eq!(router_allocation(4, 0), Allocation::TopMXN { m: 1, n: 4 });
+    }
 }

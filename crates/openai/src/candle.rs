@@ -1,20 +1,19 @@
-//! grpo-candle behind harness-openai's token-level seams, for a remote rollout engine and the
-//! `serve` stage: the checkpoint's chat template and tokenizer as a [`PromptEncoder`] (so a
-//! vLLM or SGLang engine gets exactly the prompt ids the trainer scores), its batched sampler
-//! as a [`TokenGenerator`], and weight reloading as a [`WeightLoader`] (so the project's own
-//! OpenAI-compatible server can stand in for an engine).
+//! grpo-candle behind this crate's token-level seams (feature `candle`): the checkpoint's chat
+//! template and tokenizer as a [`PromptEncoder`] (so a vLLM or SGLang engine gets exactly the
+//! prompt ids the trainer scores), its batched sampler as a [`TokenGenerator`], and weight
+//! reloading as a [`WeightLoader`] (so the local server can stand in for an engine).
 
 use std::path::Path;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 
+use crate::{PromptEncoder, TokenGenerator, TokenOutput, TokenRequest, WeightLoader};
 use async_trait::async_trait;
 use candle_core::DType;
 use grpo_candle::sampler::{self, Sample, SampleRequest};
 use grpo_candle::{PolicyModel, tokenizer};
 use harness_core::{ChatMessage, ToolSpec};
-use harness_openai::{PromptEncoder, TokenGenerator, TokenOutput, TokenRequest, WeightLoader};
 
 fn core(e: grpo_candle::Error) -> harness_core::Error {
     harness_core::Error::Policy {
