@@ -212,7 +212,12 @@ fn the_report_is_made_from_files() {
         .iter()
         .chain(HTTP)
         .copied()
-        .chain(["grpo-candle", "harness-openai", "harness-warmstart", "harness-pipeline"])
+        .chain([
+            "grpo-candle",
+            "harness-openai",
+            "harness-warmstart",
+            "harness-pipeline",
+        ])
         .collect();
     assert_free_of(
         &graph,
@@ -238,9 +243,7 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
 fn library_sources() -> Vec<PathBuf> {
     let mut files = Vec::new();
     rust_files(&root().join("src"), &mut files);
-    files.retain(|f| {
-        f != &root().join("src/main.rs") && !f.starts_with(root().join("src/bin"))
-    });
+    files.retain(|f| f != &root().join("src/main.rs") && !f.starts_with(root().join("src/bin")));
     for entry in std::fs::read_dir(root().join("crates"))
         .expect("crates")
         .flatten()
