@@ -23,7 +23,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 use clap::Parser;
 use harness_pipeline::{Preset, Progress, RunConfig, Secrets, run_main_job};
 
@@ -64,23 +64,13 @@ async fn main() -> Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
-    let mut cfg = match &args.config {
-        Some(path) => RunConfig::load(path)?,
-        None => RunConfig::default(),
-    };
-    if let Some(preset) = &args.preset {
-        let preset = match preset.as_str() {
-            "quick" => Preset::Quick,
-            "paper" => Preset::Paper,
-            other => bail!("--preset {other}: expected quick or paper"),
-        };
-        let mut doc = match &args.config {
-            Some(path) => harness_pipeline::config::document(path)?,
-            None => serde_json::json!({}),
-        };
-        doc["preset"] = serde_json::to_value(preset)?;
-        cfg = RunConfig::from_value(doc, args.config.as_deref())?;
-    }
+    let preset = args
+        .preset
+        .as_deref()
+        .map(str::parse::<Preset>)
+        .transpose()
+        .map_err(|e| anyhow::anyhow!("--preset: {e}"))?;
+    let mut cfg = RunConfig::load_with_preset(args.config.as_deref(), preset)?;
     if let Some(seed) = args.seed {
         cfg.seed = seed;
     }

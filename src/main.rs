@@ -17,7 +17,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use harness_pipeline::config::{RolloutEngine, SETTINGS_HELP};
 use harness_pipeline::{Method, Preset, Progress, RunConfig, Secrets, Workbench, stages};
@@ -147,22 +147,13 @@ struct Common {
 impl Common {
     /// File, then preset, then flags.
     fn config(&self) -> Result<RunConfig> {
-        let mut cfg = match &self.config {
-            Some(path) => RunConfig::load(path)?,
-            None => RunConfig::default(),
-        };
-        if let Some(preset) = &self.preset {
-            let preset = match preset.as_str() {
-                "quick" => Preset::Quick,
-                "paper" => Preset::Paper,
-                other => bail!("--preset {other}: expected quick or paper"),
-            };
-            // The flag wins over the file's own `preset`; the file's settings still apply.
-            cfg = match &self.config {
-                Some(path) => reload_with_preset(path, preset)?,
-                None => RunConfig::preset(preset),
-            };
-        }
+        let preset = self
+            .preset
+            .as_deref()
+            .map(str::parse::<Preset>)
+            .transpose()
+            .map_err(|e| anyhow::anyhow!("--preset: {e}"))?;
+        let mut cfg = RunConfig::load_with_preset(self.config.as_deref(), preset)?;
         let mut sets: Vec<(String, String)> = Vec::new();
         let mut flag = |path: &str, value: Option<String>| {
             if let Some(v) = value {
@@ -225,13 +216,6 @@ impl Common {
             Progress::bars()
         }
     }
-}
-
-/// Load `path` as if it named `preset` (the flag wins over the file's own `preset`).
-fn reload_with_preset(path: &std::path::Path, preset: Preset) -> Result<RunConfig> {
-    let mut doc = harness_pipeline::config::document(path)?;
-    doc["preset"] = serde_json::to_value(preset)?;
-    Ok(RunConfig::from_value(doc, Some(path))?)
 }
 
 fn toml_string(s: &str) -> String {

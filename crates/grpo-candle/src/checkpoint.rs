@@ -179,6 +179,18 @@ impl PolicyModel {
     /// and the plain ChatML template: everything from `spec`, nothing from disk or network.
     pub fn tiny(spec: &TinySpec, dtype: DType, device: &Device) -> Result<Self> {
         let tokenizer = tokenizer::tiny_tokenizer(spec.num_merges)?;
+        Self::tiny_with_tokenizer(spec, tokenizer, dtype, device)
+    }
+
+    /// A freshly initialised Qwen3 of `spec`'s shape over `tokenizer` (which must have the
+    /// ChatML specials; `spec.num_merges` is ignored): the vocabulary is the tokenizer's,
+    /// rounded up to a multiple of 64, and `<|im_end|>` / `<|endoftext|>` stop generation.
+    pub fn tiny_with_tokenizer(
+        spec: &TinySpec,
+        tokenizer: Tokenizer,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self> {
         let n = tokenizer.get_vocab_size(true);
         let im_end = tokenizer::token_id(&tokenizer, IM_END)?;
         let eot = tokenizer::token_id(&tokenizer, END_OF_TEXT)?;

@@ -25,6 +25,18 @@ pub enum Preset {
     Paper,
 }
 
+impl std::str::FromStr for Preset {
+    type Err = String;
+
+    fn from_str(name: &str) -> std::result::Result<Self, String> {
+        match name {
+            "quick" => Ok(Preset::Quick),
+            "paper" => Ok(Preset::Paper),
+            other => Err(format!("unknown preset `{other}`; expected quick or paper")),
+        }
+    }
+}
+
 /// A training method of the comparison (paper Tables 1, 2 and 9).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -374,6 +386,20 @@ impl RunConfig {
         Self::from_value(document(file)?, Some(file))
     }
 
+    /// The configuration of `file` (or the defaults without one), with `preset`, when given,
+    /// in place of the preset the file names: the file's own settings still apply over it.
+    pub fn load_with_preset(file: Option<&Path>, preset: Option<Preset>) -> Result<Self> {
+        let mut doc = match file {
+            Some(path) => document(path)?,
+            None => Value::Object(Default::default()),
+        };
+        if let Some(preset) = preset {
+            doc["preset"] =
+                serde_json::to_value(preset).unwrap_or_else(|_| unreachable!("plain data"));
+        }
+        Self::from_value(doc, file)
+    }
+
     /// Build from a parsed document: the preset it names, with the document's fields over it.
     pub fn from_value(doc: Value, file: Option<&Path>) -> Result<Self> {
         let file_path = file.map_or_else(|| PathBuf::from("<run config>"), Path::to_path_buf);
@@ -658,6 +684,29 @@ mod tests {
         assert_eq!(cfg.evolve.proposal_budgets, vec![7, 8, 8]);
         assert_eq!(cfg.evolve.parent_slots, 4);
         assert_eq!(cfg.eval.k, 3);
+    }
+
+    #[test]
+    fn a_preset_flag_replaces_the_files_preset_but_not_its_settings() {
+        assert_eq!(
+            RunConfig::load_with_preset(None, Some(Preset::Paper)).unwrap(),
+            RunConfig::preset(Preset::Paper)
+        );
+        let dir = std::env::temp_dir().join(format!("harness-s-preset-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("run.toml");
+        std::fs::write(&file, "preset = \"quick\"\n[train]\nupdates = 3\n").unwrap();
+        let cfg = RunConfig::load_with_preset(Some(&file), Some(Preset::Paper)).unwrap();
+        assert_eq!(cfg.preset, Preset::Paper);
+        assert_eq!(cfg.train.group_size, 8);
+        assert_eq!(cfg.train.updates, 3);
+        assert!(
+            "huge"
+                .parse::<Preset>()
+                .unwrap_err()
+                .contains("quick or paper")
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -119,13 +119,24 @@ async fn the_whole_loop_writes_every_output_and_the_tables_match_the_run_files()
             .iter()
             .map(|t| t["attempts"].as_f64().unwrap())
             .sum();
+        let solved = per_task
+            .iter()
+            .filter(|t| t["successes"].as_u64() > Some(0))
+            .count();
         let avg = successes / attempts;
+        let pass = solved as f64 / per_task.len() as f64;
         assert!((record["avg_at_k"].as_f64().unwrap() - avg).abs() < 1e-9);
-        let cell = format!("{:.2}", 100.0 * avg);
+        assert!((record["pass_at_k"].as_f64().unwrap() - pass).abs() < 1e-9);
+        // The method's whole Table 1 row, not just a number somewhere in the report.
+        let row = format!(
+            "| {} | {:.2} | {:.2} |",
+            record["label"].as_str().unwrap(),
+            100.0 * pass,
+            100.0 * avg
+        );
         assert!(
-            report.contains(&cell),
-            "report.md lacks {cell} for {}",
-            record["method"]
+            report.contains(&row),
+            "report.md lacks the Table 1 row `{row}`"
         );
     }
 

@@ -6,10 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use candle_core::{DType, Device};
-use grpo_candle::config::QwenConfig;
-use grpo_candle::model::Qwen;
 use grpo_candle::sft::{SftConfig, SftTrainer, sft_sequences};
-use grpo_candle::tokenizer::{END_OF_TEXT, IM_END, token_id};
 use grpo_candle::trainer::{DecayKind, Schedule};
 use grpo_candle::{CandlePolicy, ChatTemplate, PolicyModel, PolicyOptions, TeacherForcedPolicy};
 use harness_core::{ChatMessage, Environment, FinishReason, Harness, Policy};
@@ -295,31 +292,25 @@ fn fresh_model(
     settings: &WarmStartSettings,
     tokenizer: tokenizers::Tokenizer,
 ) -> Result<PolicyModel> {
-    let n = tokenizer.get_vocab_size(true);
-    let im_end = token_id(&tokenizer, IM_END)?;
-    let eot = token_id(&tokenizer, END_OF_TEXT)?;
     let m = &settings.model;
-    let mut cfg = QwenConfig::tiny_qwen3(n.div_ceil(64) * 64);
-    cfg.hidden_size = m.hidden_size;
-    cfg.num_hidden_layers = m.num_layers;
-    cfg.num_attention_heads = m.num_heads;
-    cfg.num_key_value_heads = m.num_kv_heads;
-    cfg.head_dim = m.head_dim;
-    cfg.intermediate_size = m.intermediate_size;
-    cfg.max_position_embeddings = m.max_position_embeddings;
-    cfg.tie_word_embeddings = true;
-    let mut stop = vec![im_end, eot];
-    stop.sort_unstable();
-    cfg.eos_token_ids = stop.clone();
-    let model = Qwen::new_random(&cfg, settings.seed, DType::F32, &Device::Cpu)?;
-    Ok(PolicyModel {
-        model,
+    let spec = grpo_candle::TinySpec {
+        seed: settings.seed,
+        hidden_size: m.hidden_size,
+        num_layers: m.num_layers,
+        num_heads: m.num_heads,
+        num_kv_heads: m.num_kv_heads,
+        head_dim: m.head_dim,
+        intermediate_size: m.intermediate_size,
+        max_position_embeddings: m.max_position_embeddings,
+        tie_word_embeddings: true,
+        ..grpo_candle::TinySpec::default()
+    };
+    Ok(PolicyModel::tiny_with_tokenizer(
+        &spec,
         tokenizer,
-        template: ChatTemplate::ChatMl,
-        stop_token_ids: stop,
-        tokenizer_config: None,
-        generation_config: None,
-    })
+        DType::F32,
+        &Device::Cpu,
+    )?)
 }
 
 /// Record the demonstrations of `settings` in a fresh student's tokens (the tokenizer fitted
