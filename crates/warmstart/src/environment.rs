@@ -196,66 +196,50 @@ pub fn rebased_siblings(base: &Harness) -> Vec<Harness> {
 /// start demonstrates under them too, so that a pool evolved from H0 by the built-in editor
 /// can elicit the planted behaviours as the hand-written siblings do.
 pub fn editor_repairs(base: &Harness) -> Vec<Harness> {
-    use harness_core::{HookAction, HookEvent, HookSpec};
-    use harness_evolve::repair::{
-        LOW_BUDGET_MESSAGE, LOW_CALL_BUDGET_MESSAGE, REPEATED_FAILURE_MESSAGE, UNKNOWN_NAME_MESSAGE,
+    EDITOR_REPAIRS
+        .iter()
+        .map(|&(kind, name)| editor_repair(base, kind, name))
+        .collect()
+}
+
+/// The (cause kind, operator) pairs of [`editor_repairs`], in its order.
+const EDITOR_REPAIRS: [(&str, &str); 4] = [
+    ("budget-before-completion", EDITOR_LOW_BUDGET_HOOK),
+    ("budget-before-completion", EDITOR_LOW_CALLS_HOOK),
+    ("unknown-schema-name", EDITOR_UNKNOWN_NAME_HOOK),
+    ("repeated-failing-call", EDITOR_REPEATED_FAILURE_HOOK),
+];
+
+/// `base` with the one hook the built-in editor's operator `name` (for cause `kind`) writes:
+/// the operator's own edit, so the warm start cannot drift from the editor.
+fn editor_repair(base: &Harness, kind: &str, name: &str) -> Harness {
+    use harness_evolve::repair::{OpCtx, operators};
+    let op = operators(kind)
+        .iter()
+        .find(|op| op.name == name)
+        .unwrap_or_else(|| panic!("the built-in editor has no operator `{name}` for `{kind}`"));
+    let cause = harness_evolve::cause::Cause {
+        kind: kind.into(),
+        summary: String::new(),
+        tasks: Vec::new(),
+        evidence: Vec::new(),
+        tools: Vec::new(),
     };
-    let one = |name: &str,
-               event: HookEvent,
-               condition: &str,
-               message: &str,
-               params: serde_json::Value| {
-        let mut h = base.clone();
-        h.name = format!("{}+{name}", base.name);
-        h.description = format!("H0 with the built-in editor's `{name}` hook.");
-        let parameters = params
-            .as_object()
-            .map(|m| m.clone().into_iter().collect())
-            .unwrap_or_default();
-        h.hooks.insert(
-            name.to_string(),
-            HookSpec {
-                action: HookAction::Warn,
-                condition: condition.into(),
-                event,
-                message: message.into(),
-                parameters,
-            },
-        );
-        h.lineage.parent = Some(base.id());
-        h.lineage.generation = 1;
-        h
+    let ctx = OpCtx {
+        parent: base,
+        cause: &cause,
+        tools: &[],
     };
-    vec![
-        one(
-            EDITOR_LOW_BUDGET_HOOK,
-            HookEvent::AfterTool,
-            "remaining_steps_lte",
-            LOW_BUDGET_MESSAGE,
-            serde_json::json!({"threshold": 3}),
-        ),
-        one(
-            EDITOR_LOW_CALLS_HOOK,
-            HookEvent::BeforeModel,
-            "remaining_calls_lte",
-            LOW_CALL_BUDGET_MESSAGE,
-            serde_json::json!({"threshold": 2}),
-        ),
-        one(
-            EDITOR_UNKNOWN_NAME_HOOK,
-            HookEvent::OnError,
-            "observation_matches",
-            UNKNOWN_NAME_MESSAGE,
-            serde_json::json!({"pattern": "(?i)no such (column|table)|doesn't exist"}),
-        ),
-        one(
-            EDITOR_REPEATED_FAILURE_HOOK,
-            HookEvent::OnError,
-            "repeated_action",
-            REPEATED_FAILURE_MESSAGE,
-            serde_json::json!({"n": 2}),
-        ),
-    ]
+    let ops = (op.build)(&ctx)
+        .unwrap_or_else(|| panic!("the built-in editor's `{name}` needs a tool or slot"));
+    let mut h = harness_core::HarnessEdit::new(ops, format!("the editor's `{name}`"))
+        .apply(base)
+        .unwrap_or_else(|e| panic!("the built-in editor's `{name}` does not apply to H0: {e}"));
+    h.name = format!("{}+{name}", base.name);
+    h.description = format!("H0 with the built-in editor's `{name}` hook.");
+    h.lineage.parent = Some(base.id());
+    h.lineage.generation = 1;
+    h
 }
 
 /// The built-in editor's low-step reminder (`budget-before-completion`).
@@ -382,6 +366,32 @@ impl std::fmt::Display for Family {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn editor_repairs_add_one_editor_hook_each_with_the_editors_message() {
+        use harness_evolve::repair::{
+            LOW_BUDGET_MESSAGE, LOW_CALL_BUDGET_MESSAGE, REPEATED_FAILURE_MESSAGE,
+            UNKNOWN_NAME_MESSAGE,
+        };
+        let base = compact_base(&EpisodeLimits::default());
+        let repairs = editor_repairs(&base);
+        let expected = [
+            (EDITOR_LOW_BUDGET_HOOK, LOW_BUDGET_MESSAGE),
+            (EDITOR_LOW_CALLS_HOOK, LOW_CALL_BUDGET_MESSAGE),
+            (EDITOR_UNKNOWN_NAME_HOOK, UNKNOWN_NAME_MESSAGE),
+            (EDITOR_REPEATED_FAILURE_HOOK, REPEATED_FAILURE_MESSAGE),
+        ];
+        assert_eq!(repairs.len(), expected.len());
+        for (h, (name, message)) in repairs.iter().zip(expected) {
+            h.validate_for_tools(&compact_tools()).unwrap();
+            assert_eq!(h.hooks.len(), base.hooks.len() + 1, "{}", h.name);
+            assert_eq!(h.hooks[name].message, message);
+            assert_eq!(h.prompt, base.prompt);
+            assert_eq!(h.limits, base.limits);
+            assert_eq!(h.lineage.parent, Some(base.id()));
+            assert!(same_behaviour(name).contains(&name));
+        }
+    }
 
     #[test]
     fn harnesses_validate_and_siblings_keep_the_hooks() {
