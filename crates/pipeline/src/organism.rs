@@ -1,6 +1,7 @@
 //! The embedded default: harness-warmstart's model organism (a tiny Qwen3 warm-started on
 //! planted DBBench demonstrations under a compact H0), built once per settings and seed and
-//! cached under `policy.cache_dir`, with a progress bar and its time stated.
+//! cached under `policy.cache_dir`, with a progress bar and its time stated. The default
+//! settings with the default seed are shipped with harness-warmstart and installed in a second.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -53,6 +54,10 @@ pub fn warm_start(cfg: &RunConfig, progress: &Progress) -> Result<Organism> {
         WarmStartProgress::Cached(dir) => {
             bar.set_message(format!("warm start: cached {}", dir.display()))
         }
+        WarmStartProgress::Shipped(dir) => bar.set_message(format!(
+            "warm start: installed the shipped {}",
+            dir.display()
+        )),
         WarmStartProgress::Demos { pass, done, total } => bar.set_message(format!(
             "warm start: demonstrations (pass {pass}) {done}/{total}"
         )),
@@ -67,7 +72,15 @@ pub fn warm_start(cfg: &RunConfig, progress: &Progress) -> Result<Organism> {
     })
     .at("warm start")?;
     bar.finish_and_clear();
-    if started.cached {
+    if started.shipped {
+        progress.println(format!(
+            "warm start: installed the checkpoint shipped with harness-warmstart in {} ({:.1}s; training it from its {} demonstrations takes {:.0}s: see harness_warmstart::shipped)",
+            started.checkpoint.display(),
+            started.seconds,
+            started.report.demos,
+            started.report.train_seconds + started.report.demo_seconds,
+        ));
+    } else if started.cached {
         progress.println(format!(
             "warm start: loaded the cached checkpoint {} ({:.1}s)",
             started.checkpoint.display(),
@@ -90,4 +103,23 @@ pub fn warm_start(cfg: &RunConfig, progress: &Progress) -> Result<Organism> {
         siblings: started.siblings.clone(),
         checkpoint: started.checkpoint.clone(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_run_uses_the_shipped_warm_start() {
+        let cfg = RunConfig::default();
+        let settings = settings(&cfg).unwrap();
+        assert!(
+            harness_warmstart::shipped_for(&settings).is_some(),
+            "the quick default's warm start ({}) is not shipped with harness-warmstart",
+            harness_warmstart::cache_dir_name(&settings)
+        );
+        let mut other = cfg.clone();
+        other.seed = 7;
+        assert!(harness_warmstart::shipped_for(&super::settings(&other).unwrap()).is_none());
+    }
 }

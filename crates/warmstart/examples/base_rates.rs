@@ -10,7 +10,8 @@
 //! ```
 //! Flags: `--cache DIR` (default `runs/warmstart-cache`), `--settings FILE` (a JSON
 //! [`WarmStartSettings`], any subset of fields), `--k N` (rollouts per task and harness,
-//! default 4), `--tasks N` (validation tasks, default all), `--concurrency N` (default 32).
+//! default 4), `--tasks N` (validation tasks, default all), `--concurrency N` (default 32),
+//! `--train` (train even where the crate ships the checkpoint: how a shipped one is remade).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -23,7 +24,9 @@ use grpo_candle::{CandlePolicy, PolicyOptions};
 use harness_core::{
     EpisodeOptions, Harness, SamplingParams, Split, Task, pass_and_avg_at_k, run_episode_with,
 };
-use harness_warmstart::{Family, WarmStartProgress, WarmStartSettings, warm_start};
+use harness_warmstart::{
+    Family, WarmStartProgress, WarmStartSettings, warm_start, warm_start_trained,
+};
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -35,6 +38,7 @@ struct Args {
     tasks: Option<usize>,
     concurrency: usize,
     show: usize,
+    train: bool,
 }
 
 fn args() -> Result<Args> {
@@ -45,6 +49,7 @@ fn args() -> Result<Args> {
         tasks: None,
         concurrency: 32,
         show: 0,
+        train: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -60,6 +65,7 @@ fn args() -> Result<Args> {
             "--tasks" => out.tasks = Some(value()?.parse()?),
             "--concurrency" => out.concurrency = value()?.parse()?,
             "--show" => out.show = value()?.parse()?,
+            "--train" => out.train = true,
             other => bail!("unknown flag `{other}`"),
         }
     }
@@ -77,7 +83,12 @@ fn pct(x: f64) -> String {
 async fn main() -> Result<()> {
     let args = args()?;
     let mut last_print = Instant::now();
-    let started = warm_start(&args.settings, &args.cache, &mut |p| match &p {
+    let build = if args.train {
+        warm_start_trained
+    } else {
+        warm_start
+    };
+    let started = build(&args.settings, &args.cache, &mut |p| match &p {
         WarmStartProgress::Step { step, total, loss } => {
             if last_print.elapsed().as_secs_f64() > 10.0 || step == total {
                 eprintln!("warm start: update {step}/{total}, nll {loss:.4}");
@@ -90,7 +101,9 @@ async fn main() -> Result<()> {
     println!(
         "warm start: {} ({}), {:.1} s this call; trained {} updates in {:.1} s (demos {:.1} s): nll {:.3} -> {:.3} (last 10%: {:.3})",
         started.checkpoint.display(),
-        if started.cached {
+        if started.shipped {
+            "shipped with the crate"
+        } else if started.cached {
             "cached"
         } else {
             "trained now"

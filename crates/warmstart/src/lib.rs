@@ -71,7 +71,10 @@
 //! ```
 //! A second call with the same settings loads the cached folder (named after a hash of the
 //! settings, [`cache_dir_name`]) instead of training. Everything derives from one seed
-//! ([`WarmStartSettings::seed`]); two runs give the same checkpoint.
+//! ([`WarmStartSettings::seed`]); two runs give the same checkpoint. The main job's default
+//! (the default settings with seed 42) is shipped inside the crate ([`shipped`]), so its first
+//! run installs it in a second instead of training for minutes; [`warm_start_trained`]
+//! rebuilds it from the demonstrations.
 //!
 //! # Where it sits
 //! It depends on harness-core (episodes), harness-envs (DBBench) and grpo-candle (model,
@@ -83,6 +86,7 @@ pub mod demo;
 pub mod environment;
 pub mod error;
 pub mod settings;
+pub mod shipped;
 pub mod tokenizer;
 pub mod warm;
 
@@ -93,8 +97,9 @@ pub use environment::{
 };
 pub use error::{Error, Result};
 pub use settings::{ModelShape, WarmStartSettings};
+pub use shipped::{SHIPPED, ShippedCheckpoint, shipped_for};
 pub use tokenizer::fit_tokenizer;
 pub use warm::{
     WarmStartProgress, WarmStartReport, WarmStarted, cache_dir_name, demonstrations, harnesses,
-    warm_start,
+    warm_start, warm_start_trained,
 };

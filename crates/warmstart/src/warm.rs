@@ -31,6 +31,9 @@ pub const REPORT_FILE: &str = "warmstart.json";
 pub enum WarmStartProgress {
     /// The cached checkpoint at this path is loaded instead of training.
     Cached(PathBuf),
+    /// The checkpoint shipped with the crate for these settings ([`crate::shipped`]) is
+    /// installed at this path instead of training.
+    Shipped(PathBuf),
     /// Demonstrations recorded so far (`pass` 1: the script alone, for the tokenizer; 2: in
     /// the student's tokens).
     Demos {
@@ -112,8 +115,11 @@ pub struct WarmStarted {
     pub task_seed: u64,
     /// Seconds this call took (loading, when cached).
     pub seconds: f64,
-    /// Whether the checkpoint came from the cache.
+    /// Whether the checkpoint came from the cache (or was installed from the crate's shipped
+    /// checkpoints: then [`WarmStarted::shipped`] is set too).
     pub cached: bool,
+    /// Whether the checkpoint was installed from the crate's shipped checkpoints in this call.
+    pub shipped: bool,
     /// What the warm start did (when it ran, possibly in an earlier call).
     pub report: WarmStartReport,
 }
@@ -166,9 +172,31 @@ pub fn harnesses(settings: &WarmStartSettings) -> (Harness, Vec<Harness>) {
 /// The episodes are driven by a plain executor (`futures::executor::block_on`): nothing in
 /// them needs a tokio reactor, so this may be called from anywhere, inside a runtime too (it
 /// blocks the calling thread).
+///
+/// Settings for which the crate ships the finished folder ([`crate::shipped`]: the main job's
+/// default) install it instead of training; [`warm_start_trained`] always trains.
 pub fn warm_start(
     settings: &WarmStartSettings,
     cache_root: &Path,
+    progress: &mut dyn FnMut(WarmStartProgress),
+) -> Result<WarmStarted> {
+    run(settings, cache_root, true, progress)
+}
+
+/// [`warm_start`] without the shipped checkpoints: a folder missing from the cache is always
+/// trained (how a shipped checkpoint is made, and checked).
+pub fn warm_start_trained(
+    settings: &WarmStartSettings,
+    cache_root: &Path,
+    progress: &mut dyn FnMut(WarmStartProgress),
+) -> Result<WarmStarted> {
+    run(settings, cache_root, false, progress)
+}
+
+fn run(
+    settings: &WarmStartSettings,
+    cache_root: &Path,
+    use_shipped: bool,
     progress: &mut dyn FnMut(WarmStartProgress),
 ) -> Result<WarmStarted> {
     let started = Instant::now();
@@ -187,6 +215,21 @@ pub fn warm_start(
     if tmp.exists() {
         std::fs::remove_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
     }
+    if let Some(shipped) = use_shipped
+        .then(|| crate::shipped::shipped_for(settings))
+        .flatten()
+    {
+        shipped.write_to(&tmp)?;
+        move_in(&tmp, &dir, settings)?;
+        let found = load_cached(&dir, settings)?
+            .ok_or_else(|| Error::io(&dir, "the shipped checkpoint did not install"))?;
+        progress(WarmStartProgress::Shipped(dir.clone()));
+        return Ok(WarmStarted {
+            seconds: started.elapsed().as_secs_f64(),
+            shipped: true,
+            ..found
+        });
+    }
     let (model, report) = futures::executor::block_on(train(settings, progress))?;
     model.save_hf(&tmp)?;
     let (base, siblings) = harnesses(settings);
@@ -199,16 +242,7 @@ pub fn warm_start(
     };
     let json = serde_json::to_string_pretty(&stored).map_err(|e| Error::io(&tmp, e))?;
     std::fs::write(tmp.join(REPORT_FILE), json).map_err(|e| Error::io(&tmp, e))?;
-    if let Err(e) = std::fs::rename(&tmp, &dir) {
-        // Another process may have finished the same warm start first: use its folder.
-        let _ = std::fs::remove_dir_all(&tmp);
-        if load_cached(&dir, settings)?.is_none() {
-            return Err(Error::io(
-                &dir,
-                format!("cannot move the checkpoint in: {e}"),
-            ));
-        }
-    }
+    move_in(&tmp, &dir, settings)?;
     progress(WarmStartProgress::Saved(dir.clone()));
     Ok(WarmStarted {
         checkpoint: dir,
@@ -218,8 +252,24 @@ pub fn warm_start(
         task_seed: settings.seed,
         seconds: started.elapsed().as_secs_f64(),
         cached: false,
+        shipped: false,
         report,
     })
+}
+
+/// Rename the finished temporary folder `tmp` to `dir`.
+fn move_in(tmp: &Path, dir: &Path, settings: &WarmStartSettings) -> Result<()> {
+    if let Err(e) = std::fs::rename(tmp, dir) {
+        // Another process may have finished the same warm start first: use its folder.
+        let _ = std::fs::remove_dir_all(tmp);
+        if load_cached(dir, settings)?.is_none() {
+            return Err(Error::io(
+                dir,
+                format!("cannot move the checkpoint in: {e}"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn load_cached(dir: &Path, settings: &WarmStartSettings) -> Result<Option<WarmStarted>> {
@@ -244,6 +294,7 @@ fn load_cached(dir: &Path, settings: &WarmStartSettings) -> Result<Option<WarmSt
         task_seed: settings.seed,
         seconds: 0.0,
         cached: true,
+        shipped: false,
         report: stored.report,
     }))
 }
