@@ -69,6 +69,10 @@ pub struct PrefixCacheStats {
     /// Prompt tokens prefilled (`reused_tokens + computed_tokens` is every prompt token looked
     /// up).
     pub computed_tokens: u64,
+    /// Lookups answered by a row of the same batch with the same prompt (the `n` choices of a
+    /// request, the K rollouts of a group): prefilled once, their tokens counted as reused (not
+    /// as cache hits: nothing came from the cache, and a disabled cache shares them too).
+    pub shared: u64,
     /// Entries stored.
     pub inserted: u64,
     /// Entries evicted for the memory budget.
@@ -203,6 +207,14 @@ impl PrefixCache {
         self.stats.reused_tokens += n as u64;
         self.stats.computed_tokens += (prompt.len() - n) as u64;
         Ok(Some(Reuse { cache, tokens: n }))
+    }
+
+    /// Count a prompt of `tokens` tokens that shares the prefill of an identical prompt in the
+    /// same batch: all its tokens are reused.
+    pub(crate) fn record_shared(&mut self, tokens: usize) {
+        self.stats.lookups += 1;
+        self.stats.shared += 1;
+        self.stats.reused_tokens += tokens as u64;
     }
 
     /// Store the keys and values of a prefilled prompt (`cache`: one row, no padding, holding

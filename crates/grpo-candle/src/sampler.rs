@@ -81,22 +81,58 @@ pub fn validate_params(p: &SamplingParams) -> Result<()> {
 }
 
 /// Draw one token from `logits` (f32, one row) with `params`; returns (token, processed log-prob,
-/// raw log-prob).
+/// raw log-prob). Logits holding a NaN, or no finite value, give token 0 with NaN log-probs
+/// (the batched sampler refuses them as diverged weights).
 pub fn sample_token(
     logits: &[f32],
     params: &SamplingParams,
     rng: &mut ChaCha8Rng,
 ) -> (u32, f32, f32) {
-    // Raw log-softmax in f64.
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let lse = max
-        + logits
-            .iter()
-            .map(|&l| (l as f64 - max).exp())
-            .sum::<f64>()
-            .ln();
-    let raw = |i: usize| (logits[i] as f64 - lse) as f32;
+    sample_token_into(logits, params, rng, &mut Scratch::default()).unwrap_or((
+        0,
+        f32::NAN,
+        f32::NAN,
+    ))
+}
 
+/// Buffers over the vocabulary that [`sample_token_into`] reuses from token to token.
+#[derive(Debug, Default)]
+struct Scratch {
+    weights: Vec<f64>,
+    order: Vec<usize>,
+}
+
+/// The first nucleus candidates taken by a partial sort; grown fourfold while their mass falls
+/// short of `top_p` (a nucleus over a 32k vocabulary rarely holds more than a few hundred).
+const NUCLEUS_FIRST: usize = 64;
+
+/// [`sample_token`] with reused buffers; `None` for logits holding a NaN or no finite value.
+///
+/// Top-p without top-k orders only the candidates it needs: a partial sort
+/// (`select_nth_unstable`) of the heaviest [`NUCLEUS_FIRST`] tokens, more only when they do not
+/// reach `top_p`, instead of sorting the whole vocabulary every token. The nucleus is the same
+/// smallest prefix of the same order (decreasing probability, ties by id), so the same token is
+/// drawn with the same log-prob; only the normaliser the prefix's mass is compared against is
+/// summed in vocabulary order rather than in sorted order.
+fn sample_token_into(
+    logits: &[f32],
+    params: &SamplingParams,
+    rng: &mut ChaCha8Rng,
+    scratch: &mut Scratch,
+) -> Option<(u32, f32, f32)> {
+    let mut max = f32::NEG_INFINITY;
+    let mut finite = false;
+    for &l in logits {
+        if l.is_nan() {
+            return None;
+        }
+        finite |= l.is_finite();
+        max = max.max(l);
+    }
+    if !finite {
+        return None;
+    }
+    let max = max as f64;
     if params.temperature <= 0.0 {
         // Greedy: the first maximal logit.
         let mut best = 0usize;
@@ -105,16 +141,28 @@ pub fn sample_token(
                 best = i;
             }
         }
-        return (best as u32, 0.0, raw(best));
+        let lse = log_sum_exp(logits, max);
+        return Some((best as u32, 0.0, (logits[best] as f64 - lse) as f32));
     }
     let inv_t = 1.0 / params.temperature as f64;
     let scaled_max = max * inv_t;
-    let weights: Vec<f64> = logits
-        .iter()
-        .map(|&l| (l as f64 * inv_t - scaled_max).exp())
-        .collect();
-    let truncate = params.top_k.is_some_and(|k| k < logits.len()) || params.top_p < 1.0;
-    if !truncate {
+    let weights = &mut scratch.weights;
+    weights.clear();
+    weights.extend(
+        logits
+            .iter()
+            .map(|&l| (l as f64 * inv_t - scaled_max).exp()),
+    );
+    // At temperature 1 the weights are the raw softmax's terms (`x * 1.0 == x`): one pass of
+    // `exp` over the vocabulary instead of two.
+    let lse = if inv_t == 1.0 {
+        max + weights.iter().sum::<f64>().ln()
+    } else {
+        log_sum_exp(logits, max)
+    };
+    let raw = |i: usize| (logits[i] as f64 - lse) as f32;
+    let top_k = params.top_k.filter(|&k| k < logits.len());
+    if top_k.is_none() && params.top_p >= 1.0 {
         let total: f64 = weights.iter().sum();
         let u = rng.r#gen::<f64>() * total;
         let mut acc = 0.0;
@@ -130,30 +178,42 @@ pub fn sample_token(
             chosen -= 1;
         }
         let lp = (weights[chosen] / total).ln() as f32;
-        return (chosen as u32, lp, raw(chosen));
+        return Some((chosen as u32, lp, raw(chosen)));
     }
+    let weights = &scratch.weights;
+    let order = &mut scratch.order;
     // Candidates by decreasing probability (ties by id): top-k, then the smallest prefix whose
     // mass reaches top_p (at least one token).
-    let mut order: Vec<usize> = (0..weights.len()).collect();
-    let k = params.top_k.unwrap_or(weights.len()).min(weights.len());
     let by_weight = |a: &usize, b: &usize| weights[*b].total_cmp(&weights[*a]).then(a.cmp(b));
-    if k < order.len() {
-        order.select_nth_unstable_by(k - 1, by_weight);
-        order.truncate(k);
-    }
-    order.sort_by(by_weight);
-    let total_k: f64 = order.iter().map(|&i| weights[i]).sum();
-    let mut kept = order.len();
-    if params.top_p < 1.0 {
-        let mut acc = 0.0;
-        for (n, &i) in order.iter().enumerate() {
-            acc += weights[i] / total_k;
-            if acc >= params.top_p as f64 {
-                kept = n + 1;
-                break;
+    let kept = match top_k {
+        Some(k) => {
+            order.clear();
+            order.extend(0..weights.len());
+            order.select_nth_unstable_by(k - 1, by_weight);
+            order.truncate(k);
+            order.sort_by(by_weight);
+            let total_k: f64 = order.iter().map(|&i| weights[i]).sum();
+            nucleus(order, weights, total_k, params.top_p).unwrap_or(order.len())
+        }
+        None => {
+            let total: f64 = weights.iter().sum();
+            let mut m = NUCLEUS_FIRST.min(weights.len());
+            loop {
+                order.clear();
+                order.extend(0..weights.len());
+                if m < order.len() {
+                    order.select_nth_unstable_by(m - 1, by_weight);
+                    order.truncate(m);
+                }
+                order.sort_by(by_weight);
+                match nucleus(order, weights, total, params.top_p) {
+                    Some(n) => break n,
+                    None if m == weights.len() => break m,
+                    None => m = (m * 4).min(weights.len()),
+                }
             }
         }
-    }
+    };
     let order = &order[..kept];
     let total: f64 = order.iter().map(|&i| weights[i]).sum();
     let u = rng.r#gen::<f64>() * total;
@@ -167,7 +227,32 @@ pub fn sample_token(
         }
     }
     let lp = (weights[chosen] / total).ln() as f32;
-    (chosen as u32, lp, raw(chosen))
+    Some((chosen as u32, lp, raw(chosen)))
+}
+
+/// `max + ln(sum(exp(l - max)))` in f64.
+fn log_sum_exp(logits: &[f32], max: f64) -> f64 {
+    max + logits
+        .iter()
+        .map(|&l| (l as f64 - max).exp())
+        .sum::<f64>()
+        .ln()
+}
+
+/// How many of the sorted candidates `order` the top-p nucleus keeps: the smallest prefix whose
+/// mass (over `total`) reaches `top_p`, or `None` if all of `order` falls short.
+fn nucleus(order: &[usize], weights: &[f64], total: f64, top_p: f32) -> Option<usize> {
+    if top_p >= 1.0 {
+        return None;
+    }
+    let mut acc = 0.0;
+    for (n, &i) in order.iter().enumerate() {
+        acc += weights[i] / total;
+        if acc >= top_p as f64 {
+            return Some(n + 1);
+        }
+    }
+    None
 }
 
 /// Prompt tokens per prefill forward pass, and the granularity of prefix reuse (vLLM's block
@@ -276,6 +361,8 @@ pub struct DecodeBatch<'m, K> {
     cache: KvCache,
     /// Next-token logits `[rows, vocab]` (f32), aligned with `rows`.
     logits: Option<Tensor>,
+    /// The sampler's per-token buffer over the vocabulary, reused across rows and steps.
+    scratch: Scratch,
 }
 
 impl<'m, K> DecodeBatch<'m, K> {
@@ -286,6 +373,7 @@ impl<'m, K> DecodeBatch<'m, K> {
             rows: Vec::new(),
             cache: KvCache::new(model.config().num_hidden_layers, Vec::new()),
             logits: None,
+            scratch: Scratch::default(),
         }
     }
 
@@ -349,21 +437,43 @@ impl<'m, K> DecodeBatch<'m, K> {
         if fresh.is_empty() {
             return Ok(done);
         }
+        // The rows of one prompt (the `n` choices of a request, the K rollouts of a group)
+        // share one prefill: the same prompt prefilled again would give the same bits.
+        let mut first_of: std::collections::HashMap<&[u32], usize> =
+            std::collections::HashMap::new();
+        let mut prefilled: Vec<(KvCache, Tensor)> = Vec::new();
+        let mut which = Vec::with_capacity(fresh.len());
+        for row in &fresh {
+            let prompt = row.request.prompt.as_slice();
+            if let Some(&j) = first_of.get(prompt) {
+                if let Some(c) = prefix.as_deref_mut() {
+                    c.record_shared(prompt.len());
+                }
+                which.push(j);
+                continue;
+            }
+            first_of.insert(prompt, prefilled.len());
+            which.push(prefilled.len());
+            prefilled.push(prefill_row(self.model, prompt, prefix.as_deref_mut())?);
+        }
         let mut caches = Vec::with_capacity(fresh.len() + 1);
         let mut logits = Vec::with_capacity(fresh.len() + 1);
-        if !self.rows.is_empty() {
-            caches.push(std::mem::replace(
+        let running = (!self.rows.is_empty()).then(|| {
+            let cache = std::mem::replace(
                 &mut self.cache,
                 KvCache::new(self.model.config().num_hidden_layers, Vec::new()),
-            ));
-            logits.push(self.logits.take().expect("rows have logits"));
-        }
-        for row in &fresh {
-            let (cache, l) = prefill_row(self.model, &row.request.prompt, prefix.as_deref_mut())?;
+            );
+            (cache, self.logits.take().expect("rows have logits"))
+        });
+        if let Some((cache, l)) = &running {
             caches.push(cache);
-            logits.push(l);
+            logits.push(l.clone());
         }
-        self.cache = KvCache::stack(&caches.iter().collect::<Vec<_>>())?;
+        for &j in &which {
+            caches.push(&prefilled[j].0);
+            logits.push(prefilled[j].1.clone());
+        }
+        self.cache = KvCache::stack(&caches)?;
         self.logits = Some(Tensor::cat(&logits, 0)?);
         self.rows.extend(fresh);
         Ok(done)
@@ -371,33 +481,52 @@ impl<'m, K> DecodeBatch<'m, K> {
     /// Sample one token for every row; return the rows that finished (stop token or string,
     /// `max_new_tokens`, or the model's context) and feed the others' tokens.
     pub fn step(&mut self, tokenizer: &Tokenizer) -> Result<Vec<(K, Sample)>> {
+        self.step_observed(tokenizer, |_, _| true)
+    }
+
+    /// [`DecodeBatch::step`], showing each row's new token to `observe` (its key and the
+    /// sample so far, the new token last) as soon as it is drawn: streaming. A row for which
+    /// `observe` returns `false` (its client went away) leaves the batch at once, before the
+    /// next forward pass, and comes back among the finished rows with what it generated.
+    pub fn step_observed(
+        &mut self,
+        tokenizer: &Tokenizer,
+        mut observe: impl FnMut(&K, &Sample) -> bool,
+    ) -> Result<Vec<(K, Sample)>> {
         let Some(logits) = self.logits.take() else {
             return Ok(Vec::new());
         };
         let max_pos = self.model.config().max_position_embeddings;
-        let table: Vec<Vec<f32>> = logits.to_dtype(DType::F32)?.to_vec2()?;
+        // One host copy of the whole `[rows, vocab]` table, read row by row.
+        let table: Vec<f32> = logits.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
+        let vocab = table.len() / self.rows.len().max(1);
         let mut next_tokens = Vec::with_capacity(self.rows.len());
         let mut keep = Vec::with_capacity(self.rows.len());
         let mut finished = vec![false; self.rows.len()];
         for (slot, row) in self.rows.iter_mut().enumerate() {
             let req = &row.request;
-            if table[slot].iter().any(|l| l.is_nan()) || table[slot].iter().all(|l| !l.is_finite())
-            {
-                return Err(Error::Msg(
-                    "the model produced non-finite logits (diverged weights?)".into(),
-                ));
-            }
-            let (tok, lp, raw) = sample_token(&table[slot], &req.params, &mut row.rng);
+            let logits = &table[slot * vocab..(slot + 1) * vocab];
+            let (tok, lp, raw) =
+                sample_token_into(logits, &req.params, &mut row.rng, &mut self.scratch)
+                    .ok_or_else(|| {
+                        Error::Msg(
+                            "the model produced non-finite logits (diverged weights?)".into(),
+                        )
+                    })?;
             row.sample.tokens.push(tok);
             row.sample.logprobs.push(lp);
             row.sample.raw_logprobs.push(raw);
             let produced = row.sample.tokens.len();
+            let wanted = observe(&row.key, &row.sample);
             if req.stop_token_ids.contains(&tok)
                 || hits_stop_string(tokenizer, &row.sample.tokens, &req.params)?
             {
                 row.sample.finish = FinishReason::Stop;
                 finished[slot] = true;
-            } else if produced >= req.max_new_tokens || req.prompt.len() + produced >= max_pos {
+            } else if !wanted
+                || produced >= req.max_new_tokens
+                || req.prompt.len() + produced >= max_pos
+            {
                 row.sample.finish = FinishReason::Length;
                 finished[slot] = true;
             } else {
@@ -530,6 +659,176 @@ mod tests {
             let got = counts[i] as f64 / n as f64;
             assert!((got - want).abs() < 0.01, "token {i}: {got} vs {want}");
         }
+    }
+
+    /// The sampler before the partial sort: every truncated draw sorts the whole vocabulary.
+    fn full_sort_sample_token(
+        logits: &[f32],
+        params: &SamplingParams,
+        rng: &mut ChaCha8Rng,
+    ) -> (u32, f32, f32) {
+        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+        let lse = log_sum_exp(logits, max);
+        let raw = |i: usize| (logits[i] as f64 - lse) as f32;
+        let inv_t = 1.0 / params.temperature as f64;
+        let weights: Vec<f64> = logits
+            .iter()
+            .map(|&l| (l as f64 * inv_t - max * inv_t).exp())
+            .collect();
+        let mut order: Vec<usize> = (0..weights.len()).collect();
+        let k = params.top_k.unwrap_or(weights.len()).min(weights.len());
+        let by_weight = |a: &usize, b: &usize| weights[*b].total_cmp(&weights[*a]).then(a.cmp(b));
+        order.sort_by(by_weight);
+        order.truncate(k);
+        let total_k: f64 = order.iter().map(|&i| weights[i]).sum();
+        let mut kept = order.len();
+        let mut acc = 0.0;
+        for (n, &i) in order.iter().enumerate() {
+            acc += weights[i] / total_k;
+            if acc >= params.top_p as f64 {
+                kept = n + 1;
+                break;
+            }
+        }
+        let order = &order[..kept];
+        let total: f64 = order.iter().map(|&i| weights[i]).sum();
+        let u = rng.r#gen::<f64>() * total;
+        let mut acc = 0.0;
+        let mut chosen = order[order.len() - 1];
+        for &i in order {
+            acc += weights[i];
+            if u < acc {
+                chosen = i;
+                break;
+            }
+        }
+        (
+            chosen as u32,
+            (weights[chosen] / total).ln() as f32,
+            raw(chosen),
+        )
+    }
+
+    #[test]
+    fn partial_sort_nucleus_draws_what_the_full_sort_draws() {
+        let mut gen_rng = ChaCha8Rng::seed_from_u64(2024);
+        let mut grown = 0;
+        for case in 0..400 {
+            // Vocabularies from tiny to Qwen-sized slices, peaked to flat logits, with ties.
+            let vocab = [5usize, 70, 1000, 4096][case % 4];
+            let scale = [0.5f32, 2.0, 6.0, 12.0][(case / 4) % 4];
+            let mut logits: Vec<f32> = (0..vocab)
+                .map(|_| (gen_rng.r#gen::<f32>() * 2.0 - 1.0) * scale)
+                .collect();
+            if case % 5 == 0 {
+                let copy = logits[1];
+                logits[vocab - 1] = copy; // a tie
+            }
+            let top_p = [0.1f32, 0.5, 0.9, 0.95, 0.999][case % 5];
+            let temperature = [0.6f32, 1.0, 1.3][case % 3];
+            let top_k = [None, Some(3), Some(vocab / 2 + 1), Some(vocab + 5)][(case / 3) % 4];
+            let p = params(temperature, top_p, top_k);
+            let mut a = ChaCha8Rng::seed_from_u64(case as u64);
+            let mut b = a.clone();
+            let mut scratch = Scratch::default();
+            for draw in 0..8 {
+                let got = sample_token_into(&logits, &p, &mut a, &mut scratch).unwrap();
+                let want = full_sort_sample_token(&logits, &p, &mut b);
+                assert_eq!(got.0, want.0, "case {case} draw {draw}: {p:?}");
+                assert_eq!(got.1.to_bits(), want.1.to_bits(), "case {case} draw {draw}");
+                assert_eq!(got.2.to_bits(), want.2.to_bits(), "case {case} draw {draw}");
+            }
+            if top_k.is_none() && scratch.order.len() > NUCLEUS_FIRST {
+                grown += 1;
+            }
+        }
+        // Flat distributions needed more than the first partial sort.
+        assert!(grown > 0);
+    }
+
+    #[test]
+    fn non_finite_logits_are_refused() {
+        let mut rng = ChaCha8Rng::seed_from_u64(1);
+        let mut s = Scratch::default();
+        let p = params(1.0, 0.9, None);
+        assert!(sample_token_into(&[0.0, f32::NAN], &p, &mut rng, &mut s).is_none());
+        assert!(sample_token_into(&[f32::NEG_INFINITY; 3], &p, &mut rng, &mut s).is_none());
+        assert!(sample_token_into(&[f32::NEG_INFINITY, 1.0], &p, &mut rng, &mut s).is_some());
+    }
+
+    #[test]
+    fn a_group_in_one_batch_prefills_its_prompt_once() {
+        let (model, tok) = tiny_model();
+        let prompt: Vec<u32> = (0..150).map(|i| (i * 11 + 3) % 200).collect();
+        let group: Vec<SampleRequest> = (0..8)
+            .map(|k| req(&prompt, 100 + k, params(1.0, 0.95, None), 5))
+            .collect();
+        let alone: Vec<Sample> = group
+            .iter()
+            .map(|r| {
+                generate(&model, &tok, std::slice::from_ref(r))
+                    .unwrap()
+                    .remove(0)
+            })
+            .collect();
+        let mut cache = PrefixCache::new(PrefixCacheConfig::default());
+        let together = generate_cached(&model, &tok, &group, &mut cache).unwrap();
+        // Bit for bit as the uncached batch; as each rollout alone up to the batched matmuls'
+        // rounding.
+        assert_same(&generate(&model, &tok, &group).unwrap(), &together);
+        for (a, b) in alone.iter().zip(&together) {
+            assert_eq!(a.tokens, b.tokens);
+            for (x, y) in a.raw_logprobs.iter().zip(&b.raw_logprobs) {
+                assert!((x - y).abs() < 1e-4);
+            }
+        }
+        assert!(
+            together.windows(2).any(|w| w[0].tokens != w[1].tokens),
+            "distinct seeds give distinct samples"
+        );
+        let st = cache.stats();
+        // One prefill, one stored entry; the other seven rows shared it.
+        assert_eq!(st.computed_tokens, prompt.len() as u64, "{st:?}");
+        assert_eq!(st.reused_tokens, 7 * prompt.len() as u64, "{st:?}");
+        assert_eq!((st.shared, st.entries, st.inserted), (7, 1, 1), "{st:?}");
+        // The same group again, one rollout at a time: each reuses the stored prompt (up to
+        // its last block) and the cache still holds one entry.
+        for r in &group {
+            let again = generate_cached(&model, &tok, std::slice::from_ref(r), &mut cache).unwrap();
+            assert_same(&again, &alone[(r.seed - 100) as usize..][..1]);
+        }
+        let st = cache.stats();
+        assert_eq!((st.entries, st.inserted), (1, 1), "{st:?}");
+        assert_eq!((st.hits, st.shared), (8, 7), "{st:?}");
+    }
+
+    #[test]
+    fn an_observer_sees_every_token_and_can_drop_a_row() {
+        let (model, tok) = tiny_model();
+        let a = req(&[5, 6, 7], 1, params(1.0, 1.0, None), 12);
+        let b = req(&[8, 9], 2, params(1.0, 1.0, None), 12);
+        let want = generate(&model, &tok, &[a.clone(), b.clone()]).unwrap();
+        let mut batch = DecodeBatch::new(&model);
+        batch.add(vec![("a", a), ("b", b)]).unwrap();
+        let mut seen: std::collections::HashMap<&str, Vec<u32>> = Default::default();
+        let mut done = std::collections::HashMap::new();
+        let mut steps = 0;
+        while !batch.is_empty() {
+            steps += 1;
+            let out = batch
+                .step_observed(&tok, |k, s| {
+                    seen.entry(*k).or_default().push(*s.tokens.last().unwrap());
+                    // `b`'s client leaves after its third token.
+                    !(*k == "b" && s.tokens.len() == 3)
+                })
+                .unwrap();
+            done.extend(out);
+        }
+        assert_eq!(steps, 12);
+        assert_eq!(seen["a"], want[0].tokens);
+        assert_eq!(done["a"].tokens, want[0].tokens);
+        assert_eq!(seen["b"], want[1].tokens[..3].to_vec());
+        assert_eq!(done["b"].tokens, want[1].tokens[..3].to_vec());
     }
 
     fn tiny_model() -> (Qwen, Tokenizer) {
