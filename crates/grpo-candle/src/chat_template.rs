@@ -1,10 +1,14 @@
-//! Qwen's ChatML chat templates, rendered natively.
+//! ChatML chat templates (Qwen's and those of other ChatML models), rendered natively.
 //!
-//! Two flavours, matching what the public Qwen2.5 and Qwen3 `tokenizer_config.json` templates
+//! The flavours, matching what the public Qwen2.5 and Qwen3 `tokenizer_config.json` templates
 //! produce for text messages:
 //!
 //! * [`ChatTemplate::Qwen25`]: a default system prompt ("You are Qwen, created by Alibaba Cloud.
 //!   You are a helpful assistant.") when the conversation has none; assistant text verbatim.
+//! * [`ChatTemplate::ChatMlWithSystem`]: the same with another default system prompt, read from
+//!   the checkpoint's template (SmolLM2-Instruct: "You are a helpful AI assistant named SmolLM,
+//!   trained by Hugging Face"). Such templates usually know no tools; tools and tool responses are
+//!   rendered the Qwen way, which is what the harness's tool-call parser reads.
 //! * [`ChatTemplate::ChatMl`]: the same turns without a default system prompt or think handling
 //!   (the locally created tiny policy; saved with an equivalent Jinja template).
 //! * [`ChatTemplate::Qwen3`]: no default system prompt; assistant turns after the last real user
@@ -69,6 +73,12 @@ pub enum ChatTemplate {
     ChatMl,
     /// Qwen2 / Qwen2.5 instruct models.
     Qwen25,
+    /// ChatML with a default system prompt when the conversation has none (as Qwen2.5, with
+    /// another prompt).
+    ChatMlWithSystem {
+        /// The system prompt of conversations that bring none.
+        default_system: String,
+    },
     /// Qwen3 models. `enable_thinking: Some(false)` appends an empty think block to the
     /// generation prompt (the template's `enable_thinking=False`); `None` or `Some(true)` leaves
     /// thinking to the model.
@@ -97,7 +107,12 @@ fn role_name(role: Role) -> &'static str {
 
 impl ChatTemplate {
     /// Pick a template from a checkpoint's `chat_template` text when there is one, else from the
-    /// model type (`qwen2` -> Qwen2.5, otherwise Qwen3).
+    /// model type (`qwen2` -> Qwen2.5, `llama` and `mistral` -> plain ChatML, otherwise Qwen3).
+    ///
+    /// Among ChatML templates: Qwen3's (think handling), Qwen2.5's (its default system prompt),
+    /// one that writes a fixed system turn `<|im_start|>system\n...<|im_end|>` as one literal
+    /// ([`ChatTemplate::ChatMlWithSystem`] with that text), any other ChatML one
+    /// ([`ChatTemplate::ChatMl`]).
     pub fn detect(chat_template: Option<&str>, model_type: &str) -> Self {
         match chat_template {
             Some(t) if t.contains(CHATML_MARKER) => ChatTemplate::ChatMl,
@@ -107,10 +122,30 @@ impl ChatTemplate {
                 }
             }
             Some(t) if t.contains("You are Qwen, created by Alibaba Cloud") => ChatTemplate::Qwen25,
+            Some(t) if Self::is_chatml(t) => match literal_system_turn(t) {
+                Some(default_system) => ChatTemplate::ChatMlWithSystem { default_system },
+                None => ChatTemplate::ChatMl,
+            },
             _ if model_type == "qwen2" => ChatTemplate::Qwen25,
+            _ if model_type == "llama" || model_type == "mistral" => ChatTemplate::ChatMl,
             _ => ChatTemplate::Qwen3 {
                 enable_thinking: None,
             },
+        }
+    }
+
+    /// Whether a Jinja chat template writes ChatML turns (`<|im_start|>`), the only kind this
+    /// module renders.
+    pub fn is_chatml(chat_template: &str) -> bool {
+        chat_template.contains("<|im_start|>")
+    }
+
+    /// The system prompt added to conversations that bring none.
+    pub fn default_system(&self) -> Option<&str> {
+        match self {
+            ChatTemplate::Qwen25 => Some(QWEN25_DEFAULT_SYSTEM),
+            ChatTemplate::ChatMlWithSystem { default_system } => Some(default_system),
+            ChatTemplate::ChatMl | ChatTemplate::Qwen3 { .. } => None,
         }
     }
 
@@ -124,22 +159,17 @@ impl ChatTemplate {
         let mut out = String::new();
         let first_is_system = messages.first().is_some_and(|m| m.role == Role::System);
         // The system turn (with the tool list when there are tools).
+        let default_system = self.default_system();
         if !tools.is_empty() {
             out.push_str("<|im_start|>system\n");
-            match (self, first_is_system) {
-                (ChatTemplate::Qwen25, true) => {
-                    out.push_str(&messages[0].content);
-                    out.push_str("\n\n");
-                }
-                (ChatTemplate::Qwen25, false) => {
-                    out.push_str(QWEN25_DEFAULT_SYSTEM);
-                    out.push_str("\n\n");
-                }
-                (ChatTemplate::Qwen3 { .. } | ChatTemplate::ChatMl, true) => {
-                    out.push_str(&messages[0].content);
-                    out.push_str("\n\n");
-                }
-                (ChatTemplate::Qwen3 { .. } | ChatTemplate::ChatMl, false) => {}
+            let system = if first_is_system {
+                Some(messages[0].content.as_str())
+            } else {
+                default_system
+            };
+            if let Some(system) = system {
+                out.push_str(system);
+                out.push_str("\n\n");
             }
             out.push_str(TOOLS_HEADER);
             for tool in tools {
@@ -150,8 +180,8 @@ impl ChatTemplate {
             out.push_str("<|im_end|>\n");
         } else if first_is_system {
             push_turn(&mut out, "system", &messages[0].content);
-        } else if *self == ChatTemplate::Qwen25 {
-            push_turn(&mut out, "system", QWEN25_DEFAULT_SYSTEM);
+        } else if let Some(system) = default_system {
+            push_turn(&mut out, "system", system);
         }
 
         // Qwen3: the last user message that is a real query (not wrapped tool output).
@@ -172,7 +202,9 @@ impl ChatTemplate {
                 Role::Assistant => {
                     out.push_str("<|im_start|>assistant\n");
                     match self {
-                        ChatTemplate::Qwen25 | ChatTemplate::ChatMl => out.push_str(&msg.content),
+                        ChatTemplate::Qwen25
+                        | ChatTemplate::ChatMl
+                        | ChatTemplate::ChatMlWithSystem { .. } => out.push_str(&msg.content),
                         ChatTemplate::Qwen3 { .. } => {
                             let (reasoning, content) = split_think(&msg.content);
                             if i > last_query && (is_last || !reasoning.is_empty()) {
@@ -214,6 +246,25 @@ impl ChatTemplate {
         }
         out
     }
+}
+
+/// The text of a fixed system turn a template writes as one string literal
+/// (`'<|im_start|>system\nYou are ...<|im_end|>\n'`), with the newline written either as a
+/// newline or as Jinja's `\n` escape. `None` when the system turn is built from variables.
+fn literal_system_turn(template: &str) -> Option<String> {
+    for open in ["<|im_start|>system\n", "<|im_start|>system\\n"] {
+        let Some(start) = template.find(open) else {
+            continue;
+        };
+        let rest = &template[start + open.len()..];
+        let end = rest.find("<|im_end|>")?;
+        let text = &rest[..end];
+        let literal = !text.is_empty()
+            && !text.contains(['\'', '"', '{', '}', '+', '\\'])
+            && !text.contains('\n');
+        return literal.then(|| text.to_string());
+    }
+    None
 }
 
 fn push_turn(out: &mut String, role: &str, content: &str) {
@@ -471,6 +522,51 @@ mod tests {
         );
         assert_eq!(python_json(&json!(1.5e-7)), "1.5e-07");
         assert_eq!(python_json(&json!("\u{1}")), r#""\u0001""#);
+    }
+
+    /// SmolLM2-135M-Instruct's template, as its GGUF file and `tokenizer_config.json` carry it.
+    const SMOLLM2: &str = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+    #[test]
+    fn chatml_with_a_literal_default_system_prompt() {
+        let smol = ChatTemplate::detect(Some(SMOLLM2), "llama");
+        let system = "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
+        assert_eq!(
+            smol,
+            ChatTemplate::ChatMlWithSystem {
+                default_system: system.into()
+            }
+        );
+        // The same with Jinja's escaped newline.
+        let escaped = SMOLLM2.replace("system\n", "system\\n");
+        assert_eq!(ChatTemplate::detect(Some(&escaped), "llama"), smol);
+        let got = smol.render(&[ChatMessage::user("Hi")], &[], true);
+        assert_eq!(
+            got,
+            format!(
+                "<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+            )
+        );
+        // A system message replaces the default, with or without tools.
+        let own = smol.render(
+            &[ChatMessage::system("S"), ChatMessage::user("Hi")],
+            &[],
+            false,
+        );
+        assert!(own.starts_with("<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nHi"));
+        let with_tools = smol.render(&[ChatMessage::user("q")], &[tool()], true);
+        assert!(with_tools.starts_with(&format!("<|im_start|>system\n{system}\n\n# Tools\n")));
+        // A system turn built from variables is no literal default.
+        let variable = "{{ '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}";
+        assert_eq!(
+            ChatTemplate::detect(Some(variable), "llama"),
+            ChatTemplate::ChatMl
+        );
+        // Without a template a Llama model gets plain ChatML; a Llama-3 template is not ChatML.
+        assert_eq!(ChatTemplate::detect(None, "llama"), ChatTemplate::ChatMl);
+        assert!(!ChatTemplate::is_chatml(
+            "<|start_header_id|>user<|end_header_id|>"
+        ));
     }
 
     #[test]

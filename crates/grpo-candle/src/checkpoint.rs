@@ -127,17 +127,6 @@ impl PolicyModel {
         let cfg = QwenConfig::from_file(&files.config)?;
         let model = Qwen::load_safetensors(&cfg, &files.weights, dtype, device)?;
         let tokenizer = tokenizer::load_tokenizer(&files.tokenizer)?;
-        let tok_vocab = tokenizer.get_vocab_size(true);
-        if tok_vocab > cfg.vocab_size {
-            return Err(Error::config(
-                &files.config,
-                "vocab_size",
-                format!(
-                    "{} is smaller than the tokenizer's {tok_vocab} tokens",
-                    cfg.vocab_size
-                ),
-            ));
-        }
         let tokenizer_config = files
             .tokenizer_config
             .as_deref()
@@ -148,11 +137,52 @@ impl PolicyModel {
             .as_deref()
             .map(read_json)
             .transpose()?;
+        Self::assemble(
+            model,
+            tokenizer,
+            tokenizer_config,
+            generation_config,
+            &files.config,
+        )
+    }
+
+    /// Put a loaded model and tokenizer together: the chat template from `tokenizer_config`'s
+    /// `chat_template` (else from the model type), and the stop tokens (`<|im_end|>`,
+    /// `<|endoftext|>` when the vocabulary has them, the config's and `generation_config`'s eos
+    /// ids). `source` names the checkpoint in errors.
+    pub fn assemble(
+        model: Qwen,
+        tokenizer: Tokenizer,
+        tokenizer_config: Option<Value>,
+        generation_config: Option<Value>,
+        source: &Path,
+    ) -> Result<Self> {
+        let cfg = model.config();
+        let tok_vocab = tokenizer.get_vocab_size(true);
+        if tok_vocab > cfg.vocab_size {
+            return Err(Error::config(
+                source,
+                "vocab_size",
+                format!(
+                    "{} is smaller than the tokenizer's {tok_vocab} tokens",
+                    cfg.vocab_size
+                ),
+            ));
+        }
         let chat = tokenizer_config
             .as_ref()
             .and_then(|c| c.get("chat_template"))
             .and_then(Value::as_str);
         let template = ChatTemplate::detect(chat, cfg.arch.model_type());
+        if let Some(text) = chat
+            && !ChatTemplate::is_chatml(text)
+        {
+            tracing::warn!(
+                source = %source.display(),
+                "the checkpoint's chat template is not ChatML; prompts are rendered as {template:?}, \
+                 which the model may not have been trained on"
+            );
+        }
         let mut stop = Vec::new();
         for t in [IM_END, END_OF_TEXT] {
             stop.extend(tokenizer.token_to_id(t));

@@ -1,9 +1,15 @@
 //! Model configuration read from (and written to) a Hugging Face `config.json`.
 //!
+//! One dense decoder covers four `model_type`s: `qwen2`, `qwen3`, `llama` and `mistral`. They
+//! differ only in which optional parts they have (biases on q/k/v, RMSNorm on q and k heads, the
+//! rotary frequencies), so one [`QwenConfig`] with an [`Arch`] describes them all: a Qwen2 decoder
+//! is a Llama decoder with q/k/v biases, and a Mistral decoder is a Llama decoder.
+//!
 //! Real checkpoints on the hub write `rope_theta` at the top level and `torch_dtype`; recent
 //! `transformers` releases write `rope_parameters: {"rope_theta", "rope_type"}` and `dtype`. Both
-//! are accepted. Fields we do not model (sliding windows, MoE, rope scaling other than the default)
-//! are rejected with an error naming the field rather than silently mis-modelled.
+//! are accepted. Fields we do not model (sliding windows, MoE, MLP biases, rope scaling other than
+//! the default and Llama 3's) are rejected with an error naming the field rather than silently
+//! mis-modelled.
 
 use std::path::Path;
 
@@ -12,21 +18,31 @@ use serde_json::{Map, Value, json};
 
 use crate::error::{Error, Result};
 
-/// Which member of the Qwen family a config describes.
+/// Which decoder family a config describes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Arch {
     /// Qwen2 / Qwen2.5: biases on q, k and v; no q/k norms.
     Qwen2,
     /// Qwen3 dense: RMSNorm on each head of q and k; optional attention biases.
     Qwen3,
+    /// Llama (1, 2, 3.x; SmolLM, TinyLlama, ...): optional attention biases, no q/k norms,
+    /// optionally Llama 3's rotary frequency scaling.
+    Llama,
+    /// Mistral without a sliding window: a Llama decoder under another name.
+    Mistral,
 }
 
 impl Arch {
+    /// Every family, in a fixed order.
+    pub const ALL: [Arch; 4] = [Arch::Qwen2, Arch::Qwen3, Arch::Llama, Arch::Mistral];
+
     /// The `model_type` string of `config.json`.
     pub fn model_type(self) -> &'static str {
         match self {
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
+            Arch::Llama => "llama",
+            Arch::Mistral => "mistral",
         }
     }
 
@@ -35,11 +51,46 @@ impl Arch {
         match self {
             Arch::Qwen2 => "Qwen2ForCausalLM",
             Arch::Qwen3 => "Qwen3ForCausalLM",
+            Arch::Llama => "LlamaForCausalLM",
+            Arch::Mistral => "MistralForCausalLM",
         }
+    }
+
+    /// The family of a `model_type`, if it is one of ours.
+    pub fn from_model_type(model_type: &str) -> Option<Arch> {
+        Arch::ALL.into_iter().find(|a| a.model_type() == model_type)
+    }
+
+    /// Whether each head of q and k goes through its own RMSNorm (Qwen3).
+    pub fn has_qk_norm(self) -> bool {
+        self == Arch::Qwen3
+    }
+
+    /// Whether the output projection has a bias when the config's `attention_bias` is set:
+    /// transformers' Qwen3 and Llama put one on o as well as on q/k/v; Qwen2 never does.
+    pub fn has_output_bias(self, attention_bias: bool) -> bool {
+        attention_bias && self != Arch::Qwen2
     }
 }
 
-/// The hyper-parameters of a Qwen2/Qwen3 dense decoder.
+/// Rotary frequency scaling other than none.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RopeScaling {
+    /// Llama 3.1's (`rope_type: "llama3"`): long wavelengths divided by `factor`, short ones kept,
+    /// a smooth blend between (transformers' `_compute_llama3_parameters`).
+    Llama3 {
+        /// Divisor of the low frequencies.
+        factor: f64,
+        /// Wavelengths above `original_max_position_embeddings / low_freq_factor` are scaled.
+        low_freq_factor: f64,
+        /// Wavelengths below `original_max_position_embeddings / high_freq_factor` are kept.
+        high_freq_factor: f64,
+        /// The context length the model was pretrained with.
+        original_max_position_embeddings: usize,
+    },
+}
+
+/// The hyper-parameters of a dense decoder of one of the [`Arch`] families.
 #[derive(Debug, Clone, PartialEq)]
 pub struct QwenConfig {
     /// Qwen2 or Qwen3.
@@ -66,8 +117,11 @@ pub struct QwenConfig {
     pub rope_theta: f64,
     /// Whether lm_head shares the embedding matrix.
     pub tie_word_embeddings: bool,
-    /// Biases on the q, k and v projections (always for Qwen2).
+    /// Biases on the q, k and v projections (always for Qwen2), and on o for Qwen3 and Llama
+    /// ([`Arch::has_output_bias`]), as transformers reads `attention_bias`.
     pub attention_bias: bool,
+    /// Rotary frequency scaling (`rope_scaling` / `rope_parameters` of type `llama3`), if any.
+    pub rope_scaling: Option<RopeScaling>,
     /// Std of the normal initialisation of fresh weights.
     pub initializer_range: f64,
     /// Beginning-of-sequence id, when the config names one.
@@ -97,6 +151,7 @@ impl QwenConfig {
             rope_theta: 10_000.0,
             tie_word_embeddings: true,
             attention_bias: false,
+            rope_scaling: None,
             initializer_range: 0.02,
             bos_token_id: None,
             eos_token_ids: Vec::new(),
@@ -121,7 +176,10 @@ impl QwenConfig {
         if self.attention_bias {
             layer += qd + 2 * kvd;
         }
-        if self.arch == Arch::Qwen3 {
+        if self.arch.has_output_bias(self.attention_bias) {
+            layer += h;
+        }
+        if self.arch.has_qk_norm() {
             layer += 2 * self.head_dim;
         }
         let head = if self.tie_word_embeddings { 0 } else { v * h };
@@ -181,24 +239,16 @@ impl QwenConfig {
         let obj = value
             .as_object()
             .ok_or_else(|| Error::config(source, "(document)", "expected a JSON object"))?;
-        let model_type = str_field(obj, "model_type", source)?.ok_or_else(|| {
+        let expected = "expected \"qwen2\", \"qwen3\", \"llama\" or \"mistral\"";
+        let model_type = str_field(obj, "model_type", source)?
+            .ok_or_else(|| Error::config(source, "model_type", format!("missing; {expected}")))?;
+        let arch = Arch::from_model_type(model_type).ok_or_else(|| {
             Error::config(
                 source,
                 "model_type",
-                "missing; expected \"qwen2\" or \"qwen3\"",
+                format!("`{model_type}` is not supported; {expected}"),
             )
         })?;
-        let arch = match model_type {
-            "qwen2" => Arch::Qwen2,
-            "qwen3" => Arch::Qwen3,
-            other => {
-                return Err(Error::config(
-                    source,
-                    "model_type",
-                    format!("`{other}` is not supported; expected \"qwen2\" or \"qwen3\""),
-                ));
-            }
-        };
         let req = |field: &str| -> Result<usize> {
             usize_field(obj, field, source)?
                 .ok_or_else(|| Error::config(source, field, "missing; expected a positive integer"))
@@ -214,8 +264,9 @@ impl QwenConfig {
         };
 
         // RoPE: `rope_theta` at the top level (hub checkpoints) or inside `rope_parameters`
-        // (recent transformers); `rope_scaling` of type other than default is not modelled.
+        // (recent transformers); of the scalings only Llama 3's is modelled.
         let mut rope_theta = f64_field(obj, "rope_theta", source)?;
+        let mut rope_scaling = None;
         for key in ["rope_parameters", "rope_scaling"] {
             match obj.get(key) {
                 None | Some(Value::Null) => {}
@@ -225,14 +276,19 @@ impl QwenConfig {
                         .or_else(|| params.get("type"))
                         .and_then(Value::as_str)
                         .unwrap_or("default");
-                    if kind != "default" {
-                        return Err(Error::config(
-                            source,
-                            format!("{key}.rope_type"),
-                            format!(
-                                "`{kind}` is not supported; only \"default\" rotary embeddings are"
-                            ),
-                        ));
+                    match kind {
+                        "default" => {}
+                        "llama3" => rope_scaling = Some(llama3_scaling(params, key, source)?),
+                        _ => {
+                            return Err(Error::config(
+                                source,
+                                format!("{key}.rope_type"),
+                                format!(
+                                    "`{kind}` is not supported; only \"default\" and \"llama3\" \
+                                     rotary embeddings are"
+                                ),
+                            ));
+                        }
                     }
                     if let Some(theta) = params.get("rope_theta") {
                         rope_theta = Some(theta.as_f64().ok_or_else(|| {
@@ -244,6 +300,48 @@ impl QwenConfig {
                     return Err(Error::config(source, key, "expected an object or null"));
                 }
             }
+        }
+        // Mistral names a window on every layer; attention within a window as long as the
+        // longest sequence is full attention, so only a shorter one is refused.
+        if let Some(window) = usize_field(obj, "sliding_window", source)?
+            && arch == Arch::Mistral
+            && window < usize_field(obj, "max_position_embeddings", source)?.unwrap_or(32_768)
+        {
+            return Err(Error::config(
+                source,
+                "sliding_window",
+                format!(
+                    "a window of {window} tokens is shorter than max_position_embeddings; \
+                     sliding-window attention is not supported (expected null)"
+                ),
+            ));
+        }
+        if bool_field(obj, "mlp_bias", source)?.unwrap_or(false) {
+            return Err(Error::config(
+                source,
+                "mlp_bias",
+                "biases on the MLP projections are not supported; expected false",
+            ));
+        }
+        if let Some(partial) = f64_field(obj, "partial_rotary_factor", source)?
+            && partial != 1.0
+        {
+            return Err(Error::config(
+                source,
+                "partial_rotary_factor",
+                format!("{partial} is not supported; expected 1 (rotary embedding on whole heads)"),
+            ));
+        }
+        if let Some(tp) = usize_field(obj, "pretraining_tp", source)?
+            && tp != 1
+        {
+            // transformers slices the projections when it is > 1 (same result up to rounding);
+            // nothing here does, and a silent difference from the reference is worse.
+            return Err(Error::config(
+                source,
+                "pretraining_tp",
+                format!("{tp} is not supported; expected 1"),
+            ));
         }
         if bool_field(obj, "use_sliding_window", source)?.unwrap_or(false) {
             return Err(Error::config(
@@ -257,7 +355,7 @@ impl QwenConfig {
                 return Err(Error::config(
                     source,
                     field,
-                    "mixture-of-experts models are not supported; only dense Qwen2/Qwen3",
+                    "mixture-of-experts models are not supported; only dense decoders",
                 ));
             }
         }
@@ -322,8 +420,12 @@ impl QwenConfig {
             tie_word_embeddings: bool_field(obj, "tie_word_embeddings", source)?.unwrap_or(false),
             attention_bias: match arch {
                 Arch::Qwen2 => true,
-                Arch::Qwen3 => bool_field(obj, "attention_bias", source)?.unwrap_or(false),
+                Arch::Qwen3 | Arch::Llama => {
+                    bool_field(obj, "attention_bias", source)?.unwrap_or(false)
+                }
+                Arch::Mistral => false,
             },
+            rope_scaling,
             initializer_range: f64_field(obj, "initializer_range", source)?.unwrap_or(0.02),
             bos_token_id,
             eos_token_ids,
@@ -373,7 +475,7 @@ impl QwenConfig {
             "num_key_value_heads",
             json!(self.num_key_value_heads),
         );
-        if self.arch == Arch::Qwen3 || obj.contains_key("head_dim") {
+        if self.arch != Arch::Qwen2 || obj.contains_key("head_dim") {
             set(&mut obj, "head_dim", json!(self.head_dim));
         }
         set(
@@ -389,18 +491,34 @@ impl QwenConfig {
         );
         set(&mut obj, "hidden_act", json!("silu"));
         set(&mut obj, "initializer_range", json!(self.initializer_range));
-        if self.arch == Arch::Qwen3 {
-            set(&mut obj, "attention_bias", json!(self.attention_bias));
+        match self.arch {
+            Arch::Qwen2 => {}
+            Arch::Qwen3 | Arch::Llama => {
+                set(&mut obj, "attention_bias", json!(self.attention_bias));
+            }
+            Arch::Mistral => {
+                obj.entry("sliding_window").or_insert(Value::Null);
+            }
+        }
+        if matches!(self.arch, Arch::Llama | Arch::Mistral) {
+            obj.entry("mlp_bias").or_insert(json!(false));
         }
         // Keep the config's own way of writing rope_theta when it has one.
+        let scaling = self.rope_scaling.map(|s| s.to_json());
         match obj.get_mut("rope_parameters") {
             Some(Value::Object(params)) => {
+                for key in RopeScaling::KEYS {
+                    params.remove(key);
+                }
                 params.insert("rope_theta".into(), json!(self.rope_theta));
-                params.entry("rope_type").or_insert(json!("default"));
+                params.insert("rope_type".into(), json!("default"));
+                if let Some(Value::Object(scaling)) = scaling {
+                    params.extend(scaling);
+                }
             }
             _ => {
                 set(&mut obj, "rope_theta", json!(self.rope_theta));
-                obj.entry("rope_scaling").or_insert(Value::Null);
+                set(&mut obj, "rope_scaling", scaling.unwrap_or(Value::Null));
             }
         }
         if obj.contains_key("dtype") && !obj.contains_key("torch_dtype") {
@@ -409,7 +527,9 @@ impl QwenConfig {
             set(&mut obj, "torch_dtype", json!(dtype_name));
         }
         obj.entry("use_cache").or_insert(json!(true));
-        obj.entry("use_sliding_window").or_insert(json!(false));
+        if matches!(self.arch, Arch::Qwen2 | Arch::Qwen3) {
+            obj.entry("use_sliding_window").or_insert(json!(false));
+        }
         obj.entry("attention_dropout").or_insert(json!(0.0));
         if let Some(bos) = self.bos_token_id {
             set(&mut obj, "bos_token_id", json!(bos));
@@ -421,6 +541,111 @@ impl QwenConfig {
         }
         Value::Object(obj)
     }
+}
+
+impl RopeScaling {
+    /// The keys a scaling adds to `rope_scaling` / `rope_parameters` besides `rope_type`.
+    const KEYS: [&'static str; 4] = [
+        "factor",
+        "low_freq_factor",
+        "high_freq_factor",
+        "original_max_position_embeddings",
+    ];
+
+    /// The `rope_scaling` object transformers reads.
+    pub fn to_json(self) -> Value {
+        match self {
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            } => json!({
+                "rope_type": "llama3",
+                "factor": factor,
+                "low_freq_factor": low_freq_factor,
+                "high_freq_factor": high_freq_factor,
+                "original_max_position_embeddings": original_max_position_embeddings,
+            }),
+        }
+    }
+}
+
+impl QwenConfig {
+    /// The rotary inverse frequencies `[head_dim / 2]`, as transformers computes them in f32:
+    /// `base^(-2i/d)`, then Llama 3's scaling when the config has it.
+    pub fn rope_inv_freq(&self) -> Vec<f32> {
+        let hd = self.head_dim;
+        let base: Vec<f32> = (0..hd / 2)
+            .map(|i| 1.0 / (self.rope_theta as f32).powf((2 * i) as f32 / hd as f32))
+            .collect();
+        let Some(RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position_embeddings,
+        }) = self.rope_scaling
+        else {
+            return base;
+        };
+        let (factor, low, high) = (
+            factor as f32,
+            low_freq_factor as f32,
+            high_freq_factor as f32,
+        );
+        let old_len = original_max_position_embeddings as f32;
+        let (low_wavelen, high_wavelen) = (old_len / low, old_len / high);
+        base.into_iter()
+            .map(|f| {
+                let wavelen = 2.0 * std::f32::consts::PI / f;
+                if wavelen < high_wavelen {
+                    f
+                } else if wavelen > low_wavelen {
+                    f / factor
+                } else {
+                    let smooth = (old_len / wavelen - low) / (high - low);
+                    (1.0 - smooth) * f / factor + smooth * f
+                }
+            })
+            .collect()
+    }
+}
+
+fn llama3_scaling(params: &Map<String, Value>, key: &str, source: &Path) -> Result<RopeScaling> {
+    let num = |field: &str| -> Result<f64> {
+        params.get(field).and_then(Value::as_f64).ok_or_else(|| {
+            Error::config(
+                source,
+                format!("{key}.{field}"),
+                "missing; expected a number for llama3 rotary scaling",
+            )
+        })
+    };
+    let scaling = RopeScaling::Llama3 {
+        factor: num("factor")?,
+        low_freq_factor: num("low_freq_factor")?,
+        high_freq_factor: num("high_freq_factor")?,
+        original_max_position_embeddings: num("original_max_position_embeddings")? as usize,
+    };
+    let RopeScaling::Llama3 {
+        factor,
+        low_freq_factor,
+        high_freq_factor,
+        original_max_position_embeddings,
+    } = scaling;
+    if factor <= 0.0
+        || low_freq_factor <= 0.0
+        || high_freq_factor <= low_freq_factor
+        || original_max_position_embeddings == 0
+    {
+        return Err(Error::config(
+            source,
+            key,
+            "llama3 rotary scaling needs factor > 0, 0 < low_freq_factor < high_freq_factor \
+             and original_max_position_embeddings > 0",
+        ));
+    }
+    Ok(scaling)
 }
 
 fn token_id(v: Option<u64>, field: &str, source: &Path) -> Result<u32> {
@@ -534,7 +759,7 @@ mod tests {
             b[k] = v;
             parse(b).unwrap_err().to_string()
         };
-        assert!(with("model_type", json!("llama")).contains("model_type"));
+        assert!(with("model_type", json!("gpt2")).contains("model_type"));
         assert!(with("num_key_value_heads", json!(3)).contains("num_key_value_heads"));
         assert!(with("hidden_size", json!("8")).contains("hidden_size"));
         assert!(
@@ -549,6 +774,96 @@ mod tests {
                 .unwrap_err()
                 .to_string()
                 .contains("vocab_size")
+        );
+    }
+
+    #[test]
+    fn llama_and_mistral_configs() {
+        // SmolLM2-135M-Instruct's config.json (hub style).
+        let smol = parse(json!({
+            "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 49152,
+            "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
+            "num_attention_heads": 9, "num_key_value_heads": 3, "max_position_embeddings": 8192,
+            "rms_norm_eps": 1e-5, "rope_theta": 100000, "rope_scaling": null,
+            "tie_word_embeddings": true, "attention_bias": false, "mlp_bias": false,
+            "pretraining_tp": 1, "hidden_act": "silu", "bos_token_id": 1, "eos_token_id": 2,
+            "torch_dtype": "bfloat16"
+        }))
+        .unwrap();
+        assert_eq!(
+            (smol.arch, smol.head_dim, smol.kv_groups()),
+            (Arch::Llama, 64, 3)
+        );
+        assert!(!smol.attention_bias && smol.rope_scaling.is_none());
+        let n = smol.num_parameters() as f64;
+        assert!((1.3e8..1.4e8).contains(&n), "{n}");
+        let back = parse(smol.to_json(DType::BF16)).unwrap();
+        assert_eq!(
+            QwenConfig { raw: None, ..back },
+            QwenConfig {
+                raw: None,
+                ..smol.clone()
+            }
+        );
+
+        // Llama 3.2's scaled rotary frequencies.
+        let base = json!({"model_type": "llama", "vocab_size": 10, "hidden_size": 16,
+            "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,
+            "rope_theta": 500000.0, "rope_scaling": {"rope_type": "llama3", "factor": 32.0,
+            "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192}});
+        let l3 = parse(base.clone()).unwrap();
+        assert!(matches!(
+            l3.rope_scaling,
+            Some(RopeScaling::Llama3 { factor: 32.0, .. })
+        ));
+        let inv = l3.rope_inv_freq();
+        // The highest frequency is kept, the lowest divided by the factor.
+        let plain = QwenConfig {
+            rope_scaling: None,
+            ..l3.clone()
+        }
+        .rope_inv_freq();
+        assert_eq!(inv[0], plain[0]);
+        assert!((inv[3] * 32.0 - plain[3]).abs() < 1e-9);
+        assert_eq!(
+            parse(l3.to_json(DType::F32)).unwrap().rope_scaling,
+            l3.rope_scaling
+        );
+
+        let with = |k: &str, v: Value| {
+            let mut b = base.clone();
+            b[k] = v;
+            parse(b).unwrap_err().to_string()
+        };
+        assert!(with("mlp_bias", json!(true)).contains("mlp_bias"));
+        assert!(with("pretraining_tp", json!(2)).contains("pretraining_tp"));
+        assert!(with("partial_rotary_factor", json!(0.5)).contains("partial_rotary_factor"));
+        assert!(
+            with(
+                "rope_scaling",
+                json!({"rope_type": "llama3", "factor": 8.0})
+            )
+            .contains("rope_scaling.low_freq_factor")
+        );
+
+        // Mistral: a window shorter than the context is refused, a null one is full attention.
+        let mistral = json!({"model_type": "mistral", "vocab_size": 10, "hidden_size": 16,
+            "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,
+            "max_position_embeddings": 32768, "sliding_window": 4096});
+        assert!(
+            parse(mistral.clone())
+                .unwrap_err()
+                .to_string()
+                .contains("sliding_window")
+        );
+        let mut ok = mistral;
+        ok["sliding_window"] = Value::Null;
+        let m = parse(ok).unwrap();
+        assert_eq!(m.arch, Arch::Mistral);
+        assert_eq!(
+            m.to_json(DType::F32)["architectures"][0],
+            "MistralForCausalLM"
         );
     }
 

@@ -1,18 +1,20 @@
-//! A trainable Qwen-family policy on candle.
+//! A trainable Qwen- or Llama-family policy on candle.
 //!
-//! `grpo-candle` is the learning half of harness-s. It holds a Qwen2/Qwen3 dense decoder whose every
-//! parameter receives gradients, Qwen's ChatML template rendered natively, a KV-cached batched
+//! `grpo-candle` is the learning half of harness-s. It holds a dense decoder of the Qwen2, Qwen3,
+//! Llama or Mistral family whose every parameter receives gradients, Qwen's ChatML template rendered natively, a KV-cached batched
 //! sampler that returns per-token log-probs, a [`harness_core::Policy`] implementation on top of
 //! them, HF-format checkpoints, and the paper's GRPO objective and trainer. It knows nothing about
 //! environments: it consumes groups of trajectories that the rollout code produced.
 //!
 //! # Map
-//! - [`model`]: the stateless Qwen2/Qwen3 decoder ([`Qwen`]), trainable end to end, with an
-//!   explicit [`KvCache`] for sampling; [`config`] reads HF `config.json`.
+//! - [`model`]: the stateless decoder ([`Qwen`]; Qwen2, Qwen3, Llama and Mistral share it),
+//!   trainable end to end, with an explicit [`KvCache`] for sampling; [`config`] reads HF
+//!   `config.json`.
 //! - [`fused`]: the training forward's CPU ops with their own backward (RMSNorm, rotary
 //!   embedding, SwiGLU, causal attention with memory linear in the sequence length).
 //! - [`checkpoint`]: [`PolicyModel`] = model + tokenizer + chat template + stop tokens, loaded from
-//!   a folder or the hub ([`loading`]), created fresh and tiny from a seed, saved in HF format.
+//!   a folder or the hub ([`loading`]), created fresh and tiny from a seed, saved in HF format;
+//!   [`gguf`] imports llama.cpp's GGUF files (dequantised) as HF folders.
 //! - [`chat_template`]: Qwen ChatML rendering; [`tokenizer`]: `tokenizer.json` helpers and the
 //!   built-in byte-level BPE.
 //! - [`sampler`]: batched KV-cached decoding with per-token log-probs;
@@ -64,6 +66,7 @@ pub mod chat_template;
 pub mod checkpoint;
 pub mod config;
 pub mod error;
+pub mod gguf;
 pub mod loading;
 pub mod model;
 pub mod policy;
@@ -75,8 +78,9 @@ pub mod tokenizer;
 
 pub use chat_template::ChatTemplate;
 pub use checkpoint::{PolicyModel, TinySpec};
-pub use config::{Arch, QwenConfig};
+pub use config::{Arch, QwenConfig, RopeScaling};
 pub use error::{Error, Result};
+pub use gguf::{GgufImport, ImportSummary, import_gguf};
 pub use loading::ModelFiles;
 pub use model::{KvCache, Qwen};
 pub use policy::{CandlePolicy, PolicyOptions, PolicyStats, UpdateGuard};

@@ -1,4 +1,8 @@
-//! A stateless, trainable Qwen2/Qwen3 dense decoder.
+//! A stateless, trainable dense decoder of the Qwen2, Qwen3, Llama and Mistral families.
+//!
+//! The families share one code path: Llama and Mistral are this decoder without q/k/v biases
+//! (Llama may have them) and without Qwen3's q/k norms; Llama 3's scaled rotary frequencies only
+//! change the precomputed inverse frequencies ([`QwenConfig::rope_inv_freq`]).
 //!
 //! Every operation on the forward path has a backward pass: candle primitives (matmul, exp, sum,
 //! narrow, cat, index_select, ...) or this crate's fused CPU ops with their own backward
@@ -20,7 +24,7 @@ use candle_nn::VarMap;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::config::{Arch, QwenConfig};
+use crate::config::QwenConfig;
 use crate::error::{Error, Result};
 use crate::fused;
 
@@ -82,7 +86,10 @@ fn param_specs(cfg: &QwenConfig) -> Vec<ParamSpec> {
             &[h, qd],
             Init::Normal,
         ));
-        if cfg.arch == Arch::Qwen3 {
+        if cfg.arch.has_output_bias(cfg.attention_bias) {
+            specs.push(p(format!("{pre}.self_attn.o_proj.bias"), &[h], Init::Zeros));
+        }
+        if cfg.arch.has_qk_norm() {
             specs.push(p(
                 format!("{pre}.self_attn.q_norm.weight"),
                 &[hd],
@@ -397,7 +404,7 @@ fn append_kv(
     Ok((kb.narrow(2, 0, need)?, vb.narrow(2, 0, need)?))
 }
 
-/// A Qwen2/Qwen3 dense decoder whose parameters live in a shared [`VarMap`].
+/// A dense decoder (Qwen2, Qwen3, Llama or Mistral) whose parameters live in a shared [`VarMap`].
 #[derive(Clone)]
 pub struct Qwen {
     cfg: QwenConfig,
@@ -457,25 +464,39 @@ impl Qwen {
         device: &Device,
     ) -> Result<Self> {
         let shown = files.first().cloned().unwrap_or_default();
+        let names = param_specs(cfg).into_iter().map(|s| s.name).collect();
+        let tensors = crate::loading::load_tensors(files, &names, device)?;
+        Self::from_tensors(cfg, tensors, &shown, dtype, device)
+    }
+
+    /// Build the model from named tensors (Hugging Face names; every parameter of `cfg` must be
+    /// present with its shape, and nothing else), converted to `dtype` on `device`. `source`
+    /// names the checkpoint in errors.
+    pub fn from_tensors(
+        cfg: &QwenConfig,
+        mut tensors: std::collections::HashMap<String, Tensor>,
+        source: &Path,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self> {
         let specs = param_specs(cfg);
-        let names = specs.iter().map(|s| s.name.clone()).collect();
-        let mut tensors = crate::loading::load_tensors(files, &names, device)?;
         let varmap = VarMap::new();
         {
             let mut data = varmap.data().lock().expect("varmap lock");
             for spec in specs {
                 let t = tensors.remove(&spec.name).ok_or_else(|| Error::Weights {
-                    path: shown.clone(),
+                    path: source.to_path_buf(),
                     name: spec.name.clone(),
                     message: "missing from the checkpoint".into(),
                 })?;
                 if t.dims() != spec.shape.as_slice() {
                     return Err(Error::Weights {
-                        path: shown.clone(),
+                        path: source.to_path_buf(),
                         name: spec.name,
                         message: format!("shape {:?}, expected {:?}", t.dims(), spec.shape),
                     });
                 }
+                let t = t.to_device(device)?;
                 let t = if t.dtype() == dtype {
                     t
                 } else {
@@ -483,6 +504,16 @@ impl Qwen {
                 };
                 data.insert(spec.name, Var::from_tensor(&t)?);
             }
+        }
+        if let Some(name) = tensors.into_keys().min() {
+            return Err(Error::Weights {
+                path: source.to_path_buf(),
+                name,
+                message: format!(
+                    "not a parameter of this {} configuration",
+                    cfg.arch.hf_architecture()
+                ),
+            });
         }
         Self::from_varmap(cfg, varmap, dtype, device)
     }
@@ -562,13 +593,16 @@ impl Qwen {
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         for l in 0..cfg.num_hidden_layers {
             let pre = format!("model.layers.{l}");
-            let qwen3 = cfg.arch == Arch::Qwen3;
+            let qwen3 = cfg.arch.has_qk_norm();
             layers.push(Layer {
                 input_norm: get(&format!("{pre}.input_layernorm.weight"))?,
                 q: lin(&format!("{pre}.self_attn.q_proj"), cfg.attention_bias)?,
                 k: lin(&format!("{pre}.self_attn.k_proj"), cfg.attention_bias)?,
                 v: lin(&format!("{pre}.self_attn.v_proj"), cfg.attention_bias)?,
-                o: lin(&format!("{pre}.self_attn.o_proj"), false)?,
+                o: lin(
+                    &format!("{pre}.self_attn.o_proj"),
+                    cfg.arch.has_output_bias(cfg.attention_bias),
+                )?,
                 q_norm: qwen3
                     .then(|| get(&format!("{pre}.self_attn.q_norm.weight")))
                     .transpose()?,
@@ -581,11 +615,9 @@ impl Qwen {
                 down: lin(&format!("{pre}.mlp.down_proj"), false)?,
             });
         }
-        // Rotary frequencies as transformers computes them: in f32, base^(2i/d).
+        // Rotary frequencies as transformers computes them (in f32).
         let hd = cfg.head_dim;
-        let inv: Vec<f32> = (0..hd / 2)
-            .map(|i| 1.0 / (cfg.rope_theta as f32).powf((2 * i) as f32 / hd as f32))
-            .collect();
+        let inv = cfg.rope_inv_freq();
         Ok(Qwen {
             embed: get("model.embed_tokens.weight")?,
             norm: get("model.norm.weight")?,
@@ -960,6 +992,7 @@ pub fn token_logprobs(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::{Arch, RopeScaling};
 
     fn tiny(arch: Arch, tied: bool) -> QwenConfig {
         let mut cfg = QwenConfig::tiny_qwen3(50);
@@ -996,13 +1029,15 @@ mod tests {
 
     #[test]
     fn every_parameter_gets_a_gradient() {
-        for (arch, tied) in [
-            (Arch::Qwen3, true),
-            (Arch::Qwen3, false),
-            (Arch::Qwen2, false),
+        for (arch, tied, bias) in [
+            (Arch::Qwen3, true, true), // exercise biases on Qwen3 too
+            (Arch::Qwen3, false, true),
+            (Arch::Qwen2, false, true),
+            (Arch::Llama, true, false),
+            (Arch::Mistral, false, false),
         ] {
             let mut cfg = tiny(arch, tied);
-            cfg.attention_bias = true; // exercise biases on Qwen3 too
+            cfg.attention_bias = bias;
             let model = Qwen::new_random(&cfg, 1, DType::F32, &Device::Cpu).unwrap();
             let input = ids(&[&[1, 5, 9, 2, 7], &[3, 3, 4, 8, 0]]);
             let logits = model.forward_logits(&input).unwrap();
@@ -1027,8 +1062,17 @@ mod tests {
 
     #[test]
     fn cached_decoding_matches_full_forward() {
-        for arch in [Arch::Qwen2, Arch::Qwen3] {
-            let model = Qwen::new_random(&tiny(arch, true), 2, DType::F32, &Device::Cpu).unwrap();
+        for arch in Arch::ALL {
+            let mut cfg = tiny(arch, true);
+            if arch == Arch::Llama {
+                cfg.rope_scaling = Some(RopeScaling::Llama3 {
+                    factor: 8.0,
+                    low_freq_factor: 1.0,
+                    high_freq_factor: 4.0,
+                    original_max_position_embeddings: 16,
+                });
+            }
+            let model = Qwen::new_random(&cfg, 2, DType::F32, &Device::Cpu).unwrap();
             let seq: [u32; 7] = [4, 8, 15, 16, 23, 42, 7];
             let full = model.forward_hidden(&ids(&[&seq])).unwrap();
             let mut cache = KvCache::for_model(&model, 1);
