@@ -9,7 +9,7 @@ use candle_core::{Device, Tensor, Var};
 use common::{Fake, Fault, Reduction, fake_logprob, group};
 use grpo_candle::objective::{GrpoConfig, TokenTerms, group_advantages, grpo_loss};
 use harness_core::{Group, Learner};
-use harness_rollout::{SyncRetry, WeightSync, sync_with_retry};
+use harness_rollout::{SyncRetry, sync_with_retry};
 use harness_tinker::{
     Error, ObjectiveMode, RetryPolicy, ServerKind, SyncTarget, TinkerClient, TinkerConfig,
     TinkerLearner, TinkerLearnerConfig, TinkerWeightSync, build_batch,
