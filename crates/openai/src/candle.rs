@@ -3,15 +3,19 @@
 //! prompt ids the trainer scores), its batched sampler as a [`TokenGenerator`], and weight
 //! reloading as a [`WeightLoader`] (so the local server can stand in for an engine).
 
+use std::collections::HashMap;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 
+use crate::engine::{StreamedToken, TokenSink, choice_seed};
 use crate::{PromptEncoder, TokenGenerator, TokenOutput, TokenRequest, WeightLoader};
 use async_trait::async_trait;
 use candle_core::DType;
-use grpo_candle::sampler::{self, Sample, SampleRequest};
+use grpo_candle::prefix_cache::{PrefixCache, PrefixCacheConfig, PrefixCacheStats};
+use grpo_candle::sampler::{self, DecodeBatch, Sample, SampleRequest};
 use grpo_candle::{PolicyModel, tokenizer};
 use harness_core::{ChatMessage, ToolSpec};
 
@@ -84,99 +88,298 @@ impl PromptEncoder for CandleEncoder {
     }
 }
 
+/// One request of `n` choices, with where its answer and its streamed tokens go.
 struct Job {
-    request: SampleRequest,
-    reply: tokio::sync::oneshot::Sender<grpo_candle::Result<Sample>>,
+    requests: Vec<SampleRequest>,
+    sink: Option<TokenSink>,
+    reply: tokio::sync::oneshot::Sender<grpo_candle::Result<Vec<Sample>>>,
 }
 
-/// grpo-candle's sampler on one decoding thread that drains every waiting request into one
-/// batch (up to `max_batch`), like `CandlePolicy`: concurrent HTTP requests share forward passes.
-pub struct CandleGenerator {
+/// A job being decoded: its choices' results so far.
+struct Running {
+    sink: Option<TokenSink>,
+    reply: tokio::sync::oneshot::Sender<grpo_candle::Result<Vec<Sample>>>,
+    samples: Vec<Option<Sample>>,
+    /// The client went away (its sink or reply channel closed): its rows are dropped.
+    gone: bool,
+}
+
+/// What the decoding thread shares with the handle.
+struct Shared {
     model: PolicyModel,
-    weights: Arc<RwLock<()>>,
+    weights: RwLock<()>,
+    /// Reloads waiting for the batch to drain: no request is admitted meanwhile.
+    pending_reloads: AtomicUsize,
+    /// Tokens sampled (every choice, streamed or not).
+    decoded: AtomicU64,
+    /// Rows dropped because their client went away.
+    cancelled: AtomicU64,
+    prefix: Mutex<PrefixCacheStats>,
+}
+
+/// grpo-candle's sampler on one decoding thread with continuous batching, like `CandlePolicy`:
+/// requests join the running batch between decoding steps (up to `max_batch` rows), so
+/// concurrent HTTP requests share forward passes. The `n` choices of a request are rows of one
+/// prompt and share its prefill, and a prefix cache keeps recent prompts (the turns of a
+/// conversation prefill only their new tokens). Streamed tokens go out as they are drawn; the
+/// rows of a client that went away leave the batch at their next token.
+pub struct CandleGenerator {
+    shared: Arc<Shared>,
     queue: Mutex<Option<mpsc::Sender<Job>>>,
     worker: Mutex<Option<JoinHandle<()>>>,
 }
 
+/// Counters of a [`CandleGenerator`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GeneratorStats {
+    /// Tokens sampled, over all choices.
+    pub decoded_tokens: u64,
+    /// Rows (choices) dropped because their client went away.
+    pub cancelled_rows: u64,
+    /// The prefix cache's counters (prefill tokens computed, reused, shared within a batch).
+    pub prefix: PrefixCacheStats,
+}
+
 impl CandleGenerator {
-    /// Start the decoding thread.
+    /// Start the decoding thread with the default prefix cache.
     pub fn new(model: PolicyModel, max_batch: usize) -> Self {
+        Self::with_prefix_cache(model, max_batch, PrefixCacheConfig::default())
+    }
+
+    /// Start the decoding thread with a prefix cache of `prefix` (disabled: every prompt is
+    /// prefilled whole, the choices of a request still share theirs).
+    pub fn with_prefix_cache(
+        model: PolicyModel,
+        max_batch: usize,
+        prefix: PrefixCacheConfig,
+    ) -> Self {
         let (tx, rx) = mpsc::channel::<Job>();
-        let weights = Arc::new(RwLock::new(()));
-        let (m, w) = (model.clone(), weights.clone());
+        let shared = Arc::new(Shared {
+            model,
+            weights: RwLock::new(()),
+            pending_reloads: AtomicUsize::new(0),
+            decoded: AtomicU64::new(0),
+            cancelled: AtomicU64::new(0),
+            prefix: Mutex::new(PrefixCacheStats::default()),
+        });
+        let worker_shared = shared.clone();
         let worker = std::thread::Builder::new()
             .name("candle-generator".into())
             .spawn(move || {
-                while let Ok(first) = rx.recv() {
-                    let mut jobs = vec![first];
-                    while jobs.len() < max_batch.max(1) {
-                        match rx.try_recv() {
-                            Ok(job) => jobs.push(job),
-                            Err(_) => break,
-                        }
-                    }
-                    let requests: Vec<SampleRequest> =
-                        jobs.iter().map(|j| j.request.clone()).collect();
-                    let result = {
-                        let _read = w.read().unwrap_or_else(|e| e.into_inner());
-                        sampler::generate(&m.model, &m.tokenizer, &requests)
-                    };
-                    match result {
-                        Ok(samples) => {
-                            for (job, sample) in jobs.into_iter().zip(samples) {
-                                let _ = job.reply.send(Ok(sample));
-                            }
-                        }
-                        Err(e) => {
-                            for job in jobs {
-                                let _ = job.reply.send(Err(grpo_candle::Error::Msg(e.to_string())));
-                            }
-                        }
-                    }
-                }
+                worker_loop(
+                    &worker_shared,
+                    &rx,
+                    max_batch.max(1),
+                    PrefixCache::new(prefix),
+                )
             })
             .unwrap_or_else(|e| panic!("cannot spawn the decoding thread: {e}"));
         CandleGenerator {
-            model,
-            weights,
+            shared,
             queue: Mutex::new(Some(tx)),
             worker: Mutex::new(Some(worker)),
         }
     }
 
-    /// Copy the weights of the checkpoint in `dir` into the served model (sampling pauses).
-    pub fn reload(&self, dir: &Path) -> harness_core::Result<()> {
-        let fresh =
-            PolicyModel::load_dir(dir, DType::F32, self.model.model.device()).map_err(core)?;
-        let _write = self.weights.write().unwrap_or_else(|e| e.into_inner());
-        let new = fresh
-            .model
-            .varmap()
-            .data()
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        let old = self
-            .model
-            .model
-            .varmap()
-            .data()
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        for (name, var) in old.iter() {
-            let Some(src) = new.get(name) else {
-                return Err(harness_core::Error::Policy {
-                    policy: "candle".into(),
-                    message: format!("{}: the checkpoint has no tensor `{name}`", dir.display()),
-                });
-            };
-            var.set(
-                &src.as_tensor()
-                    .to_dtype(var.dtype())
-                    .map_err(|e| core(e.into()))?,
-            )
-            .map_err(|e| core(e.into()))?;
+    /// The counters so far.
+    pub fn stats(&self) -> GeneratorStats {
+        GeneratorStats {
+            decoded_tokens: self.shared.decoded.load(Ordering::SeqCst),
+            cancelled_rows: self.shared.cancelled.load(Ordering::SeqCst),
+            prefix: *self.shared.prefix.lock().unwrap_or_else(|e| e.into_inner()),
         }
-        Ok(())
+    }
+
+    /// Copy the weights of the checkpoint in `dir` into the served model (sampling pauses: the
+    /// running batch finishes first, and requests arriving meanwhile wait).
+    pub fn reload(&self, dir: &Path) -> harness_core::Result<()> {
+        let model = &self.shared.model;
+        let fresh = PolicyModel::load_dir(dir, DType::F32, model.model.device()).map_err(core)?;
+        self.shared.pending_reloads.fetch_add(1, Ordering::AcqRel);
+        let result = (|| {
+            let _write = self
+                .shared
+                .weights
+                .write()
+                .unwrap_or_else(|e| e.into_inner());
+            let new = fresh
+                .model
+                .varmap()
+                .data()
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            let old = model
+                .model
+                .varmap()
+                .data()
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            // Whatever was written, cached prompts are stale from here on.
+            model.model.mark_weights_changed();
+            for (name, var) in old.iter() {
+                let Some(src) = new.get(name) else {
+                    return Err(harness_core::Error::Policy {
+                        policy: "candle".into(),
+                        message: format!(
+                            "{}: the checkpoint has no tensor `{name}`",
+                            dir.display()
+                        ),
+                    });
+                };
+                var.set(
+                    &src.as_tensor()
+                        .to_dtype(var.dtype())
+                        .map_err(|e| core(e.into()))?,
+                )
+                .map_err(|e| core(e.into()))?;
+            }
+            Ok(())
+        })();
+        self.shared.pending_reloads.fetch_sub(1, Ordering::AcqRel);
+        result
+    }
+
+    fn submit(&self, job: Job) -> harness_core::Result<()> {
+        let queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        let sender = queue
+            .as_ref()
+            .ok_or_else(|| core(grpo_candle::Error::Msg("the generator is shut down".into())))?;
+        sender.send(job).map_err(|_| {
+            core(grpo_candle::Error::Msg(
+                "the decoding thread stopped".into(),
+            ))
+        })
+    }
+}
+
+/// Decode until no row is left, admitting arrivals between steps; then wait for work.
+fn worker_loop(
+    shared: &Shared,
+    rx: &mpsc::Receiver<Job>,
+    max_batch: usize,
+    mut prefix: PrefixCache,
+) {
+    let model = &shared.model.model;
+    let tokenizer = &shared.model.tokenizer;
+    let mut next_id = 0u64;
+    while let Ok(first) = rx.recv() {
+        // Held while rows decode: a reload waits for the batch to drain.
+        let _read = shared.weights.read().unwrap_or_else(|e| e.into_inner());
+        let mut batch: DecodeBatch<'_, (u64, usize)> = DecodeBatch::new(model);
+        let mut jobs: HashMap<u64, Running> = HashMap::new();
+        let mut incoming = vec![first];
+        loop {
+            if shared.pending_reloads.load(Ordering::Acquire) == 0 {
+                let rows = |v: &[Job]| v.iter().map(|j| j.requests.len()).sum::<usize>();
+                while batch.len() + rows(&incoming) < max_batch {
+                    match rx.try_recv() {
+                        Ok(job) => incoming.push(job),
+                        Err(_) => break,
+                    }
+                }
+            }
+            let mut admitted = Vec::new();
+            for job in incoming.drain(..) {
+                if let Some(e) = job
+                    .requests
+                    .iter()
+                    .find_map(|r| sampler::validate_request(model, r).err())
+                {
+                    let _ = job.reply.send(Err(e));
+                    continue;
+                }
+                let id = next_id;
+                next_id += 1;
+                let n = job.requests.len();
+                admitted.extend(
+                    job.requests
+                        .into_iter()
+                        .enumerate()
+                        .map(|(i, r)| ((id, i), r)),
+                );
+                jobs.insert(
+                    id,
+                    Running {
+                        sink: job.sink,
+                        reply: job.reply,
+                        samples: vec![None; n],
+                        gone: false,
+                    },
+                );
+            }
+            if !admitted.is_empty() {
+                let ids: Vec<u64> = admitted.iter().map(|((id, _), _)| *id).collect();
+                match batch.add_cached(admitted, &mut prefix) {
+                    Ok(done) => finish(shared, &mut jobs, done),
+                    Err(e) => {
+                        // The batch is unchanged; the new jobs fail.
+                        for id in ids {
+                            if let Some(job) = jobs.remove(&id) {
+                                let _ = job.reply.send(Err(grpo_candle::Error::Msg(e.to_string())));
+                            }
+                        }
+                    }
+                }
+                *shared.prefix.lock().unwrap_or_else(|e| e.into_inner()) = prefix.stats();
+            }
+            if batch.is_empty() {
+                break;
+            }
+            let step = batch.step_observed(tokenizer, |&(id, choice), sample| {
+                shared.decoded.fetch_add(1, Ordering::Relaxed);
+                let Some(job) = jobs.get_mut(&id) else {
+                    return false;
+                };
+                if job.reply.is_closed() {
+                    job.gone = true;
+                }
+                if let Some(sink) = &job.sink {
+                    let (token, logprob) = (
+                        *sample.tokens.last().expect("a new token"),
+                        *sample.logprobs.last().expect("a new log-prob"),
+                    );
+                    if sink
+                        .send(StreamedToken {
+                            choice,
+                            token,
+                            logprob,
+                        })
+                        .is_err()
+                    {
+                        job.gone = true;
+                    }
+                }
+                !job.gone
+            });
+            match step {
+                Ok(done) => finish(shared, &mut jobs, done),
+                Err(e) => {
+                    for (_, job) in jobs.drain() {
+                        let _ = job.reply.send(Err(grpo_candle::Error::Msg(e.to_string())));
+                    }
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// Record finished rows; answer the jobs whose choices are all done.
+fn finish(shared: &Shared, jobs: &mut HashMap<u64, Running>, done: Vec<((u64, usize), Sample)>) {
+    for ((id, choice), sample) in done {
+        let Some(job) = jobs.get_mut(&id) else {
+            continue;
+        };
+        if job.gone {
+            shared.cancelled.fetch_add(1, Ordering::Relaxed);
+        }
+        job.samples[choice] = Some(sample);
+        if job.samples.iter().all(Option::is_some) {
+            let job = jobs.remove(&id).expect("present");
+            // The sink closes with the job, after its last token.
+            let samples = job.samples.into_iter().map(|s| s.expect("done")).collect();
+            let _ = job.reply.send(Ok(samples));
+        }
     }
 }
 
@@ -192,33 +395,40 @@ impl Drop for CandleGenerator {
 #[async_trait]
 impl TokenGenerator for CandleGenerator {
     fn vocab_size(&self) -> usize {
-        self.model.model.config().vocab_size
+        self.shared.model.model.config().vocab_size
     }
 
     async fn generate(&self, request: TokenRequest) -> harness_core::Result<TokenOutput> {
-        let (reply, rx) = tokio::sync::oneshot::channel();
-        let job = Job {
-            request: SampleRequest {
-                prompt: request.prompt,
-                max_new_tokens: request.max_new_tokens,
-                params: request.sampling,
-                stop_token_ids: self.model.stop_token_ids.clone(),
-                seed: request.seed,
-            },
-            reply,
-        };
-        {
-            let queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());
-            let sender = queue.as_ref().ok_or_else(|| {
-                core(grpo_candle::Error::Msg("the generator is shut down".into()))
-            })?;
-            sender.send(job).map_err(|_| {
-                core(grpo_candle::Error::Msg(
-                    "the decoding thread stopped".into(),
-                ))
-            })?;
+        let mut out = self.generate_choices(request, 1, None).await?;
+        Ok(out.remove(0))
+    }
+
+    async fn generate_choices(
+        &self,
+        request: TokenRequest,
+        n: usize,
+        sink: Option<TokenSink>,
+    ) -> harness_core::Result<Vec<TokenOutput>> {
+        if n == 0 {
+            return Ok(Vec::new());
         }
-        let sample = rx
+        let stop = &self.shared.model.stop_token_ids;
+        let requests = (0..n)
+            .map(|i| SampleRequest {
+                prompt: request.prompt.clone(),
+                max_new_tokens: request.max_new_tokens,
+                params: request.sampling.clone(),
+                stop_token_ids: stop.clone(),
+                seed: choice_seed(request.seed, i),
+            })
+            .collect();
+        let (reply, rx) = tokio::sync::oneshot::channel();
+        self.submit(Job {
+            requests,
+            sink,
+            reply,
+        })?;
+        let samples = rx
             .await
             .map_err(|_| {
                 core(grpo_candle::Error::Msg(
@@ -226,11 +436,14 @@ impl TokenGenerator for CandleGenerator {
                 ))
             })?
             .map_err(core)?;
-        Ok(TokenOutput {
-            tokens: sample.tokens,
-            logprobs: sample.logprobs,
-            finish: sample.finish,
-        })
+        Ok(samples
+            .into_iter()
+            .map(|s| TokenOutput {
+                tokens: s.tokens,
+                logprobs: s.logprobs,
+                finish: s.finish,
+            })
+            .collect())
     }
 }
 

@@ -81,12 +81,41 @@ pub struct TokenOutput {
     pub finish: FinishReason,
 }
 
+/// One token of a streamed generation, sent as soon as it is sampled.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StreamedToken {
+    /// Which of the request's `n` choices it belongs to.
+    pub choice: usize,
+    /// The token id.
+    pub token: u32,
+    /// Its log-prob (as in [`TokenOutput::logprobs`]).
+    pub logprob: f32,
+}
+
+/// Where a streaming generation sends its tokens. Dropping the receiving end cancels: the
+/// generator stops decoding the request's sequences at its next token.
+pub type TokenSink = tokio::sync::mpsc::UnboundedSender<StreamedToken>;
+
+/// The seed of choice `choice` of a request seeded `seed`: choice 0 keeps the request's seed
+/// (so `n = 1` and the first of `n` choices agree), the others get distinct derived seeds.
+pub fn choice_seed(seed: u64, choice: usize) -> u64 {
+    if choice == 0 {
+        seed
+    } else {
+        harness_core::call_seed(seed, choice as u32)
+    }
+}
+
 /// A sampler over token ids with per-token log-probs.
 ///
 /// # Design
 /// Implementations batch concurrent calls themselves (grpo-candle's sampler gathers concurrent
 /// requests into one decoding batch); callers such as the server simply call `generate` from
-/// many tasks at once and never serialise them.
+/// many tasks at once and never serialise them. [`TokenGenerator::generate_choices`] is the
+/// serving-engine entry point (OpenAI's `n` and `stream`): its default runs `n` independent
+/// [`TokenGenerator::generate`] calls and replays their tokens, an engine overrides it to
+/// prefill the prompt once for all choices, stream tokens as they are drawn and stop decoding
+/// when the client goes away.
 #[async_trait]
 pub trait TokenGenerator: Send + Sync {
     /// The vocabulary size: valid token ids are `0..vocab_size()`.
@@ -94,6 +123,70 @@ pub trait TokenGenerator: Send + Sync {
 
     /// Generate from `request.prompt`.
     async fn generate(&self, request: TokenRequest) -> Result<TokenOutput>;
+
+    /// `n` samples of `request.prompt`, choice `i` seeded with [`choice_seed`]`(request.seed,
+    /// i)` (so each equals [`TokenGenerator::generate`] with that seed), in choice order. With a
+    /// `sink`, every token is also sent there, tagged with its choice, in each choice's order;
+    /// once the sink's receiver is gone the generator stops and returns what the choices hold
+    /// (cut short, with [`FinishReason::Length`]).
+    ///
+    /// The default runs the `n` calls concurrently and sends each choice's tokens when it is
+    /// done; dropping the sink's receiver drops the calls still running.
+    async fn generate_choices(
+        &self,
+        request: TokenRequest,
+        n: usize,
+        sink: Option<TokenSink>,
+    ) -> Result<Vec<TokenOutput>> {
+        use futures::StreamExt;
+        let calls = (0..n).map(|choice| {
+            let request = TokenRequest {
+                seed: choice_seed(request.seed, choice),
+                ..request.clone()
+            };
+            async move { (choice, self.generate(request).await) }
+        });
+        let mut running: futures::stream::FuturesUnordered<_> = calls.collect();
+        let mut outputs: Vec<Option<TokenOutput>> = vec![None; n];
+        while let Some((choice, out)) = running.next().await {
+            let out = out?;
+            if let Some(sink) = &sink {
+                let gone = out
+                    .tokens
+                    .iter()
+                    .zip(&out.logprobs)
+                    .any(|(&token, &logprob)| {
+                        sink.send(StreamedToken {
+                            choice,
+                            token,
+                            logprob,
+                        })
+                        .is_err()
+                    });
+                if gone {
+                    drop(running);
+                    return Ok(outputs
+                        .into_iter()
+                        .enumerate()
+                        .map(|(i, o)| match o {
+                            Some(o) => o,
+                            None if i == choice => out.clone(),
+                            None => TokenOutput {
+                                tokens: Vec::new(),
+                                logprobs: Vec::new(),
+                                finish: FinishReason::Length,
+                            },
+                        })
+                        .collect());
+                }
+            }
+            outputs[choice] = Some(out);
+        }
+        Ok(outputs
+            .into_iter()
+            .map(|o| o.expect("every choice finished"))
+            .collect())
+    }
 }
 
 #[async_trait]
@@ -104,6 +197,15 @@ impl<T: TokenGenerator + ?Sized> TokenGenerator for Arc<T> {
 
     async fn generate(&self, request: TokenRequest) -> Result<TokenOutput> {
         (**self).generate(request).await
+    }
+
+    async fn generate_choices(
+        &self,
+        request: TokenRequest,
+        n: usize,
+        sink: Option<TokenSink>,
+    ) -> Result<Vec<TokenOutput>> {
+        (**self).generate_choices(request, n, sink).await
     }
 }
 

@@ -48,7 +48,10 @@ pub mod transport;
 pub mod usage;
 
 pub use chat::{ChatClient, ChatClientConfig};
-pub use engine::{EncodedPolicy, PromptEncoder, TokenGenerator, TokenOutput, TokenRequest};
+pub use engine::{
+    EncodedPolicy, PromptEncoder, StreamedToken, TokenGenerator, TokenOutput, TokenRequest,
+    TokenSink, choice_seed,
+};
 pub use error::{Error, Result};
 pub use remote::{EngineKind, RemotePolicy, RemotePolicyConfig, WeightSync};
 pub use server::{ServerConfig, ServerHandle, ServerState, WeightLoader};

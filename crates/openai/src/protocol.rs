@@ -539,7 +539,8 @@ pub struct SglangGenerateResponse {
     pub meta_info: SglangMetaInfo,
 }
 
-const CALL_OPEN: &str = "<tool_call>";
+/// The opening tag of a tool call in generated text (Qwen's Hermes format).
+pub const CALL_OPEN: &str = "<tool_call>";
 
 /// Split a generated text into the content before its first `<tool_call>` block and the calls,
 /// when it has well-formed calls (harness-core's [`harness_core::ToolCallParser`] decides).

@@ -13,10 +13,18 @@
 //!   `reload_weights` and `POST /reset_prefix_cache` (vLLM dev mode), when a [`WeightLoader`] is
 //!   given.
 //!
+//! Both OpenAI routes serve `n` choices per prompt through
+//! [`TokenGenerator::generate_choices`] (an engine prefills the prompt once for all of them;
+//! choice `i` is seeded [`crate::choice_seed`]`(seed, i)`, usage counts the prompt once), and
+//! `stream: true` as server-sent events in OpenAI's chunk format ending with `data: [DONE]` (see
+//! [`stream`]); a client that disconnects mid-stream stops its sequences' decoding.
+//!
 //! Bad requests get a 4xx with an OpenAI-style `{"error": {"message", "type", "param", "code"}}`
 //! body and the server keeps serving. Every request is handled on its own task and calls the
 //! generator directly, so concurrent requests reach the generator concurrently and it batches
 //! them; the server never serialises generation.
+
+pub mod stream;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -38,7 +46,9 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use crate::engine::{PromptEncoder, TokenGenerator, TokenOutput, TokenRequest, check_output};
+use crate::engine::{
+    PromptEncoder, TokenGenerator, TokenOutput, TokenRequest, TokenSink, check_output,
+};
 use crate::error::{Error, Result};
 use crate::protocol::{
     ChatChoice, ChatCompletionRequest, ChatCompletionResponse, ChatLogprobs, ChatTokenLogprob,
@@ -66,6 +76,8 @@ pub struct ServerConfig {
     pub default_completion_tokens: usize,
     /// The most prompts one `/v1/completions` request may batch.
     pub max_prompts_per_request: usize,
+    /// The most choices (`n`) one request may ask for.
+    pub max_choices: usize,
     /// The checkpoint directory being served (vLLM-style `reload_weights` reloads it).
     pub model_dir: Option<PathBuf>,
 }
@@ -78,6 +90,7 @@ impl ServerConfig {
             max_model_len,
             default_completion_tokens: 16,
             max_prompts_per_request: 64,
+            max_choices: 64,
             model_dir: None,
         }
     }
@@ -181,19 +194,40 @@ impl ServerState {
 
     /// Run the generator with contract checks and counters.
     async fn run(&self, request: TokenRequest) -> std::result::Result<TokenOutput, ApiError> {
+        let mut out = self.run_choices(request, 1, None).await?;
+        Ok(out.remove(0))
+    }
+
+    /// `n` choices of one prompt (one shared prefill where the generator supports it), their
+    /// tokens streamed to `sink` when given.
+    async fn run_choices(
+        &self,
+        request: TokenRequest,
+        n: usize,
+        sink: Option<TokenSink>,
+    ) -> std::result::Result<Vec<TokenOutput>, ApiError> {
         let max = request.max_new_tokens;
-        let out = {
+        let outs = {
             let _guard = InFlight::enter(&self.stats);
-            self.stats.generations.fetch_add(1, Ordering::SeqCst);
-            self.generator.generate(request).await
+            self.stats.generations.fetch_add(n as u64, Ordering::SeqCst);
+            self.generator.generate_choices(request, n, sink).await
         }
         .map_err(|e| ApiError::internal(format!("generation failed: {e}")))?;
-        check_output(&out, max, Some(self.generator.vocab_size()))
-            .map_err(|m| ApiError::internal(format!("the generator broke its contract: {m}")))?;
-        self.stats
-            .generated_tokens
-            .fetch_add(out.tokens.len() as u64, Ordering::SeqCst);
-        Ok(out)
+        if outs.len() != n {
+            return Err(ApiError::internal(format!(
+                "the generator broke its contract: {} outputs for n = {n}",
+                outs.len()
+            )));
+        }
+        for out in &outs {
+            check_output(out, max, Some(self.generator.vocab_size())).map_err(|m| {
+                ApiError::internal(format!("the generator broke its contract: {m}"))
+            })?;
+            self.stats
+                .generated_tokens
+                .fetch_add(out.tokens.len() as u64, Ordering::SeqCst);
+        }
+        Ok(outs)
     }
 }
 
@@ -410,21 +444,34 @@ async fn completions(State(state): State<Arc<ServerState>>, body: Bytes) -> Resp
     counted(&state, result)
 }
 
-async fn completions_inner(state: &ServerState, body: &Bytes) -> ApiResult {
+fn check_n(state: &ServerState, n: Option<u32>) -> std::result::Result<usize, ApiError> {
+    let max = state.config.max_choices;
+    match n {
+        None => Ok(1),
+        Some(n) if n >= 1 && n as usize <= max => Ok(n as usize),
+        Some(n) => Err(ApiError::bad(
+            Some("n"),
+            format!("n must be between 1 and {max}, got {n}"),
+        )),
+    }
+}
+
+/// `stream_options.include_usage` of a streaming request (OpenAI's final usage chunk).
+fn include_usage(extra: &serde_json::Map<String, Value>) -> bool {
+    extra
+        .get("stream_options")
+        .and_then(|o| o.get("include_usage"))
+        .and_then(Value::as_bool)
+        == Some(true)
+}
+
+async fn completions_inner(state: &Arc<ServerState>, body: &Bytes) -> ApiResult {
     let req: CompletionRequest = parse(body)?;
     check_model(state, &req.model)?;
-    if req.stream == Some(true) {
-        return Err(ApiError::bad(
-            Some("stream"),
-            "streaming is not supported by this server",
-        ));
-    }
     if req.echo == Some(true) {
         return Err(ApiError::bad(Some("echo"), "echo is not supported"));
     }
-    if req.n.is_some_and(|n| n != 1) {
-        return Err(ApiError::bad(Some("n"), "only n = 1 is supported"));
-    }
+    let n = check_n(state, req.n)?;
     if req.logprobs.is_some_and(|n| n > 20) {
         return Err(ApiError::bad(
             Some("logprobs"),
@@ -458,38 +505,71 @@ async fn completions_inner(state: &ServerState, body: &Bytes) -> ApiResult {
             ),
         ));
     }
+    if prompts.len() * n
+        > state
+            .config
+            .max_prompts_per_request
+            .max(state.config.max_choices)
+    {
+        return Err(ApiError::bad(
+            Some("n"),
+            format!(
+                "{} prompts x n = {n} choices is more than this server answers in one request",
+                prompts.len()
+            ),
+        ));
+    }
     let seed = req.seed.unwrap_or_else(|| state.default_seed());
-    let mut jobs = Vec::with_capacity(prompts.len());
+    let mut requests = Vec::with_capacity(prompts.len());
     for p in &prompts {
         let budget = state.check_prompt("prompt", p, max_tokens)?;
-        jobs.push(state.run(TokenRequest {
+        requests.push(TokenRequest {
             prompt: p.clone(),
             max_new_tokens: budget,
             sampling: params.clone(),
             seed,
-        }));
+        });
     }
-    let outputs = futures::future::try_join_all(jobs).await?;
     let as_ids = req.return_tokens_as_token_ids == Some(true);
     let with_ids = req.return_token_ids == Some(true);
-    let mut choices = Vec::with_capacity(outputs.len());
-    let (mut prompt_total, mut completion_total) = (0, 0);
-    for (i, (out, prompt)) in outputs.into_iter().zip(prompts).enumerate() {
-        prompt_total += prompt.len();
-        completion_total += out.tokens.len();
-        let text = decode(state, &out.tokens)?;
-        let logprobs = match req.logprobs {
-            None => None,
-            Some(top) => Some(completion_logprobs(state, &out, as_ids, top)?),
+    if req.stream == Some(true) {
+        let shape = stream::Shape::Completion {
+            logprobs: req.logprobs,
+            as_ids,
+            with_ids,
         };
-        choices.push(CompletionChoice {
-            index: i as u32,
-            text,
-            logprobs,
-            finish_reason: Some(finish_str(out.finish).into()),
-            token_ids: with_ids.then(|| out.tokens.clone()),
-            prompt_token_ids: with_ids.then_some(prompt),
-        });
+        return Ok(stream::respond(
+            state.clone(),
+            requests,
+            n,
+            shape,
+            include_usage(&req.extra),
+        ));
+    }
+    let jobs = requests.into_iter().map(|r| state.run_choices(r, n, None));
+    let outputs = futures::future::try_join_all(jobs).await?;
+    let mut choices = Vec::with_capacity(outputs.len() * n);
+    let (mut prompt_total, mut completion_total) = (0, 0);
+    for (p, (outs, prompt)) in outputs.into_iter().zip(prompts).enumerate() {
+        // Usage counts a prompt once, however many choices share it.
+        prompt_total += prompt.len();
+        for (i, out) in outs.into_iter().enumerate() {
+            completion_total += out.tokens.len();
+            let text = decode(state, &out.tokens)?;
+            let logprobs = match req.logprobs {
+                None => None,
+                Some(top) => Some(completion_logprobs(state, &out, as_ids, top)?),
+            };
+            choices.push(CompletionChoice {
+                // OpenAI's order: the n choices of prompt 0, then those of prompt 1, ...
+                index: (p * n + i) as u32,
+                text,
+                logprobs,
+                finish_reason: Some(finish_str(out.finish).into()),
+                token_ids: with_ids.then(|| out.tokens.clone()),
+                prompt_token_ids: with_ids.then(|| prompt.clone()),
+            });
+        }
     }
     Ok(axum::Json(CompletionResponse {
         id: state.id("cmpl"),
@@ -580,18 +660,37 @@ async fn chat_completions(State(state): State<Arc<ServerState>>, body: Bytes) ->
     counted(&state, result)
 }
 
-async fn chat_inner(state: &ServerState, body: &Bytes) -> ApiResult {
+/// A chat answer's message: `<tool_call>` blocks become `tool_calls` when tools were offered
+/// (ids `call_<turn>_<k>`), and the finish reason says so.
+fn chat_message(
+    text: String,
+    finish: FinishReason,
+    wants_calls: bool,
+    turn: u64,
+) -> (WireMessage, &'static str) {
+    match wants_calls.then(|| split_tool_calls(&text)).flatten() {
+        Some((head, calls)) => (
+            WireMessage {
+                role: "assistant".into(),
+                content: (!head.is_empty()).then_some(MessageContent::Text(head)),
+                name: None,
+                tool_calls: calls
+                    .iter()
+                    .enumerate()
+                    .map(|(k, c)| WireToolCall::from_call(format!("call_{turn}_{k}"), c))
+                    .collect(),
+                tool_call_id: None,
+            },
+            "tool_calls",
+        ),
+        None => (WireMessage::text("assistant", text), finish_str(finish)),
+    }
+}
+
+async fn chat_inner(state: &Arc<ServerState>, body: &Bytes) -> ApiResult {
     let req: ChatCompletionRequest = parse(body)?;
     check_model(state, &req.model)?;
-    if req.stream == Some(true) {
-        return Err(ApiError::bad(
-            Some("stream"),
-            "streaming is not supported by this server",
-        ));
-    }
-    if req.n.is_some_and(|n| n != 1) {
-        return Err(ApiError::bad(Some("n"), "only n = 1 is supported"));
-    }
+    let n = check_n(state, req.n)?;
     if req.messages.is_empty() {
         return Err(ApiError::bad(
             Some("messages"),
@@ -618,50 +717,53 @@ async fn chat_inner(state: &ServerState, body: &Bytes) -> ApiResult {
         )
     })?;
     let budget = state.check_prompt("messages", &prompt, limit.unwrap_or(usize::MAX))?;
-    let out = state
-        .run(TokenRequest {
-            prompt: prompt.clone(),
-            max_new_tokens: budget,
-            sampling: params,
-            seed: req.seed.unwrap_or_else(|| state.default_seed()),
-        })
-        .await?;
-    let text = decode(state, &out.tokens)?;
+    let request = TokenRequest {
+        prompt: prompt.clone(),
+        max_new_tokens: budget,
+        sampling: params,
+        seed: req.seed.unwrap_or_else(|| state.default_seed()),
+    };
     let wants_calls =
         !tools.is_empty() && req.tool_choice.as_ref().and_then(Value::as_str) != Some("none");
-    let turn = state.next_id.fetch_add(1, Ordering::SeqCst);
-    let (message, finish) = match wants_calls.then(|| split_tool_calls(&text)).flatten() {
-        Some((head, calls)) => (
-            WireMessage {
-                role: "assistant".into(),
-                content: (!head.is_empty()).then_some(MessageContent::Text(head)),
-                name: None,
-                tool_calls: calls
-                    .iter()
-                    .enumerate()
-                    .map(|(k, c)| WireToolCall::from_call(format!("call_{turn}_{k}"), c))
-                    .collect(),
-                tool_call_id: None,
+    let logprobs = req.logprobs == Some(true);
+    if req.stream == Some(true) {
+        let shape = stream::Shape::Chat {
+            logprobs,
+            tools: wants_calls,
+        };
+        return Ok(stream::respond(
+            state.clone(),
+            vec![request],
+            n,
+            shape,
+            include_usage(&req.extra),
+        ));
+    }
+    let outs = state.run_choices(request, n, None).await?;
+    let mut choices = Vec::with_capacity(n);
+    let mut completion_total = 0;
+    for (i, out) in outs.into_iter().enumerate() {
+        completion_total += out.tokens.len();
+        let text = decode(state, &out.tokens)?;
+        let turn = state.next_id.fetch_add(1, Ordering::SeqCst);
+        let (message, finish) = chat_message(text, out.finish, wants_calls, turn);
+        choices.push(ChatChoice {
+            index: i as u32,
+            message,
+            finish_reason: Some(finish.into()),
+            logprobs: match logprobs {
+                true => Some(chat_logprobs(state, &out)?),
+                false => None,
             },
-            "tool_calls",
-        ),
-        None => (WireMessage::text("assistant", text), finish_str(out.finish)),
-    };
+        });
+    }
     Ok(axum::Json(ChatCompletionResponse {
         id: state.id("chatcmpl"),
         object: "chat.completion".into(),
         created: now(),
         model: state.config.model.clone(),
-        choices: vec![ChatChoice {
-            index: 0,
-            message,
-            finish_reason: Some(finish.into()),
-            logprobs: match req.logprobs {
-                Some(true) => Some(chat_logprobs(state, &out)?),
-                _ => None,
-            },
-        }],
-        usage: Some(WireUsage::new(prompt.len(), out.tokens.len())),
+        choices,
+        usage: Some(WireUsage::new(prompt.len(), completion_total)),
     })
     .into_response())
 }

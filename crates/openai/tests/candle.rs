@@ -209,3 +209,145 @@ async fn chat_and_weight_reload_work_against_the_candle_server() {
     }
     server.shutdown().await.unwrap();
 }
+
+async fn serve_with(model: &PolicyModel) -> (ServerHandle, Arc<candle::CandleGenerator>) {
+    let generator = Arc::new(candle::CandleGenerator::new(model.clone(), 16));
+    let state = ServerState::new(
+        ServerConfig::new("tiny", model.model.config().max_position_embeddings),
+        Arc::new(candle::CandleEncoder::new(model.clone())),
+        generator.clone(),
+    );
+    let server = ServerHandle::spawn(SocketAddr::from(([127, 0, 0, 1], 0)), Arc::new(state))
+        .await
+        .unwrap();
+    (server, generator)
+}
+
+#[tokio::test]
+async fn n_choices_share_one_prefill_and_match_separate_calls() {
+    use harness_openai::{TokenGenerator, TokenRequest, choice_seed};
+    let model = tiny();
+    let generator = candle::CandleGenerator::new(model.clone(), 16);
+    let prompt: Vec<u32> = (0..150u32).map(|i| (i * 7 + 3) % 200).collect();
+    let request = TokenRequest {
+        prompt: prompt.clone(),
+        max_new_tokens: 12,
+        sampling: SamplingParams::default(),
+        seed: 42,
+    };
+    let choices = generator
+        .generate_choices(request.clone(), 4, None)
+        .await
+        .unwrap();
+    let st = generator.stats();
+    // One prefill for the four rows.
+    assert_eq!(st.prefix.computed_tokens, prompt.len() as u64, "{st:?}");
+    assert_eq!(st.prefix.shared, 3, "{st:?}");
+    assert_eq!(st.prefix.entries, 1, "{st:?}");
+    let distinct: std::collections::HashSet<&Vec<u32>> =
+        choices.iter().map(|c| &c.tokens).collect();
+    assert_eq!(distinct.len(), 4);
+    // Each choice is what a call with its seed samples.
+    let fresh = candle::CandleGenerator::new(model.clone(), 16);
+    for (i, got) in choices.iter().enumerate() {
+        let want = fresh
+            .generate(TokenRequest {
+                seed: choice_seed(42, i),
+                ..request.clone()
+            })
+            .await
+            .unwrap();
+        assert_eq!(got.tokens, want.tokens, "choice {i}");
+        // Four decoding rows against one: equal up to the batched matmuls' rounding.
+        for (a, b) in got.logprobs.iter().zip(&want.logprobs) {
+            assert!((a - b).abs() <= 1e-5, "choice {i}: {a} vs {b}");
+        }
+    }
+}
+
+fn sse_events(body: &str) -> Vec<String> {
+    body.split("\n\n")
+        .filter_map(|e| e.trim().strip_prefix("data: ").map(str::to_string))
+        .collect()
+}
+
+#[tokio::test]
+async fn streams_from_the_candle_server_match_and_stop_when_the_client_leaves() {
+    let model = tiny();
+    let (server, generator) = serve_with(&model).await;
+    let url = format!("{}/v1/completions", server.base_url());
+    let client = reqwest::Client::new();
+    let mut body = serde_json::json!({"model": "tiny", "prompt": "count the users", "n": 2,
+        "max_tokens": 16, "seed": 9, "logprobs": 0, "return_token_ids": true});
+    let whole: serde_json::Value = client
+        .post(&url)
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    body["stream"] = serde_json::json!(true);
+    let text = client
+        .post(&url)
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let events = sse_events(&text);
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    for i in 0..2 {
+        let (mut text, mut ids) = (String::new(), Vec::new());
+        for e in &events[..events.len() - 1] {
+            let chunk: serde_json::Value = serde_json::from_str(e).unwrap();
+            for c in chunk["choices"].as_array().unwrap() {
+                if c["index"] == i {
+                    text.push_str(c["text"].as_str().unwrap());
+                    if let Some(t) = c["token_ids"].as_array() {
+                        ids.extend(t.iter().cloned());
+                    }
+                }
+            }
+        }
+        let want = &whole["choices"][i];
+        assert_eq!(text, want["text"].as_str().unwrap(), "choice {i}");
+        assert_eq!(
+            &serde_json::Value::Array(ids),
+            &want["token_ids"],
+            "choice {i}"
+        );
+    }
+
+    // A long stream whose client reads a few chunks and leaves.
+    let body = serde_json::json!({"model": "tiny", "prompt": "go on", "max_tokens": 3000,
+        "seed": 5, "stream": true});
+    let mut resp = client.post(&url).json(&body).send().await.unwrap();
+    let mut seen = String::new();
+    while sse_events(&seen).len() < 4 {
+        let chunk = resp.chunk().await.unwrap().expect("the stream is running");
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    drop(resp);
+    let mut waited = 0;
+    while generator.stats().cancelled_rows == 0 {
+        assert!(
+            waited < 1000,
+            "still decoding after 10 s: {:?}",
+            generator.stats()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        waited += 1;
+    }
+    let stopped = generator.stats().decoded_tokens;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        generator.stats().decoded_tokens,
+        stopped,
+        "no row is decoding"
+    );
+    server.shutdown().await.unwrap();
+}

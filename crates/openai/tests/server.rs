@@ -283,9 +283,9 @@ async fn bad_input_gets_a_4xx_with_a_message_and_the_server_keeps_serving() {
         ),
         (
             &completions,
-            json!({"model": MODEL, "prompt": [1], "stream": true}).to_string(),
+            json!({"model": MODEL, "prompt": [1], "n": 0, "stream": true}).to_string(),
             400,
-            "streaming",
+            "n must be between 1 and 64, got 0",
         ),
     ];
     for (url, body, status, needle) in cases {

@@ -181,6 +181,130 @@ impl TokenGenerator for ScriptedGenerator {
     }
 }
 
+/// An engine-like generator that decodes one token per `token_delay` for all the choices of a
+/// request together (seeded lowercase words up to `max_new_tokens`, then END), streams each
+/// token as it is drawn and stops as soon as its sink is closed. It counts the tokens it
+/// decoded and whether it saw a closed sink.
+pub struct PacedGenerator {
+    pub token_delay: Duration,
+    pub decoded: AtomicUsize,
+    pub cancelled: std::sync::atomic::AtomicBool,
+}
+
+impl PacedGenerator {
+    pub fn new(token_delay: Duration) -> Self {
+        PacedGenerator {
+            token_delay,
+            decoded: AtomicUsize::new(0),
+            cancelled: Default::default(),
+        }
+    }
+
+    /// The whole output of one choice: `words` seeded words, then END, cut at the limit.
+    fn script(request: &TokenRequest, words: usize) -> TokenOutput {
+        let mut rng = ChaCha8Rng::seed_from_u64(request.seed);
+        let mut tokens = Vec::new();
+        for w in 0..words {
+            if w > 0 {
+                tokens.push(u32::from(b' '));
+            }
+            let len = rng.gen_range(1..7);
+            tokens.extend((0..len).map(|_| u32::from(b'a') + rng.gen_range(0..26)));
+        }
+        tokens.push(END);
+        let finish = if tokens.len() > request.max_new_tokens {
+            tokens.truncate(request.max_new_tokens);
+            FinishReason::Length
+        } else {
+            FinishReason::Stop
+        };
+        let logprobs = tokens.iter().map(|_| -rng.r#gen::<f32>() * 4.0).collect();
+        TokenOutput {
+            tokens,
+            logprobs,
+            finish,
+        }
+    }
+}
+
+#[async_trait]
+impl TokenGenerator for PacedGenerator {
+    fn vocab_size(&self) -> usize {
+        VOCAB
+    }
+
+    async fn generate(&self, request: TokenRequest) -> Result<TokenOutput> {
+        Ok(self.generate_choices(request, 1, None).await?.remove(0))
+    }
+
+    async fn generate_choices(
+        &self,
+        request: TokenRequest,
+        n: usize,
+        sink: Option<harness_openai::TokenSink>,
+    ) -> Result<Vec<TokenOutput>> {
+        // Long enough that a stream is still running when a test's client leaves.
+        let words = request.max_new_tokens;
+        let full: Vec<TokenOutput> = (0..n)
+            .map(|i| {
+                let seed = harness_openai::choice_seed(request.seed, i);
+                Self::script(
+                    &TokenRequest {
+                        seed,
+                        ..request.clone()
+                    },
+                    words,
+                )
+            })
+            .collect();
+        let mut outs: Vec<TokenOutput> = full
+            .iter()
+            .map(|f| TokenOutput {
+                tokens: Vec::new(),
+                logprobs: Vec::new(),
+                finish: f.finish,
+            })
+            .collect();
+        let longest = full.iter().map(|f| f.tokens.len()).max().unwrap_or(0);
+        for step in 0..longest {
+            if !self.token_delay.is_zero() {
+                tokio::time::sleep(self.token_delay).await;
+            }
+            for (choice, f) in full.iter().enumerate() {
+                let Some(&token) = f.tokens.get(step) else {
+                    continue;
+                };
+                let logprob = f.logprobs[step];
+                self.decoded.fetch_add(1, Ordering::SeqCst);
+                outs[choice].tokens.push(token);
+                outs[choice].logprobs.push(logprob);
+                if let Some(sink) = &sink {
+                    let sent = sink.send(harness_openai::StreamedToken {
+                        choice,
+                        token,
+                        logprob,
+                    });
+                    if sent.is_err() {
+                        self.cancelled.store(true, Ordering::SeqCst);
+                        for o in &mut outs {
+                            o.finish = FinishReason::Length;
+                        }
+                        return Ok(outs);
+                    }
+                }
+            }
+        }
+        Ok(outs)
+    }
+}
+
+/// The `data:` payloads of a server-sent event stream, in order.
+pub fn sse_events(body: &str) -> Vec<String> {
+    body.split("\n\n")
+        .filter_map(|e| e.trim().strip_prefix("data: ").map(str::to_string))
+        .collect()
+}
+
 /// A server for `generator` on 127.0.0.1 with a free port.
 pub async fn start_server(
     generator: Arc<dyn TokenGenerator>,
