@@ -1,0 +1,141 @@
+"""transformers `generate` on the shapes of bench_sample and bench_replay (the peer of
+compare_generate.sh).
+
+    python hf_generate_peer.py sample [--hidden 512] [--layers 8] [--heads 8] [--kv-heads 4]
+        [--vocab 32000] [--batch 8] [--prompt 256] [--new 128] [--threads 2]
+    python hf_generate_peer.py replay SHAPES.json [model flags] [--threads 2]
+
+A random Qwen3 (transformers' Qwen3ForCausalLM, f32, CPU, tied embeddings, q/k norms) with the
+same shape as the Rust benchmark's. `sample`: prefill tokens/s (a call generating one token) and
+decode tokens/s (the rest of a call generating `--new`), batch of `--batch` prompts, sampling
+at temperature 1 over the full vocabulary, no end-of-sequence token. `replay`: SHAPES.json is
+what `bench_replay --dump-shapes` writes: per batch (the rollouts of one task at one turn) the
+prompt token ids of each row and the tokens each generated; every batch is one left-padded
+`generate` call of the batch's longest generation (transformers keeps no cache across calls, so
+each turn prefills its whole context). Prints one JSON line.
+"""
+
+import json
+import sys
+import time
+
+
+def arg(args, name, default, cast=int):
+    if name in args:
+        return cast(args[args.index(name) + 1])
+    return default
+
+
+def build(args):
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    hidden = arg(args, "--hidden", 512)
+    heads = arg(args, "--heads", 8)
+    config = Qwen3Config(
+        vocab_size=arg(args, "--vocab", 32000),
+        hidden_size=hidden,
+        intermediate_size=3 * hidden,
+        num_hidden_layers=arg(args, "--layers", 8),
+        num_attention_heads=heads,
+        num_key_value_heads=arg(args, "--kv-heads", 4),
+        head_dim=hidden // heads,
+        max_position_embeddings=32768,
+        tie_word_embeddings=True,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-6,
+        torch_dtype="float32",
+    )
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(config).eval()
+    return model, config
+
+
+def generate(model, ids, mask, new):
+    import torch
+
+    with torch.inference_mode():
+        return model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=new,
+            min_new_tokens=new,
+            do_sample=True,
+            temperature=1.0,
+            top_p=1.0,
+            top_k=0,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+
+
+def sample(args):
+    import torch
+
+    model, config = build(args)
+    batch, prompt, new = arg(args, "--batch", 8), arg(args, "--prompt", 256), arg(args, "--new", 128)
+    ids = torch.tensor(
+        [[(i * 7919) % config.vocab_size for i in range(b * prompt, (b + 1) * prompt)] for b in range(batch)]
+    )
+    mask = torch.ones_like(ids)
+    generate(model, ids, mask, 1)  # warm up
+    t = time.perf_counter()
+    generate(model, ids, mask, 1)
+    prefill = time.perf_counter() - t
+    t = time.perf_counter()
+    generate(model, ids, mask, new)
+    total = time.perf_counter() - t
+    decode = max(total - prefill, 1e-9)
+    print(json.dumps({
+        "peer": "transformers", "batch": batch, "prompt": prompt, "new": new,
+        "prefill_s": prefill, "prefill_tokens_per_s": batch * prompt / prefill,
+        "decode_s": decode, "decode_tokens_per_s": batch * (new - 1) / decode,
+    }))
+
+
+def replay(args):
+    import torch
+
+    with open(args[0]) as f:
+        shapes = json.load(f)
+    model, config = build(args[1:])
+    generated = 0
+    prefill_tokens = 0
+    started = time.perf_counter()
+    for b in shapes["batches"]:
+        rows = b["prompts"]
+        width = max(len(r) for r in rows)
+        ids = torch.zeros((len(rows), width), dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, width - len(r):] = torch.tensor(r)
+            mask[i, width - len(r):] = 1
+        new = max(b["generated"])
+        if new > 0:
+            generate(model, ids, mask, new)
+        generated += sum(b["generated"])
+        prefill_tokens += sum(len(r) for r in rows)
+    seconds = time.perf_counter() - started
+    print(json.dumps({
+        "mode": "transformers", "seconds": seconds, "episodes": shapes["episodes"],
+        "episodes_per_s": shapes["episodes"] / seconds,
+        "policy_tokens_per_s": generated / seconds,
+        "prefill_tokens_computed": prefill_tokens,
+    }))
+
+
+def main():
+    import torch
+
+    args = sys.argv[1:]
+    torch.set_num_threads(arg(args, "--threads", 2))
+    if args and args[0] == "sample":
+        sample(args[1:])
+    elif args and args[0] == "replay":
+        replay(args[1:])
+    else:
+        sys.exit(__doc__)
+
+
+if __name__ == "__main__":
+    main()
