@@ -227,6 +227,22 @@ fn the_report_is_made_from_files() {
     );
 }
 
+#[test]
+fn the_tinker_learner_is_a_protocol_client() {
+    let graph = normal_dependency_graph();
+    let forbidden: Vec<&str> = ML
+        .iter()
+        .copied()
+        .chain(["grpo-candle", "harness-router", "harness-evolve"])
+        .collect();
+    assert_free_of(
+        &graph,
+        "harness-tinker",
+        &forbidden,
+        "the update runs on the Tinker server; the learner sends per-token weights",
+    );
+}
+
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
         let path = entry.path();

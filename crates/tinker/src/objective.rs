@@ -150,9 +150,12 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// One trajectory: its reward and its tokens' (logp_new, logp_old, logp_q).
+    type Traj = (f32, Vec<(f64, f64, f64)>);
+
     /// Plain transcription of Eqs. 6, 13-16 over groups of trajectories of
     /// (logp_new, logp_old, logp_q) tokens; returns J.
-    fn reference_j(groups: &[Vec<(f32, Vec<(f64, f64, f64)>)>], cfg: &GrpoSettings) -> f64 {
+    fn reference_j(groups: &[Vec<Traj>], cfg: &GrpoSettings) -> f64 {
         let b = groups.len() as f64;
         let mut total = 0.0;
         for g in groups {
@@ -178,7 +181,7 @@ mod tests {
         total / b
     }
 
-    fn flatten(groups: &[Vec<(f32, Vec<(f64, f64, f64)>)>], cfg: &GrpoSettings) -> Vec<TokenTerm> {
+    fn flatten(groups: &[Vec<Traj>], cfg: &GrpoSettings) -> Vec<TokenTerm> {
         let b = groups.len() as f64;
         let mut out = Vec::new();
         for g in groups {
@@ -199,7 +202,7 @@ mod tests {
         out
     }
 
-    fn groups() -> impl Strategy<Value = Vec<Vec<(f32, Vec<(f64, f64, f64)>)>>> {
+    fn groups() -> impl Strategy<Value = Vec<Vec<Traj>>> {
         let traj = (
             prop_oneof![Just(0f32), Just(1f32)],
             // new = old + d: ratios on both sides of both bounds; q = old + e: weights on both
