@@ -391,9 +391,11 @@ impl GgufImport {
 /// Name the file in reader errors, and llama.cpp's name of a tensor type candle cannot read.
 fn read_error(path: &Path, e: candle_core::Error) -> Error {
     let text = e.to_string();
+    // candle appends a backtrace to the message when RUST_BACKTRACE is set: read the first word.
     if let Some(id) = text
         .strip_prefix("unknown dtype for tensor ")
-        .and_then(|n| n.trim().parse::<u32>().ok())
+        .and_then(|n| n.split_whitespace().next())
+        .and_then(|n| n.parse::<u32>().ok())
     {
         return Error::config(
             path,
