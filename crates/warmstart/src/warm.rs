@@ -203,33 +203,32 @@ fn run(
     settings.validate()?;
     let name = cache_dir_name(settings);
     let dir = cache_root.join(&name);
-    if let Some(found) = load_cached(&dir, settings)? {
-        progress(WarmStartProgress::Cached(dir.clone()));
-        return Ok(WarmStarted {
-            seconds: started.elapsed().as_secs_f64(),
-            ..found
-        });
-    }
-    std::fs::create_dir_all(cache_root).map_err(|e| Error::io(cache_root, e))?;
-    let tmp = cache_root.join(format!(".{name}.tmp-{}", std::process::id()));
-    if tmp.exists() {
-        std::fs::remove_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
-    }
-    if let Some(shipped) = use_shipped
+    // A shipped checkpoint is installed as the cache folder, then loaded like any cached one.
+    let shipped = match use_shipped
         .then(|| crate::shipped::shipped_for(settings))
         .flatten()
     {
-        shipped.write_to(&tmp)?;
-        move_in(&tmp, &dir, settings)?;
-        let found = load_cached(&dir, settings)?
-            .ok_or_else(|| Error::io(&dir, "the shipped checkpoint did not install"))?;
-        progress(WarmStartProgress::Shipped(dir.clone()));
+        Some(found) if !dir.join(REPORT_FILE).exists() => {
+            let tmp = fresh_tmp(cache_root, &name)?;
+            found.write_to(&tmp)?;
+            move_in(&tmp, &dir, settings)?;
+            true
+        }
+        _ => false,
+    };
+    if let Some(found) = load_cached(&dir, settings)? {
+        progress(if shipped {
+            WarmStartProgress::Shipped(dir.clone())
+        } else {
+            WarmStartProgress::Cached(dir.clone())
+        });
         return Ok(WarmStarted {
             seconds: started.elapsed().as_secs_f64(),
-            shipped: true,
+            shipped,
             ..found
         });
     }
+    let tmp = fresh_tmp(cache_root, &name)?;
     let (model, report) = futures::executor::block_on(train(settings, progress))?;
     model.save_hf(&tmp)?;
     let (base, siblings) = harnesses(settings);
@@ -255,6 +254,16 @@ fn run(
         shipped: false,
         report,
     })
+}
+
+/// An empty temporary folder under `cache_root` for the cache folder `name`.
+fn fresh_tmp(cache_root: &Path, name: &str) -> Result<PathBuf> {
+    std::fs::create_dir_all(cache_root).map_err(|e| Error::io(cache_root, e))?;
+    let tmp = cache_root.join(format!(".{name}.tmp-{}", std::process::id()));
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
+    }
+    Ok(tmp)
 }
 
 /// Rename the finished temporary folder `tmp` to `dir`.
