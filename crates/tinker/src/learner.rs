@@ -368,6 +368,10 @@ pub struct TinkerLearner {
     model: Arc<TinkerModel>,
     steps: u64,
     version: u64,
+    /// Why no further update may be taken: a gradient reached the server but its update was
+    /// not completed, so the server holds a pending gradient that the next `forward_backward`
+    /// would add to.
+    broken: Option<String>,
     heartbeat: tokio::task::JoinHandle<()>,
 }
 
@@ -503,6 +507,7 @@ impl TinkerLearner {
             model,
             steps: 0,
             version: 0,
+            broken: None,
             heartbeat,
         })
     }
@@ -552,8 +557,17 @@ impl TinkerLearner {
         Ok((batch, logp))
     }
 
-    /// One update (module docs); the crate's error type.
+    /// One update (module docs); the crate's error type. Once an update has failed after its
+    /// `forward_backward` reached the server, every later call is refused: the server may hold
+    /// that gradient, and the next `forward_backward` would add to it.
     pub async fn step(&mut self, groups: &[Group]) -> Result<UpdateReport> {
+        if let Some(why) = &self.broken {
+            return Err(Error::Data(format!(
+                "no update after a failed one ({why}): the server may hold its gradient, which \
+                 the next forward_backward would add to; connect a new learner and load the \
+                 latest checkpoint"
+            )));
+        }
         let started = Instant::now();
         let cfg = self.cfg.clone();
         let model_id = self.model.model_id();
@@ -630,9 +644,28 @@ impl TinkerLearner {
                 (batch, None, input, None, crate::objective::Eq15::default())
             }
         };
-        let out = client.forward_backward(&model_id, &fb_input).await?;
-        let logp_fb = scored(&batch, &out, "logprobs", "forward_backward")?;
-        let server_loss = server_surrogate(&batch, &out, cfg.server)?;
+        // From here until optim_step completes, a failure leaves a gradient on the server.
+        let next = self.steps + 1;
+        let pending = move |e: &Error| format!("update {next} failed after forward_backward: {e}");
+        let out = match client.forward_backward(&model_id, &fb_input).await {
+            Ok(out) => out,
+            Err(e) => {
+                self.broken = Some(pending(&e));
+                return Err(e);
+            }
+        };
+        let checked = scored(&batch, &out, "logprobs", "forward_backward").and_then(|logp| {
+            let server_loss = server_surrogate(&batch, &out, cfg.server)?;
+            check_reduction(server_loss, expected, cfg.server)?;
+            Ok((logp, server_loss))
+        });
+        let (logp_fb, server_loss) = match checked {
+            Ok(v) => v,
+            Err(e) => {
+                self.broken = Some(pending(&e));
+                return Err(e);
+            }
+        };
         let mut extra = BTreeMap::new();
         if let Some(v) = server_loss {
             extra.insert("server_surrogate".to_string(), v);
@@ -653,7 +686,10 @@ impl TinkerLearner {
             }
             None => eq15(&self.terms(&batch, &logp_fb, Some(())), &cfg.grpo),
         };
-        client.optim_step(&model_id, cfg.adam).await?;
+        if let Err(e) = client.optim_step(&model_id, cfg.adam).await {
+            self.broken = Some(pending(&e));
+            return Err(e);
+        }
         self.steps += 1;
         self.version += 1;
         let t = batch.tokens().max(1) as f64;
@@ -742,6 +778,24 @@ impl TinkerLearner {
             message: e.to_string(),
         }
     }
+}
+
+/// The server's surrogate against the value the learner's encoding implies: a server that
+/// reduces per-token losses otherwise than `server` describes applies a differently scaled
+/// gradient, and is refused before its optimizer step.
+fn check_reduction(server: Option<f64>, expected: Option<f64>, kind: ServerKind) -> Result<()> {
+    let (Some(s), Some(e)) = (server, expected) else {
+        return Ok(());
+    };
+    if (s - e).abs() <= 1e-4 * e.abs().max(1.0) {
+        return Ok(());
+    }
+    Err(Error::Protocol(format!(
+        "forward_backward reported a surrogate of {s:.6e} where {e:.6e} was expected: the \
+         server does not reduce the loss the way `server = {kind:?}` assumes, so the gradient \
+         it applied is not Eq. 15's; no optimizer step was taken (check `server` in the \
+         learner's configuration)"
+    )))
 }
 
 /// What the server says its surrogate loss was, in the learner's units.

@@ -351,7 +351,22 @@ async fn failed_and_endless_futures_end_in_clear_errors() {
         "{e}"
     );
     assert_eq!(learner.optimizer_steps(), 0);
+    // The failed update's gradient may still be on the server: this learner takes no more.
+    let n = fake.requests("forward_backward").len();
+    let e = learner.update(&batch()).await.unwrap_err().to_string();
+    assert!(
+        e.contains("no update after a failed one") && e.contains("load the latest checkpoint"),
+        "{e}"
+    );
+    assert_eq!(
+        fake.requests("forward_backward").len(),
+        n,
+        "nothing was sent"
+    );
 
+    let mut learner = TinkerLearner::connect(client(&fake), learner_cfg(ServerKind::Tinker))
+        .await
+        .unwrap();
     fake.inject("forward", Fault::NeverComplete);
     let e = learner.update(&batch()).await.unwrap_err().to_string();
     assert!(
@@ -359,6 +374,27 @@ async fn failed_and_endless_futures_end_in_clear_errors() {
         "{e}"
     );
     assert_eq!(learner.optimizer_steps(), 0);
+}
+
+#[tokio::test]
+async fn a_server_that_reduces_the_loss_otherwise_is_refused_before_its_optimizer_step() {
+    // Hosted Tinker's reduction (sums, `loss:sum`) behind a learner configured for SkyRL's.
+    let fake = Fake::start(Reduction::Sum).await;
+    let mut learner = TinkerLearner::connect(client(&fake), learner_cfg(ServerKind::SkyrlTx))
+        .await
+        .unwrap();
+    let e = learner.update(&batch()).await.unwrap_err().to_string();
+    assert!(
+        e.contains("does not reduce the loss")
+            && e.contains("SkyrlTx")
+            && e.contains("no optimizer step"),
+        "{e}"
+    );
+    let model = learner.model().model_id();
+    assert_eq!(fake.model(&model), (1, 0), "a gradient but no step");
+    assert_eq!(learner.optimizer_steps(), 0);
+    assert!(learner.update(&batch()).await.is_err());
+    assert_eq!(fake.model(&model), (1, 0), "and nothing more");
 }
 
 #[tokio::test]
