@@ -4,6 +4,12 @@ compare_generate.sh).
     python hf_generate_peer.py sample [--hidden 512] [--layers 8] [--heads 8] [--kv-heads 4]
         [--vocab 32000] [--batch 8] [--prompt 256] [--new 128] [--threads 2]
     python hf_generate_peer.py replay SHAPES.json [model flags] [--threads 2]
+    python hf_generate_peer.py train --model DIR [--batch 4] [--seq 512] [--steps 3] [--threads 2]
+
+`--model DIR` (sample, replay, train) loads a Hugging Face checkpoint folder with
+`AutoModelForCausalLM` in f32 instead of building a random Qwen3; `train` is the peer of
+`bench_train --model`: forward, log_softmax + gather loss over every position, backward, gradient
+clipping at 1 and AdamW, on random token ids, median seconds of the timed steps.
 
 A random Qwen3 (transformers' Qwen3ForCausalLM, f32, CPU, tied embeddings, q/k norms) with the
 same shape as the Rust benchmark's. `sample`: prefill tokens/s (a call generating one token) and
@@ -28,7 +34,13 @@ def arg(args, name, default, cast=int):
 
 def build(args):
     import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    if "--model" in args:
+        model = AutoModelForCausalLM.from_pretrained(
+            args[args.index("--model") + 1], dtype=torch.float32
+        ).eval()
+        return model, model.config
 
     hidden = arg(args, "--hidden", 512)
     heads = arg(args, "--heads", 8)
@@ -124,6 +136,42 @@ def replay(args):
     }))
 
 
+def train(args):
+    import resource
+    import statistics
+
+    import torch
+
+    model, config = build(args)
+    model.train()
+    batch, seq = arg(args, "--batch", 4), arg(args, "--seq", 512)
+    steps, warmup = arg(args, "--steps", 3), arg(args, "--warmup", 1)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.01)
+    torch.manual_seed(0)
+    times = []
+    for step in range(warmup + steps):
+        ids = torch.randint(0, config.vocab_size, (batch, seq + 1))
+        t0 = time.perf_counter()
+        logits = model(input_ids=ids[:, :-1]).logits
+        logp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+        loss = -logp.mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        dt = time.perf_counter() - t0
+        print(f"step {step}: {dt:.3f} s, loss {loss.item():.5f}", file=sys.stderr)
+        if step >= warmup:
+            times.append(dt)
+    med = statistics.median(times)
+    print(json.dumps({
+        "peer": "transformers", "batch": batch, "seq": seq,
+        "params": sum(p.numel() for p in model.parameters()),
+        "step_seconds_median": med, "tokens_per_s": batch * seq / med,
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+    }))
+
+
 def main():
     import torch
 
@@ -133,6 +181,8 @@ def main():
         sample(args[1:])
     elif args and args[0] == "replay":
         replay(args[1:])
+    elif args and args[0] == "train":
+        train(args[1:])
     else:
         sys.exit(__doc__)
 

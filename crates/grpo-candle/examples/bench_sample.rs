@@ -3,8 +3,10 @@
 //! ```text
 //! cargo run --release -p grpo-candle --example bench_sample -- \
 //!     [--hidden 512] [--layers 8] [--heads 8] [--kv-heads 4] [--vocab 32000] \
-//!     [--batch 8] [--prompt 256] [--new 128]
+//!     [--batch 8] [--prompt 256] [--new 128] [--model DIR]
 //! ```
+//! `--model DIR` samples from a Hugging Face checkpoint folder (any architecture
+//! `PolicyModel::load_dir` reads) instead of a random Qwen3 of the given shape.
 //! Prints one JSON line: prefill tokens/s (prompt tokens per second of a call that generates one
 //! token), decode tokens/s (tokens of all rows per second after the first) and the wall times.
 
@@ -12,7 +14,7 @@ use std::time::Instant;
 
 use candle_core::{DType, Device};
 use grpo_candle::sampler::{SampleRequest, generate};
-use grpo_candle::{Qwen, QwenConfig};
+use grpo_candle::{PolicyModel, Qwen, QwenConfig};
 use harness_core::SamplingParams;
 
 // Tensor work allocates many large short-lived buffers; glibc returns them to the OS and pays
@@ -47,8 +49,20 @@ fn main() -> anyhow::Result<()> {
         arg(&args, "--new", 128)?,
     );
     let device = Device::Cpu;
-    let model = Qwen::new_random(&cfg, 0, DType::F32, &device)?;
-    let tokenizer = grpo_candle::tokenizer::tiny_tokenizer(0)?;
+    let (cfg, model, tokenizer) = match args.iter().position(|a| a == "--model") {
+        Some(i) => {
+            let dir = args
+                .get(i + 1)
+                .ok_or_else(|| anyhow::anyhow!("--model needs a folder"))?;
+            let m = PolicyModel::load_dir(dir, DType::F32, &device)?;
+            (m.model.config().clone(), m.model, m.tokenizer)
+        }
+        None => (
+            cfg.clone(),
+            Qwen::new_random(&cfg, 0, DType::F32, &device)?,
+            grpo_candle::tokenizer::tiny_tokenizer(0)?,
+        ),
+    };
 
     let ids: Vec<u32> = (0..batch * prompt)
         .map(|i| (i * 7919 % cfg.vocab_size) as u32)

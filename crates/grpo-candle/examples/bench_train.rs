@@ -6,7 +6,12 @@
 //! cargo run --release -p grpo-candle --example bench_train -- mid --steps 3
 //! cargo run --release -p grpo-candle --example bench_train -- custom --hidden 256 --layers 4 \
 //!     --vocab 8000 --batch 4 --seq 512 --dtype bf16 --device cuda
+//! cargo run --release -p grpo-candle --example bench_train -- --model /models/SmolLM2-135M \
+//!     --batch 4 --seq 512
 //! ```
+//!
+//! `--model DIR` trains a Hugging Face checkpoint folder (any architecture `PolicyModel::load_dir`
+//! reads) instead of a random model of a preset's shape.
 //!
 //! The batch is split into as many micro-batches as the trainer runs at once (`--parallel N`;
 //! by default, on the CPU with `CANDLE_NUM_THREADS=1`, one per thread, otherwise one);
@@ -24,7 +29,7 @@ use grpo_candle::logprob::LogProbConfig;
 use grpo_candle::trainer::{
     DecayKind, RolloutRecord, Schedule, TaskRollouts, Trainer, TrainerConfig, TurnTokens,
 };
-use grpo_candle::{Qwen, QwenConfig};
+use grpo_candle::{PolicyModel, Qwen, QwenConfig};
 use rand::{Rng, SeedableRng};
 
 // The default allocator spends a large share of a CPU step in page faults on freshly mapped
@@ -50,6 +55,7 @@ struct Args {
     peak_tflops: f64,
     micro_batch_tokens: Option<usize>,
     parallel: usize,
+    model: Option<std::path::PathBuf>,
 }
 
 fn parse() -> Result<Args> {
@@ -71,6 +77,7 @@ fn parse() -> Result<Args> {
         peak_tflops: 0.0,
         micro_batch_tokens: None,
         parallel: 0,
+        model: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -91,6 +98,7 @@ fn parse() -> Result<Args> {
             "--parallel" => a.parallel = val()?.parse()?,
             "--peak-tflops" => a.peak_tflops = val()?.parse()?,
             "--device" => a.device = val()?,
+            "--model" => a.model = Some(val()?.into()),
             "--dtype" => {
                 a.dtype = match val()?.as_str() {
                     "f32" => DType::F32,
@@ -230,8 +238,17 @@ fn main() -> Result<()> {
         "cuda" => Device::new_cuda(0)?,
         other => bail!("--device: cpu or cuda, got {other}"),
     };
-    let cfg = model_config(&a)?;
-    let model = Qwen::new_random(&cfg, 0, a.dtype, &device)?;
+    let (cfg, model) = match &a.model {
+        Some(dir) => {
+            let model = PolicyModel::load_dir(dir, a.dtype, &device)?.model;
+            (model.config().clone(), model)
+        }
+        None => {
+            let cfg = model_config(&a)?;
+            let model = Qwen::new_random(&cfg, 0, a.dtype, &device)?;
+            (cfg, model)
+        }
+    };
     let tokens_per_step = a.batch * a.seq;
     let mut tcfg = TrainerConfig {
         schedule: Schedule {
@@ -287,7 +304,10 @@ fn main() -> Result<()> {
     let flops_per_token = 6.0 * params + attn;
     let achieved_tflops = flops_per_token * tps / 1e12;
     let out = serde_json::json!({
-        "preset": a.preset,
+        "preset": match &a.model {
+            Some(dir) => dir.display().to_string(),
+            None => a.preset.clone(),
+        },
         "device": a.device,
         "dtype": format!("{:?}", a.dtype),
         "hidden": cfg.hidden_size,

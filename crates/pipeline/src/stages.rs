@@ -172,6 +172,20 @@ pub async fn evolve(wb: &Workbench) -> Result<SiblingPool> {
         wb.progress
             .println(round_summary(round, evolution.validation.len()).trim_end());
     }
+    let mut by_role: BTreeMap<String, harness_evolve::RoleUsage> = BTreeMap::new();
+    for round in &result.rounds {
+        for (role, u) in &round.usage {
+            let total = by_role.entry(role.clone()).or_default();
+            *total = *total + *u;
+        }
+    }
+    for (role, u) in by_role.iter().filter(|(_, u)| u.calls > 0) {
+        wb.progress.println(format!(
+            "evolution {role}: {} calls, {} malformed answers rejected and asked again, {} items \
+             skipped after the retry budget, {} failed calls",
+            u.calls, u.malformed, u.skipped, u.errors
+        ));
+    }
     wb.progress.println(format!(
         "evolution: {} members in {:.0}s; H0 solves {}/{} validation tasks, the pool's union {}/{}",
         result.pool.len(),
@@ -318,6 +332,14 @@ pub async fn calibrate(wb: &Workbench, pool: &SiblingPool) -> Result<Calibration
         "calibration: {rollouts} paired rollouts; validation success: {}",
         rates.join(", ")
     ));
+    let p = &calibration.profiler;
+    if p.rejected_answers > 0 || p.failures > 0 || p.usage != Default::default() {
+        wb.progress.println(format!(
+            "calibration profiler {}: {} malformed answers rejected and asked again; {} siblings \
+             left with an empty profile after the retry budget",
+            p.profiler, p.rejected_answers, p.failures
+        ));
+    }
     Ok(calibration)
 }
 
@@ -381,6 +403,31 @@ pub fn router_allocation(k: usize, siblings: usize) -> harness_rollout::Allocati
     harness_rollout::Allocation::TopMXN { m, n: k / m }
 }
 
+/// The router's counters of a routed method's training (this process's share of a resumed
+/// run), in `train/<method>/`.
+pub const ROUTER_STATS_FILE: &str = "router_stats.json";
+
+/// One line on the voters' answers: how many were malformed and what was done with them.
+pub fn voter_summary(s: &harness_router::RouterStats) -> String {
+    let rejected: u64 = s.rejected.values().sum();
+    let reasons = if s.rejected.is_empty() {
+        String::new()
+    } else {
+        let by: Vec<String> = s
+            .rejected
+            .iter()
+            .map(|(r, n)| format!("{r}: {n}"))
+            .collect();
+        format!(" ({})", by.join(", "))
+    };
+    format!(
+        "voters: {} selections, {} valid ballots; {rejected} malformed answers rejected and \
+         asked again{reasons}; {} ballots dropped after the retry budget; {} selections filled \
+         by validation success",
+        s.selections, s.ballots, s.dropped, s.filled_selections
+    )
+}
+
 /// Rescue-train `method` from the initial checkpoint into `train/<method>/`; `resume`
 /// continues a killed run from its latest checkpoint.
 pub async fn train(
@@ -420,6 +467,7 @@ pub async fn train(
     let learner = CandleLearner::new(local.clone(), trainer_cfg).at("train")?;
     let tokens = TokenCounter::new();
     type Routing = (Option<Arc<dyn HarnessSelector>>, Option<Arc<dyn Calibrate>>);
+    let mut routed_by = None;
     let (selector, calibrator): Routing = match method {
         Method::HarnessS | Method::HarnessSFixed => {
             let first = Calibration::load_latest(&wb.layout.calibration())
@@ -448,10 +496,12 @@ pub async fn train(
                 mode,
                 run_dir.join("calibrations"),
             )?;
-            let router =
-                AdaptiveRouter::new(evidence, voters, RouterSettings::default()).at("train")?;
+            let router = Arc::new(
+                AdaptiveRouter::new(evidence, voters, RouterSettings::default()).at("train")?,
+            );
+            routed_by = Some(router.clone());
             (
-                Some(Arc::new(router) as Arc<dyn HarnessSelector>),
+                Some(router as Arc<dyn HarnessSelector>),
                 Some(Arc::new(cal) as Arc<dyn Calibrate>),
             )
         }
@@ -504,6 +554,14 @@ pub async fn train(
     bar.set_message(format!("train {}: final re-anchoring", method.name()));
     trainer.finish().await.at("train")?;
     bar.finish_and_clear();
+    if let Some(router) = &routed_by {
+        let stats = router.stats();
+        let path = run_dir.join(ROUTER_STATS_FILE);
+        let text = serde_json::to_string_pretty(&stats).expect("router stats serialise");
+        harness_core::fsutil::write_atomic(&path, text.as_bytes()).at("train")?;
+        wb.progress
+            .println(format!("{}: {}", method.name(), voter_summary(&stats)));
+    }
     let checkpoint = wb.layout.final_checkpoint(method);
     local.save_hf(&checkpoint).at("train")?;
     let seconds = started.elapsed().as_secs_f64();

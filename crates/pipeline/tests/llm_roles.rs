@@ -99,5 +99,24 @@ async fn the_llm_roles_run_against_the_projects_own_server() {
         text.contains("voter") || text.contains("profiler"),
         "no LLM role usage in cost.json: {text}"
     );
+    // What the voters answered, and what was done with the malformed answers.
+    let stats: harness_router::RouterStats = serde_json::from_str(
+        &std::fs::read_to_string(
+            cfg.out
+                .join("train")
+                .join(Method::HarnessS.name())
+                .join(stages::ROUTER_STATS_FILE),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    assert!(stats.selections > 0, "{stats:?}");
+    // Every voter asked per selection ends in a valid ballot or a dropped one.
+    assert_eq!(
+        stats.ballots + stats.dropped,
+        stats.selections * cfg.roles.voters as u64,
+        "{stats:?}"
+    );
+    assert!(stages::voter_summary(&stats).contains("malformed answers rejected"));
     server.shutdown().await.unwrap();
 }
