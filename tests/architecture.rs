@@ -321,3 +321,68 @@ fn every_library_crate_opens_with_a_crate_doc() {
         );
     }
 }
+
+/// grpo-candle's layers, bottom first; `error.rs` sits under all of them.
+const GRPO_CANDLE_LAYERS: &[&str] = &["ops", "model", "sample", "train"];
+
+#[test]
+fn grpo_candle_layers_import_downwards_only() {
+    let src = root().join("crates/grpo-candle/src");
+    if !src.exists() {
+        return; // The crate has not landed in this workspace.
+    }
+    let mut offenders = Vec::new();
+    // Every module is in a layer: at the top there are only the crate root and the error type.
+    for entry in std::fs::read_dir(&src).expect("grpo-candle/src").flatten() {
+        let path = entry.path();
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let layered = path.is_dir() && GRPO_CANDLE_LAYERS.contains(&name.as_str());
+        if !layered && name != "lib.rs" && name != "error.rs" {
+            offenders.push(format!("{}: not in a layer", path.display()));
+        }
+    }
+    // A layer names (outside comments) only `crate::error`, itself and the layers below it.
+    // `error.rs` is in no layer: it may name none.
+    let mut files: Vec<(Option<usize>, PathBuf)> = vec![(None, src.join("error.rs"))];
+    for (i, layer) in GRPO_CANDLE_LAYERS.iter().enumerate() {
+        let mut in_layer = Vec::new();
+        rust_files(&src.join(layer), &mut in_layer);
+        assert!(
+            !in_layer.is_empty(),
+            "grpo-candle/src/{layer} holds no sources"
+        );
+        files.extend(in_layer.into_iter().map(|f| (Some(i), f)));
+    }
+    for (own, file) in files {
+        let text = std::fs::read_to_string(&file).expect("readable");
+        for (i, line) in text.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or("");
+            let at = |what: &str| format!("{}:{}: {what}: {}", file.display(), i + 1, line.trim());
+            if code.contains("super::super") {
+                offenders.push(at("reaches out of its layer with super::super"));
+            }
+            for (start, _) in code.match_indices("crate::") {
+                let rest = &code[start + "crate::".len()..];
+                let name: String = rest
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect();
+                if name == "error" {
+                    continue;
+                }
+                match GRPO_CANDLE_LAYERS.iter().position(|l| *l == name) {
+                    Some(l) if own.is_some_and(|o| l <= o) => {}
+                    Some(_) => offenders.push(at("names a higher layer")),
+                    None => offenders.push(at(
+                        "names no layer (inside the crate, paths start at a layer: crate::ops::...)",
+                    )),
+                }
+            }
+        }
+    }
+    assert!(
+        offenders.is_empty(),
+        "grpo-candle's layers (error < ops < model < sample < train) import downwards only:\n{}",
+        offenders.join("\n")
+    );
+}

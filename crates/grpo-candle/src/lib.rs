@@ -7,22 +7,27 @@
 //! environments: it consumes groups of trajectories that the rollout code produced.
 //!
 //! # Map
+//! Four layers, each importing only those below it (checked by the workspace's
+//! `tests/architecture.rs`); [`error`] sits under all of them.
+//! - [`ops`]: tensor kernels with their own backward. [`fused`]: the training forward's CPU ops
+//!   (RMSNorm, rotary embedding, SwiGLU, softmax, causal attention with memory linear in the
+//!   sequence length); [`logprob`]: the chunked lm_head → log-prob op (CUDA kernels with the
+//!   `cuda` feature); [`ops::reference`]: the plain implementations they are tested against.
 //! - [`model`]: the stateless decoder ([`Qwen`]; Qwen2, Qwen3, Llama and Mistral share it),
 //!   trainable end to end, with an explicit [`KvCache`] for sampling; [`config`] reads HF
-//!   `config.json`.
-//! - [`fused`]: the training forward's CPU ops with their own backward (RMSNorm, rotary
-//!   embedding, SwiGLU, causal attention with memory linear in the sequence length).
-//! - [`checkpoint`]: [`PolicyModel`] = model + tokenizer + chat template + stop tokens, loaded from
-//!   a folder or the hub ([`loading`]), created fresh and tiny from a seed, saved in HF format;
-//!   [`gguf`] imports llama.cpp's GGUF files (dequantised) as HF folders.
-//! - [`chat_template`]: Qwen ChatML rendering; [`tokenizer`]: `tokenizer.json` helpers and the
+//!   `config.json`; [`checkpoint`]: [`PolicyModel`] = model + tokenizer + chat template + stop
+//!   tokens, loaded from a folder or the hub ([`loading`]), created fresh and tiny from a seed,
+//!   saved in HF format; [`gguf`] imports llama.cpp's GGUF files (dequantised) as HF folders;
+//!   [`chat_template`]: Qwen ChatML rendering; [`tokenizer`]: `tokenizer.json` helpers and the
 //!   built-in byte-level BPE.
-//! - [`sampler`]: batched KV-cached decoding with per-token log-probs;
-//!   [`policy`]: [`CandlePolicy`], harness-core's `Policy`.
-//! - [`logprob`], [`objective`], [`trainer`]: the chunked log-prob op (CUDA kernels with the
-//!   `cuda` feature), the GRPO loss, the trainer.
-//! - [`teacher`], [`sft`]: the warm start: a reference solver's turns recorded in the policy's own
-//!   tokens, and supervised updates on them.
+//! - [`sample`]: [`sampler`], batched KV-cached decoding with per-token log-probs, with its
+//!   [`prefix_cache`]; [`policy`]: [`CandlePolicy`], harness-core's `Policy`.
+//! - [`train`]: [`objective`], [`trainer`]: the GRPO loss and the trainer; [`teacher`], [`sft`]:
+//!   the warm start, a reference solver's turns recorded in the policy's own tokens and
+//!   supervised updates on them; [`learner`]: harness-core's `Learner` on the trainer.
+//!
+//! The modules are also re-exported at the top (`grpo_candle::trainer`, `grpo_candle::config`,
+//! ...), as they were before the layers.
 //!
 //! # Log-prob conventions
 //! [`CandlePolicy`] reports in `PolicyTurn::logprobs` the log-probability of each sampled token
@@ -54,37 +59,27 @@
 //! # Ok::<(), grpo_candle::Error>(())
 //! ```
 
-#[cfg(feature = "cuda")]
-mod cuda;
-pub mod fused;
-pub mod learner;
-pub mod logprob;
-pub mod objective;
-pub mod trainer;
-
-pub mod chat_template;
-pub mod checkpoint;
-pub mod config;
 pub mod error;
-pub mod gguf;
-pub mod loading;
 pub mod model;
-pub mod policy;
-pub mod prefix_cache;
-pub mod sampler;
-pub mod sft;
-pub mod teacher;
-pub mod tokenizer;
+pub mod ops;
+pub mod sample;
+pub mod train;
 
-pub use chat_template::ChatTemplate;
-pub use checkpoint::{PolicyModel, TinySpec};
-pub use config::{Arch, QwenConfig, RopeScaling};
+// The flat module paths of before the layers.
+pub use model::{chat_template, checkpoint, config, gguf, loading, tokenizer};
+pub use ops::{fused, logprob};
+pub use sample::{policy, prefix_cache, sampler};
+pub use train::{learner, objective, sft, teacher, trainer};
+
 pub use error::{Error, Result};
-pub use gguf::{GgufImport, ImportSummary, import_gguf};
-pub use loading::ModelFiles;
+pub use model::chat_template::ChatTemplate;
+pub use model::checkpoint::{PolicyModel, TinySpec};
+pub use model::config::{Arch, QwenConfig, RopeScaling};
+pub use model::gguf::{GgufImport, ImportSummary, import_gguf};
+pub use model::loading::ModelFiles;
 pub use model::{KvCache, Qwen};
-pub use policy::{CandlePolicy, PolicyOptions, PolicyStats, UpdateGuard};
-pub use prefix_cache::{PrefixCache, PrefixCacheConfig, PrefixCacheStats};
-pub use sampler::{DecodeBatch, Sample, SampleRequest};
-pub use sft::{SftConfig, SftTrainer};
-pub use teacher::TeacherForcedPolicy;
+pub use sample::policy::{CandlePolicy, PolicyOptions, PolicyStats, UpdateGuard};
+pub use sample::prefix_cache::{PrefixCache, PrefixCacheConfig, PrefixCacheStats};
+pub use sample::sampler::{DecodeBatch, Sample, SampleRequest};
+pub use train::sft::{SftConfig, SftTrainer};
+pub use train::teacher::TeacherForcedPolicy;

@@ -1,5 +1,5 @@
-//! CUDA kernels of the chunked log-prob op (`src/cuda/logprob.cu`, compiled to PTX by `build.rs`
-//! when the `cuda` feature is on).
+//! CUDA kernels of the chunked log-prob op (`src/ops/cuda/logprob.cu`, compiled to PTX by
+//! `build.rs` when the `cuda` feature is on).
 //!
 //! The op's logits blocks come from cuBLAS matmuls; two kernels do the rest in one pass over a
 //! block each, as in-place candle ops ([`BlockKernel`]): `Stats` folds a block into each token's
@@ -15,9 +15,9 @@ use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
 use candle_core::{CpuStorage, CudaStorage, DType, InplaceOp3, Layout, Tensor};
 
-use crate::logprob::{LogProbConfig, stats_from_online};
+use crate::ops::logprob::{LogProbConfig, stats_from_online};
 
-/// The PTX of `src/cuda/logprob.cu`.
+/// The PTX of `src/ops/cuda/logprob.cu`.
 const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/grpo_kernels.ptx"));
 const MODULE: &str = "grpo_logprob";
 const THREADS: u32 = 256;

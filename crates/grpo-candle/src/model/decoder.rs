@@ -6,8 +6,8 @@
 //!
 //! Every operation on the forward path has a backward pass: candle primitives (matmul, exp, sum,
 //! narrow, cat, index_select, ...) or this crate's fused CPU ops with their own backward
-//! ([`crate::fused`]: RMSNorm, rotary embedding, SwiGLU, causal attention), which fall back to
-//! primitives on other devices. candle-nn's fused `softmax_last_dim`, `rms_norm` and `rope`
+//! ([`crate::ops::fused`]: RMSNorm, rotary embedding, SwiGLU, causal attention), which fall back
+//! to primitives on other devices. candle-nn's fused `softmax_last_dim`, `rms_norm` and `rope`
 //! kernels are forward-only and would silently cut the gradient, so they are not used. Parameters
 //! live in a [`VarMap`] under the Hugging Face names (`model.layers.0.self_attn.q_proj.weight`, ...),
 //! so the trainer updates them in place and checkpoints are plain HF safetensors.
@@ -24,9 +24,9 @@ use candle_nn::VarMap;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::config::QwenConfig;
 use crate::error::{Error, Result};
-use crate::fused;
+use crate::model::config::QwenConfig;
+use crate::ops::fused::{self, softmax_last_dim};
 
 /// The additive mask value for positions a query must not see. Finite so that a row with every
 /// key masked (a left-padding query) yields a uniform softmax instead of NaN.
@@ -465,7 +465,7 @@ impl Qwen {
     ) -> Result<Self> {
         let shown = files.first().cloned().unwrap_or_default();
         let names = param_specs(cfg).into_iter().map(|s| s.name).collect();
-        let tensors = crate::loading::load_tensors(files, &names, device)?;
+        let tensors = crate::model::loading::load_tensors(files, &names, device)?;
         Self::from_tensors(cfg, tensors, &shown, dtype, device)
     }
 
@@ -525,7 +525,7 @@ impl Qwen {
         let shown = files.first().cloned().unwrap_or_default();
         let vars = self.named_vars();
         let names = vars.iter().map(|(n, _)| n.clone()).collect();
-        let mut tensors = crate::loading::load_tensors(files, &names, &self.device)?;
+        let mut tensors = crate::model::loading::load_tensors(files, &names, &self.device)?;
         // Check everything before changing anything.
         for (name, var) in &vars {
             let t = tensors.get(name).ok_or_else(|| Error::Weights {
@@ -638,9 +638,9 @@ impl Qwen {
 
     /// The weights' version: it changes whenever the weights change through this crate (the
     /// trainers' optimizer steps, [`Qwen::load_weights_in_place`], the end of a
-    /// [`CandlePolicy::update_guard`](crate::policy::CandlePolicy::update_guard)). Values derived
-    /// from the weights, like the prefix cache's keys and values, are valid only for the version
-    /// they were computed under. Clones share it; a `Qwen` built anew with
+    /// [`CandlePolicy::update_guard`](crate::sample::policy::CandlePolicy::update_guard)). Values
+    /// derived from the weights, like the prefix cache's keys and values, are valid only for the
+    /// version they were computed under. Clones share it; a `Qwen` built anew with
     /// [`Qwen::from_varmap`] around the same variables has its own.
     pub fn weights_version(&self) -> u64 {
         self.weights_version.load(Ordering::Acquire)
@@ -870,129 +870,17 @@ impl Qwen {
 
 /// RMSNorm over the last dim, computed in f32 (f64 for f64 models) and cast back before the
 /// weight, as transformers does. Differentiable: a fused op with its own backward on the CPU in
-/// f32/f64 ([`crate::fused::rms_norm`]), [`rms_norm_primitive`] elsewhere.
+/// f32/f64 ([`crate::ops::fused::rms_norm`]),
+/// [`rms_norm_primitive`](crate::ops::reference::rms_norm_primitive) elsewhere.
 pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
     Ok(fused::rms_norm(x, weight, eps)?)
-}
-
-/// [`rms_norm`] from differentiable primitives.
-pub fn rms_norm_primitive(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
-    let dtype = x.dtype();
-    let work = if dtype == DType::F64 {
-        DType::F64
-    } else {
-        DType::F32
-    };
-    let xf = x.to_dtype(work)?;
-    let var = xf.sqr()?.mean_keepdim(D::Minus1)?;
-    let normed = xf.broadcast_div(&(var + eps)?.sqrt()?)?.to_dtype(dtype)?;
-    Ok(normed.broadcast_mul(weight)?)
-}
-
-/// Differentiable softmax over the last dim.
-///
-/// On the CPU in f32/f64 it is one fused pass that keeps only its output for the backward pass
-/// (`dx = p * (g - sum(g * p))`); elsewhere it is built from primitives (the max is a detached
-/// constant), which candle differentiates but which keeps every intermediate.
-pub fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
-    if x.device().is_cpu() && matches!(x.dtype(), DType::F32 | DType::F64) {
-        return Ok(x.contiguous()?.apply_op1(FusedSoftmax)?);
-    }
-    softmax_last_dim_primitive(x)
-}
-
-/// Softmax over the last dim from differentiable primitives.
-pub fn softmax_last_dim_primitive(x: &Tensor) -> Result<Tensor> {
-    let max = x.max_keepdim(D::Minus1)?.detach();
-    let e = x.broadcast_sub(&max)?.exp()?;
-    Ok(e.broadcast_div(&e.sum_keepdim(D::Minus1)?)?)
-}
-
-/// Row-wise softmax with its own backward (CPU, f32/f64).
-struct FusedSoftmax;
-
-fn softmax_rows<T: num_traits::Float + fused::FastExp + Send + Sync>(
-    src: &[T],
-    out: &mut [T],
-    width: usize,
-) {
-    out.copy_from_slice(src);
-    let per = fused::rows_per_unit(width) * width.max(1);
-    let items: Vec<&mut [T]> = out.chunks_mut(per).collect();
-    fused::par_each(items, |_, rows| {
-        for row in rows.chunks_exact_mut(width) {
-            fused::softmax_in_place(row);
-        }
-    });
-}
-
-impl candle_core::CustomOp1 for FusedSoftmax {
-    fn name(&self) -> &'static str {
-        "grpo-softmax-last-dim"
-    }
-
-    fn cpu_fwd(
-        &self,
-        storage: &candle_core::CpuStorage,
-        layout: &candle_core::Layout,
-    ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
-        use candle_core::CpuStorage;
-        let Some((start, end)) = layout.contiguous_offsets() else {
-            candle_core::bail!("softmax: input must be contiguous")
-        };
-        let width = layout.dims().last().copied().unwrap_or(1);
-        let out = match storage {
-            CpuStorage::F32(v) => {
-                let mut out = vec![0f32; end - start];
-                softmax_rows(&v[start..end], &mut out, width);
-                CpuStorage::F32(out)
-            }
-            CpuStorage::F64(v) => {
-                let mut out = vec![0f64; end - start];
-                softmax_rows(&v[start..end], &mut out, width);
-                CpuStorage::F64(out)
-            }
-            _ => candle_core::bail!("softmax: only f32 and f64"),
-        };
-        Ok((out, layout.shape().clone()))
-    }
-
-    fn bwd(
-        &self,
-        _arg: &Tensor,
-        res: &Tensor,
-        grad_res: &Tensor,
-    ) -> candle_core::Result<Option<Tensor>> {
-        let dot = (grad_res * res)?.sum_keepdim(D::Minus1)?;
-        Ok(Some((res * grad_res.broadcast_sub(&dot)?)?))
-    }
-}
-
-/// Rotary embedding in transformers' "rotate half" layout: `x * cos + rotate_half(x) * sin` with
-/// `x` `[B, heads, T, d]` and `cos`/`sin` `[B, 1, T, d]`. Differentiable.
-pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
-    let d = x.dim(D::Minus1)?;
-    let x1 = x.narrow(D::Minus1, 0, d / 2)?;
-    let x2 = x.narrow(D::Minus1, d / 2, d / 2)?;
-    let rotated = Tensor::cat(&[&x2.neg()?, &x1], D::Minus1)?;
-    Ok((x.broadcast_mul(cos)? + rotated.broadcast_mul(sin)?)?)
-}
-
-/// Log-probabilities `[N]` of `targets` under `logits` `[N, vocab]` (full log-softmax; for tests and
-/// small vocabularies).
-pub fn token_logprobs(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
-    let logits = logits.to_dtype(DType::F32)?;
-    let max = logits.max_keepdim(D::Minus1)?.detach();
-    let shifted = logits.broadcast_sub(&max)?;
-    let lse = shifted.exp()?.sum_keepdim(D::Minus1)?.log()?;
-    let logp = shifted.broadcast_sub(&lse)?;
-    Ok(logp.gather(&targets.unsqueeze(1)?, 1)?.squeeze(1)?)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{Arch, RopeScaling};
+    use crate::model::config::{Arch, RopeScaling};
+    use crate::ops::reference::{softmax_last_dim_primitive, token_logprobs};
 
     fn tiny(arch: Arch, tied: bool) -> QwenConfig {
         let mut cfg = QwenConfig::tiny_qwen3(50);

@@ -28,8 +28,8 @@
 //! fresh tokenization of the next prompt (which renders the turn as history) will contain: the
 //! next turn's context extends this turn's context + tokens and the trainers pack the turns of
 //! an episode into one sequence. Trajectories recorded under a [`TeacherForcedPolicy`] are
-//! therefore valid training data for the student: supervised fine-tuning ([`crate::sft`]) or, with
-//! their rewards, GRPO.
+//! therefore valid training data for the student: supervised fine-tuning ([`crate::train::sft`])
+//! or, with their rewards, GRPO.
 //!
 //! # Example
 //! ```
@@ -81,10 +81,10 @@ use candle_core::Tensor;
 use harness_core::{FinishReason, Policy, PolicyRequest, PolicyTurn};
 
 use crate::error::{Error, Result};
-use crate::logprob::{LogProbConfig, token_logprobs};
 use crate::model::Qwen;
-use crate::policy::CandlePolicy;
-use crate::tokenizer::{self, IM_END};
+use crate::model::tokenizer::{self, IM_END};
+use crate::ops::logprob::{LogProbConfig, token_logprobs};
+use crate::sample::policy::CandlePolicy;
 
 /// Log-probs of `tokens` following `context` under `model` (temperature 1, full vocabulary), one
 /// per token, from one forward pass over `context + tokens` with the chunked log-prob op.
@@ -134,9 +134,9 @@ pub fn score_continuation(
 /// # Design
 /// The teacher is any [`Policy`]: only its `text` (and whether it overflowed or ran out of
 /// tokens) is used; its token ids and log-probs are discarded. The student is shared in an
-/// [`Arc`] so the same model can be recorded under, fine-tuned ([`crate::sft::SftTrainer`]) and
-/// then sampled from. The student's forward pass runs on tokio's blocking pool when called on a
-/// tokio runtime, inline otherwise.
+/// [`Arc`] so the same model can be recorded under, fine-tuned
+/// ([`crate::train::sft::SftTrainer`]) and then sampled from. The student's forward pass runs on
+/// tokio's blocking pool when called on a tokio runtime, inline otherwise.
 pub struct TeacherForcedPolicy {
     name: String,
     teacher: Arc<dyn Policy>,

@@ -10,8 +10,8 @@ use harness_core::{Group, Learner, UpdateReport};
 use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
-use crate::policy::CandlePolicy;
-use crate::trainer::{StepMetrics, Trainer, TrainerConfig};
+use crate::sample::policy::CandlePolicy;
+use crate::train::trainer::{StepMetrics, Trainer, TrainerConfig};
 
 /// The learner's own counters inside a checkpoint folder (beside the trainer's files).
 const LEARNER_FILE: &str = "candle_learner.json";
@@ -163,8 +163,8 @@ impl Learner for CandleLearner {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checkpoint::{PolicyModel, TinySpec};
-    use crate::policy::PolicyOptions;
+    use crate::model::checkpoint::{PolicyModel, TinySpec};
+    use crate::sample::policy::PolicyOptions;
     use candle_core::{DType, Device};
     use harness_core::{
         FinishReason, GroupOrigin, Outcome, PolicyTurnRecord, Role, Source, Split, Task,
@@ -231,7 +231,7 @@ mod tests {
     }
 
     fn weights(p: &CandlePolicy) -> Vec<f32> {
-        let mut vars = crate::trainer::TrainableLm::trainable_vars(p.model());
+        let mut vars = crate::train::trainer::TrainableLm::trainable_vars(p.model());
         vars.sort_by(|a, b| a.0.cmp(&b.0));
         vars.iter()
             .flat_map(|(_, v)| {

@@ -35,12 +35,12 @@ use candle_nn::VarMap;
 use harness_core::{FinishReason, Policy, PolicyRequest, PolicyTurn};
 use tokenizers::Tokenizer;
 
-use crate::chat_template::ChatTemplate;
-use crate::checkpoint::PolicyModel;
 use crate::error::{Error, Result};
 use crate::model::Qwen;
-use crate::prefix_cache::{PrefixCache, PrefixCacheConfig};
-use crate::sampler::{self, DecodeBatch, Sample, SampleRequest};
+use crate::model::chat_template::ChatTemplate;
+use crate::model::checkpoint::PolicyModel;
+use crate::sample::prefix_cache::{PrefixCache, PrefixCacheConfig};
+use crate::sample::sampler::{self, DecodeBatch, Sample, SampleRequest};
 
 /// Options of a [`CandlePolicy`].
 #[derive(Debug, Clone, PartialEq)]
@@ -264,7 +264,7 @@ impl CandlePolicy {
     /// Replace the weights with those of a checkpoint folder (same architecture), in place and
     /// under the update guard, e.g. to continue from a saved training step.
     pub fn load_weights(&self, dir: impl AsRef<std::path::Path>) -> Result<()> {
-        let files = crate::loading::ModelFiles::from_dir(dir)?;
+        let files = crate::model::loading::ModelFiles::from_dir(dir)?;
         let _guard = self.update_guard();
         self.model().load_weights_in_place(&files.weights)
     }
@@ -307,17 +307,17 @@ impl CandlePolicy {
             };
             let mut rest = &text[prefix.len()..];
             if entry.ends_with_im_end {
-                match rest.strip_prefix(crate::tokenizer::IM_END) {
+                match rest.strip_prefix(crate::model::tokenizer::IM_END) {
                     Some(r) => rest = r,
                     None => continue,
                 }
             }
             let mut tokens = entry.tokens.clone();
             drop(memory);
-            tokens.extend(crate::tokenizer::encode(&m.tokenizer, rest)?);
+            tokens.extend(crate::model::tokenizer::encode(&m.tokenizer, rest)?);
             return Ok(tokens);
         }
-        crate::tokenizer::encode(&m.tokenizer, text)
+        crate::model::tokenizer::encode(&m.tokenizer, text)
     }
 
     /// Remember a finished turn so later prompts can reuse its tokens.
@@ -326,7 +326,7 @@ impl CandlePolicy {
             return;
         };
         let m = &self.shared.model;
-        let im_end = m.tokenizer.token_to_id(crate::tokenizer::IM_END);
+        let im_end = m.tokenizer.token_to_id(crate::model::tokenizer::IM_END);
         let ends_with_im_end = Some(last) == im_end;
         // A turn ended by another special token (e.g. <|endoftext|>) does not continue as the
         // template renders it; leave it to a fresh tokenization.
@@ -426,7 +426,8 @@ impl CandlePolicy {
         let sample = received.map_err(|_| {
             Error::Msg("decoding failed or the policy stopped (see the error log)".into())
         })??;
-        turn.text = crate::tokenizer::decode(&self.shared.model.tokenizer, &sample.tokens, true)?;
+        turn.text =
+            crate::model::tokenizer::decode(&self.shared.model.tokenizer, &sample.tokens, true)?;
         turn.tokens = sample.tokens;
         turn.logprobs = sample.logprobs;
         turn.finish = sample.finish;
@@ -546,7 +547,7 @@ impl Policy for CandlePolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checkpoint::TinySpec;
+    use crate::model::checkpoint::TinySpec;
     use candle_core::{DType, Device};
     use harness_core::{ChatMessage, SamplingParams, ToolSpec};
 
@@ -805,7 +806,7 @@ mod tests {
         // exact tokens (a random model's output is rarely the canonical tokenization of its text).
         let eot = p
             .tokenizer()
-            .token_to_id(crate::tokenizer::END_OF_TEXT)
+            .token_to_id(crate::model::tokenizer::END_OF_TEXT)
             .unwrap();
         if first.tokens.last() != Some(&eot) {
             assert!(second.context_tokens.starts_with(&prefix));
@@ -821,7 +822,7 @@ mod tests {
         let text = p.template().render(&r2.messages, &r2.tools, true);
         assert_eq!(
             fresh.prompt_tokens(&r2).unwrap(),
-            crate::tokenizer::encode(p.tokenizer(), &text).unwrap()
+            crate::model::tokenizer::encode(p.tokenizer(), &text).unwrap()
         );
     }
 

@@ -7,12 +7,12 @@ use candle_core::{DType, Device, Tensor};
 use serde_json::{Value, json};
 use tokenizers::Tokenizer;
 
-use crate::chat_template::{CHATML_JINJA, ChatTemplate};
-use crate::config::QwenConfig;
 use crate::error::{Error, Result};
-use crate::loading::{ModelFiles, write_atomic};
 use crate::model::Qwen;
-use crate::tokenizer::{self, END_OF_TEXT, IM_END};
+use crate::model::chat_template::{CHATML_JINJA, ChatTemplate};
+use crate::model::config::QwenConfig;
+use crate::model::loading::{ModelFiles, write_atomic};
+use crate::model::tokenizer::{self, END_OF_TEXT, IM_END};
 
 /// A policy's model, tokenizer, chat template and stop tokens.
 #[derive(Clone)]

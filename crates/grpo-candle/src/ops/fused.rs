@@ -30,7 +30,8 @@ use candle_core::{
 };
 use num_traits::Float;
 
-use crate::logprob::cpu_slice;
+use crate::error::Result;
+use crate::ops::reference::softmax_last_dim_primitive;
 
 /// Elements of a scores block in [`causal_attention`] (16 MiB in f32): it bounds how many
 /// (batch, key/value head) items share one block of 64 query positions. One block of scores and,
@@ -87,12 +88,78 @@ fn contiguous_slice<'a, T: WithDType>(
     Ok(&s.as_slice::<T>()?[start..end])
 }
 
+/// Reads a contiguous CPU tensor's elements.
+pub(crate) fn cpu_slice<T: WithDType, R>(
+    t: &Tensor,
+    f: impl FnOnce(&[T]) -> candle_core::Result<R>,
+) -> candle_core::Result<R> {
+    let t = t.contiguous()?;
+    let (storage, layout) = t.storage_and_layout();
+    match &*storage {
+        Storage::Cpu(cpu) => {
+            let all = cpu.as_slice::<T>()?;
+            let start = layout.start_offset();
+            f(&all[start..start + layout.shape().elem_count()])
+        }
+        _ => candle_core::bail!("cpu_slice: tensor is not on the cpu"),
+    }
+}
+
+/// The forward methods of a [`CustomOp3`] whose result is computed beforehand (with tensor ops
+/// on detached inputs) and passed as its third argument: they hand back a copy of it, on every
+/// device, and the op's `bwd` does the real work.
+macro_rules! forward_returns_third_arg {
+    () => {
+        fn cpu_fwd(
+            &self,
+            _: &candle_core::CpuStorage,
+            _: &candle_core::Layout,
+            _: &candle_core::CpuStorage,
+            _: &candle_core::Layout,
+            s3: &candle_core::CpuStorage,
+            l3: &candle_core::Layout,
+        ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
+            use candle_core::backend::BackendStorage;
+            Ok((s3.try_clone(l3)?, l3.shape().clone()))
+        }
+
+        fn cuda_fwd(
+            &self,
+            _: &candle_core::CudaStorage,
+            _: &candle_core::Layout,
+            _: &candle_core::CudaStorage,
+            _: &candle_core::Layout,
+            s3: &candle_core::CudaStorage,
+            l3: &candle_core::Layout,
+        ) -> candle_core::Result<(candle_core::CudaStorage, candle_core::Shape)> {
+            #[allow(unused_imports)]
+            use candle_core::backend::BackendStorage;
+            Ok((s3.try_clone(l3)?, l3.shape().clone()))
+        }
+
+        fn metal_fwd(
+            &self,
+            _: &candle_core::MetalStorage,
+            _: &candle_core::Layout,
+            _: &candle_core::MetalStorage,
+            _: &candle_core::Layout,
+            s3: &candle_core::MetalStorage,
+            l3: &candle_core::Layout,
+        ) -> candle_core::Result<(candle_core::MetalStorage, candle_core::Shape)> {
+            #[allow(unused_imports)]
+            use candle_core::backend::BackendStorage;
+            Ok((s3.try_clone(l3)?, l3.shape().clone()))
+        }
+    };
+}
+pub(crate) use forward_returns_third_arg;
+
 // ---------------------------------------------------------------------------------------------
 // RMSNorm
 
 /// RMSNorm over the last dim with a weight: `x / sqrt(mean(x^2) + eps) * weight`. Fused on the
 /// CPU in f32/f64 (gradients to `x` and `weight`); elsewhere the differentiable primitives of
-/// [`crate::model::rms_norm`].
+/// [`crate::ops::reference::rms_norm_primitive`].
 pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> candle_core::Result<Tensor> {
     let h = x.dim(D::Minus1)?;
     if weight.dims() != [h] {
@@ -107,7 +174,7 @@ pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> candle_core::Result<Te
             .contiguous()?
             .apply_op2(&weight.contiguous()?, RmsNormOp { eps });
     }
-    crate::model::rms_norm_primitive(x, weight, eps).map_err(candle_core::Error::wrap)
+    crate::ops::reference::rms_norm_primitive(x, weight, eps).map_err(candle_core::Error::wrap)
 }
 
 struct RmsNormOp {
@@ -246,7 +313,7 @@ impl CustomOp2 for RmsNormOp {
 /// The rotary embedding in transformers' "rotate half" layout, with a transpose: `x` is
 /// `[B, T, H, d]`, `cos` and `sin` hold `B x T x d` elements (`[B, 1, T, d]` or `[B, T, d]`), and
 /// the result is `[B, H, T, d]`, contiguous. Fused on the CPU in f32/f64 (gradient to `x`; `cos`
-/// and `sin` are treated as constants); elsewhere transpose + [`crate::model::rope`].
+/// and `sin` are treated as constants); elsewhere transpose + [`crate::ops::reference::rope`].
 pub fn rope_to_heads(x: &Tensor, cos: &Tensor, sin: &Tensor) -> candle_core::Result<Tensor> {
     let (b, t, _, d) = x.dims4()?;
     if d % 2 != 0 {
@@ -269,7 +336,7 @@ pub fn rope_to_heads(x: &Tensor, cos: &Tensor, sin: &Tensor) -> candle_core::Res
     let cos = cos.reshape((b, 1, t, d))?;
     let sin = sin.reshape((b, 1, t, d))?;
     let xt = x.transpose(1, 2)?.contiguous()?;
-    crate::model::rope(&xt, &cos, &sin).map_err(candle_core::Error::wrap)
+    crate::ops::reference::rope(&xt, &cos, &sin).map_err(candle_core::Error::wrap)
 }
 
 struct RopeOp;
@@ -522,6 +589,81 @@ impl CustomOp2 for SwigluOp {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Softmax
+
+/// Differentiable softmax over the last dim.
+///
+/// On the CPU in f32/f64 it is one fused pass that keeps only its output for the backward pass
+/// (`dx = p * (g - sum(g * p))`); elsewhere it is built from primitives (the max is a detached
+/// constant), which candle differentiates but which keeps every intermediate.
+pub fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
+    if x.device().is_cpu() && matches!(x.dtype(), DType::F32 | DType::F64) {
+        return Ok(x.contiguous()?.apply_op1(FusedSoftmax)?);
+    }
+    softmax_last_dim_primitive(x)
+}
+
+/// Row-wise softmax with its own backward (CPU, f32/f64).
+struct FusedSoftmax;
+
+fn softmax_rows<T: num_traits::Float + FastExp + Send + Sync>(
+    src: &[T],
+    out: &mut [T],
+    width: usize,
+) {
+    out.copy_from_slice(src);
+    let per = rows_per_unit(width) * width.max(1);
+    let items: Vec<&mut [T]> = out.chunks_mut(per).collect();
+    par_each(items, |_, rows| {
+        for row in rows.chunks_exact_mut(width) {
+            softmax_in_place(row);
+        }
+    });
+}
+
+impl candle_core::CustomOp1 for FusedSoftmax {
+    fn name(&self) -> &'static str {
+        "grpo-softmax-last-dim"
+    }
+
+    fn cpu_fwd(
+        &self,
+        storage: &candle_core::CpuStorage,
+        layout: &candle_core::Layout,
+    ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
+        use candle_core::CpuStorage;
+        let Some((start, end)) = layout.contiguous_offsets() else {
+            candle_core::bail!("softmax: input must be contiguous")
+        };
+        let width = layout.dims().last().copied().unwrap_or(1);
+        let out = match storage {
+            CpuStorage::F32(v) => {
+                let mut out = vec![0f32; end - start];
+                softmax_rows(&v[start..end], &mut out, width);
+                CpuStorage::F32(out)
+            }
+            CpuStorage::F64(v) => {
+                let mut out = vec![0f64; end - start];
+                softmax_rows(&v[start..end], &mut out, width);
+                CpuStorage::F64(out)
+            }
+            _ => candle_core::bail!("softmax: only f32 and f64"),
+        };
+        Ok((out, layout.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        _arg: &Tensor,
+        res: &Tensor,
+        grad_res: &Tensor,
+    ) -> candle_core::Result<Option<Tensor>> {
+        let dot = (grad_res * res)?.sum_keepdim(D::Minus1)?;
+        Ok(Some((res * grad_res.broadcast_sub(&dot)?)?))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Causal attention
 
 /// Causal grouped-query attention of full sequences (no cache, no padding): `q` is
@@ -708,7 +850,7 @@ impl CustomOp3 for BlockedAttention {
         "grpo-causal-attention-blocked"
     }
 
-    crate::logprob::forward_returns_third_arg!();
+    forward_returns_third_arg!();
 
     fn bwd(
         &self,
@@ -792,7 +934,7 @@ pub fn causal_attention_primitive(
     let scores = qs.matmul(&k.t()?)?.to_dtype(work)?;
     let scores = scores.reshape((b, kvh, groups, t, t))?;
     let mask = block_mask(1, 0, t, work, q.device())?.reshape((1, 1, 1, t, t))?;
-    let probs = crate::model::softmax_last_dim(&scores.broadcast_add(&mask)?)
+    let probs = softmax_last_dim(&scores.broadcast_add(&mask)?)
         .map_err(candle_core::Error::wrap)?
         .to_dtype(q.dtype())?;
     let out = probs.reshape((b, kvh, groups * t, t))?.matmul(v)?;
@@ -1389,7 +1531,7 @@ mod tests {
             check(
                 &[&x, &w],
                 |t| rms_norm(&t[0], &t[1], 1e-6).unwrap(),
-                |t| crate::model::rms_norm_primitive(&t[0], &t[1], 1e-6).unwrap(),
+                |t| crate::ops::reference::rms_norm_primitive(&t[0], &t[1], 1e-6).unwrap(),
                 tol,
             );
         }
@@ -1406,7 +1548,7 @@ mod tests {
                 |t| rope_to_heads(&t[0], &cos, &sin).unwrap(),
                 |t| {
                     let xt = t[0].transpose(1, 2).unwrap().contiguous().unwrap();
-                    crate::model::rope(&xt, &cos, &sin).unwrap()
+                    crate::ops::reference::rope(&xt, &cos, &sin).unwrap()
                 },
                 tol,
             );

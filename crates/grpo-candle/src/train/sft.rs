@@ -1,17 +1,18 @@
 //! Supervised fine-tuning on recorded trajectories: the warm start of the embedded default.
 //!
 //! A randomly initialised tiny policy earns no reward, so GRPO has no signal. The warm start
-//! records demonstrations with a [`TeacherForcedPolicy`](crate::teacher::TeacherForcedPolicy)
-//! (an oracle's turns in the student's own tokens), then minimises the mean negative
-//! log-likelihood of the policy tokens of the successful ones with [`SftTrainer`].
+//! records demonstrations with a
+//! [`TeacherForcedPolicy`](crate::train::teacher::TeacherForcedPolicy) (an oracle's turns in the
+//! student's own tokens), then minimises the mean negative log-likelihood of the policy tokens of
+//! the successful ones with [`SftTrainer`].
 //!
 //! Training sequences are built exactly as the GRPO trainer builds them
-//! ([`crate::trainer`]): consecutive turns of a trajectory whose context extends the previous
-//! turn's context + tokens are packed into one sequence, every other turn starts a new one, and
-//! only generated tokens are scored (the loss mask); system prompt, task, harness messages and
-//! observations are context. Log-probs come from the chunked op ([`crate::logprob`]), so the
-//! `[tokens, vocab]` logits never exist. Each update is one AdamW step (the trainer's
-//! [`AdamWConfig`] and [`Schedule`]) on the gradient of
+//! ([`crate::train::trainer`]): consecutive turns of a trajectory whose context extends the
+//! previous turn's context + tokens are packed into one sequence, every other turn starts a new
+//! one, and only generated tokens are scored (the loss mask); system prompt, task, harness
+//! messages and observations are context. Log-probs come from the chunked op
+//! ([`crate::ops::logprob`]), so the `[tokens, vocab]` logits never exist. Each update is one
+//! AdamW step (the trainer's [`AdamWConfig`] and [`Schedule`]) on the gradient of
 //! `-(1/N) sum_{policy tokens} log pi(y_t | y_<t)` over the update's `N` policy tokens,
 //! accumulated over micro-batches that fit a padded-token budget, with global grad-norm clipping.
 //! Everything is seeded; on the CPU two runs give the same weights bit for bit.
@@ -47,9 +48,9 @@ use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::logprob::LogProbConfig;
-use crate::policy::CandlePolicy;
-use crate::trainer::{
+use crate::ops::logprob::LogProbConfig;
+use crate::sample::policy::CandlePolicy;
+use crate::train::trainer::{
     AdamWConfig, DecayKind, Moments, Optim, Schedule, Sequence, TrainableLm, TurnTokens,
     apply_adamw, micro_batches, pack_turns, score_sequences,
 };
@@ -478,8 +479,8 @@ fn internal(seqs: &[SftSequence]) -> (Vec<Sequence>, Vec<usize>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::QwenConfig;
     use crate::model::Qwen;
+    use crate::model::config::QwenConfig;
 
     fn model(seed: u64) -> Qwen {
         let mut cfg = QwenConfig::tiny_qwen3(40);

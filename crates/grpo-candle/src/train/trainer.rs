@@ -46,14 +46,15 @@ use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::logprob::{LogProbConfig, cpu_slice, token_logprobs};
-use crate::objective::{GrpoConfig, LossStats, TokenTerms, group_advantages, grpo_loss};
+use crate::ops::fused::cpu_slice;
+use crate::ops::logprob::{LogProbConfig, token_logprobs};
+use crate::train::objective::{GrpoConfig, LossStats, TokenTerms, group_advantages, grpo_loss};
 
 /// What the trainer needs from a causal language model.
 ///
 /// # Design
 /// The trainer never asks for logits: it takes the final hidden states and the lm_head matrix
-/// and computes the chosen tokens' log-probs with the chunked op of [`crate::logprob`], so the
+/// and computes the chosen tokens' log-probs with the chunked op of [`crate::ops::logprob`], so the
 /// `[tokens, vocab]` tensor never exists. Parameters are candle [`Var`]s the trainer updates in
 /// place; their names are the checkpoint's names (optimizer state is keyed by them).
 pub trait TrainableLm: Send + Sync {
@@ -997,7 +998,7 @@ impl Trainer {
         };
         let json = serde_json::to_string_pretty(&state)
             .map_err(|e| Error::Msg(format!("serialising trainer state: {e}")))?;
-        crate::loading::write_atomic(&tmp.join(STATE_JSON), json.as_bytes())?;
+        crate::model::loading::write_atomic(&tmp.join(STATE_JSON), json.as_bytes())?;
         // Swap the finished folder into place.
         let old = sibling(dir, "old");
         if dir.exists() {
@@ -1172,7 +1173,7 @@ fn adamw_cpu_typed<T: WithDType + num_traits::Float>(
                         .zip(new_m.chunks_mut(chunk))
                         .zip(new_v.chunks_mut(chunk))
                         .collect();
-                    crate::fused::par_each(outs, |i, ((ot, om), ov)| {
+                    crate::ops::fused::par_each(outs, |i, ((ot, om), ov)| {
                         let r = i * chunk..(i * chunk + ot.len());
                         let (th, gr, mm, vv) =
                             (&th[r.clone()], &gr[r.clone()], &mm[r.clone()], &vv[r]);

@@ -24,15 +24,15 @@
 //! # Devices
 //! On the CPU with f32/f64 the per-block statistics and block gradients are hand-written loops
 //! over the matmul output (one pass each). With the `cuda` feature, on a CUDA device in
-//! f32/bf16/f16, two CUDA kernels (`src/cuda/logprob.cu`) do the same, one launch per block.
+//! f32/bf16/f16, two CUDA kernels (`src/ops/cuda/logprob.cu`) do the same, one launch per block.
 //! Elsewhere (f64 on CUDA, half types on the CPU) the maths runs as candle tensor ops on each
 //! block. Matmuls always go through candle (gemm on the CPU, cuBLAS on CUDA). Half-precision
 //! inputs produce f32 statistics. When all the logits fit [`LogProbConfig::cache_bytes`], the
 //! backward reuses the forward's blocks instead of recomputing them.
 
-use candle_core::{CustomOp3, DType, Storage, Tensor, WithDType};
+use candle_core::{CustomOp3, DType, Tensor, WithDType};
 
-use crate::fused::{FastExp, max_of, par_each, rows_per_unit};
+use crate::ops::fused::{FastExp, cpu_slice, max_of, par_each, rows_per_unit};
 
 /// Column of the op's `[N, 3]` output holding the chosen tokens' log-probs.
 const COL_LOGP: usize = 0;
@@ -178,7 +178,7 @@ fn stats_dtype(dtype: DType) -> DType {
 enum BlockPath {
     /// Hand-written loops (CPU, f32/f64).
     CpuLoops,
-    /// The CUDA kernels of [`crate::cuda`] (f32/bf16/f16).
+    /// The CUDA kernels of [`crate::ops::cuda`] (f32/bf16/f16).
     #[cfg(feature = "cuda")]
     CudaKernels,
     /// candle tensor ops, any device and dtype.
@@ -246,7 +246,7 @@ fn forward_stats(
             BlockPath::CpuLoops => cpu_forward_chunk::<f64>(&hc, weight, &yc, v, cfg, &mut keep)?,
             #[cfg(feature = "cuda")]
             BlockPath::CudaKernels => {
-                crate::cuda::forward_chunk(&hc, weight, &yc, v, cfg, &mut keep)?
+                crate::ops::cuda::forward_chunk(&hc, weight, &yc, v, cfg, &mut keep)?
             }
             BlockPath::TensorOps => tensor_forward_chunk(&hc, weight, &yc, v, cfg, &mut keep)?,
         };
@@ -257,23 +257,6 @@ fn forward_stats(
     }
     // A fresh contiguous tensor: the op's forward returns a copy of its storage.
     Tensor::cat(&parts, 0)?.contiguous()?.copy()
-}
-
-/// Reads a contiguous CPU tensor's elements.
-pub(crate) fn cpu_slice<T: WithDType, R>(
-    t: &Tensor,
-    f: impl FnOnce(&[T]) -> candle_core::Result<R>,
-) -> candle_core::Result<R> {
-    let t = t.contiguous()?;
-    let (storage, layout) = t.storage_and_layout();
-    match &*storage {
-        Storage::Cpu(cpu) => {
-            let all = cpu.as_slice::<T>()?;
-            let start = layout.start_offset();
-            f(&all[start..start + layout.shape().elem_count()])
-        }
-        _ => candle_core::bail!("cpu_slice: tensor is not on the cpu"),
-    }
 }
 
 /// Running online-softmax state of one token: max, `sum exp(z - m)`, `sum exp(z - m) (z - m)`.
@@ -422,55 +405,6 @@ fn chosen_logits(
     (hidden * wy)?.sum(1)
 }
 
-/// The forward methods of a [`CustomOp3`] whose result is computed beforehand (with tensor ops
-/// on detached inputs) and passed as its third argument: they hand back a copy of it, on every
-/// device, and the op's `bwd` does the real work.
-macro_rules! forward_returns_third_arg {
-    () => {
-        fn cpu_fwd(
-            &self,
-            _: &candle_core::CpuStorage,
-            _: &candle_core::Layout,
-            _: &candle_core::CpuStorage,
-            _: &candle_core::Layout,
-            s3: &candle_core::CpuStorage,
-            l3: &candle_core::Layout,
-        ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
-            use candle_core::backend::BackendStorage;
-            Ok((s3.try_clone(l3)?, l3.shape().clone()))
-        }
-
-        fn cuda_fwd(
-            &self,
-            _: &candle_core::CudaStorage,
-            _: &candle_core::Layout,
-            _: &candle_core::CudaStorage,
-            _: &candle_core::Layout,
-            s3: &candle_core::CudaStorage,
-            l3: &candle_core::Layout,
-        ) -> candle_core::Result<(candle_core::CudaStorage, candle_core::Shape)> {
-            #[allow(unused_imports)]
-            use candle_core::backend::BackendStorage;
-            Ok((s3.try_clone(l3)?, l3.shape().clone()))
-        }
-
-        fn metal_fwd(
-            &self,
-            _: &candle_core::MetalStorage,
-            _: &candle_core::Layout,
-            _: &candle_core::MetalStorage,
-            _: &candle_core::Layout,
-            s3: &candle_core::MetalStorage,
-            l3: &candle_core::Layout,
-        ) -> candle_core::Result<(candle_core::MetalStorage, candle_core::Shape)> {
-            #[allow(unused_imports)]
-            use candle_core::backend::BackendStorage;
-            Ok((s3.try_clone(l3)?, l3.shape().clone()))
-        }
-    };
-}
-pub(crate) use forward_returns_third_arg;
-
 /// The candle op: forward returns the precomputed statistics, backward is the blocked gradient.
 struct LogProbOp {
     targets: Tensor,
@@ -484,7 +418,7 @@ impl CustomOp3 for LogProbOp {
         "grpo-token-logprobs"
     }
 
-    crate::logprob::forward_returns_third_arg!();
+    crate::ops::fused::forward_returns_third_arg!();
 
     fn bwd(
         &self,
@@ -564,9 +498,13 @@ fn backward(
                 }
                 BlockPath::CpuLoops => cpu_block_grad::<f64>(&z, &gc, &ac, &bc, &lc, &yc, v0)?,
                 #[cfg(feature = "cuda")]
-                BlockPath::CudaKernels => {
-                    crate::cuda::block_grad(z, cached.is_some(), [&gc, &ac, &bc, &lc], &yc, v0)?
-                }
+                BlockPath::CudaKernels => crate::ops::cuda::block_grad(
+                    z,
+                    cached.is_some(),
+                    [&gc, &ac, &bc, &lc],
+                    &yc,
+                    v0,
+                )?,
                 BlockPath::TensorOps => {
                     let z = z.to_dtype(sd)?;
                     let p = z.broadcast_sub(&lc)?.exp()?;

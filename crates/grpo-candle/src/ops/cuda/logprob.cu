@@ -1,4 +1,4 @@
-// CUDA kernels of the chunked log-prob op (crates/grpo-candle/src/logprob.rs).
+// CUDA kernels of the chunked log-prob op (crates/grpo-candle/src/ops/logprob.rs).
 //
 // The logits of a block of tokens x vocabulary ids come from a cuBLAS matmul; these kernels do
 // the rest of the op in one pass over the block each:

@@ -2,18 +2,18 @@
 //!
 //! [`generate`] runs several requests together: each prompt is prefilled on its own (without
 //! padding, in chunks that end at fixed positions, so its keys and values do not depend on what
-//! else is prefilled or cached: see [`crate::prefix_cache`]), the rows are left-padded into one
-//! batch, then decoded one token per step for every unfinished row; a finished row leaves the
+//! else is prefilled or cached: see [`crate::sample::prefix_cache`]), the rows are left-padded into
+//! one batch, then decoded one token per step for every unfinished row; a finished row leaves the
 //! batch (its cache rows are dropped). [`generate_cached`] starts each prompt from the longest
-//! prefix a [`PrefixCache`] holds, with the same results. Each request has its own seed (ChaCha8), so its
-//! tokens do not depend on what it was batched with, up to floating-point reassociation in the
-//! matmuls.
+//! prefix a [`PrefixCache`] holds, with the same results. Each request has its own seed (ChaCha8),
+//! so its tokens do not depend on what it was batched with, up to floating-point reassociation in
+//! the matmuls.
 //!
 //! # Which log-probs
 //! [`Sample::logprobs`] are log-probabilities under the **processed** distribution the token was
 //! actually drawn from: logits / temperature, restricted to the top-k and then the top-p nucleus,
 //! renormalised. This is `q` of the paper's Eq. 16. The trainer's `pi_old` is the model at
-//! [`TrainerConfig::temperature`](crate::trainer::TrainerConfig::temperature) over the full
+//! [`TrainerConfig::temperature`](crate::train::trainer::TrainerConfig::temperature) over the full
 //! vocabulary, so its weight `clip(pi_old / q, 0, 2)` is an importance weight only for rollouts
 //! sampled at that temperature without top-k or top-p: with truncation `q` is renormalised over
 //! the kept tokens and the weight is biased on every token, and `Trainer::step` refuses such
@@ -30,7 +30,7 @@ use tokenizers::Tokenizer;
 
 use crate::error::{Error, Result};
 use crate::model::{KvCache, Qwen};
-use crate::prefix_cache::PrefixCache;
+use crate::sample::prefix_cache::PrefixCache;
 
 /// One generation request.
 #[derive(Debug, Clone, PartialEq)]
@@ -325,7 +325,7 @@ fn hits_stop_string(
     // Every token decodes to at least one byte (special tokens aside), so `window + 4` tokens
     // cover the longest stop string plus a split UTF-8 character at the start of the window.
     let start = tokens.len().saturating_sub(window + 4);
-    let now = crate::tokenizer::decode(tokenizer, &tokens[start..], true)?;
+    let now = crate::model::tokenizer::decode(tokenizer, &tokens[start..], true)?;
     // Generation stops at the first occurrence, so any occurrence ends in the newest token.
     Ok(params
         .stop
@@ -605,7 +605,7 @@ fn generate_impl(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::prefix_cache::PrefixCacheConfig;
+    use crate::sample::prefix_cache::PrefixCacheConfig;
     use candle_core::Device;
 
     fn params(t: f32, p: f32, k: Option<usize>) -> SamplingParams {
@@ -832,8 +832,8 @@ mod tests {
     }
 
     fn tiny_model() -> (Qwen, Tokenizer) {
-        let tok = crate::tokenizer::tiny_tokenizer(40).unwrap();
-        let mut cfg = crate::config::QwenConfig::tiny_qwen3(tok.get_vocab_size(true));
+        let tok = crate::model::tokenizer::tiny_tokenizer(40).unwrap();
+        let mut cfg = crate::model::config::QwenConfig::tiny_qwen3(tok.get_vocab_size(true));
         cfg.hidden_size = 32;
         cfg.intermediate_size = 64;
         cfg.head_dim = 8;
@@ -994,7 +994,7 @@ mod tests {
     fn eviction_keeps_the_budget_and_the_results() {
         let (model, tok) = tiny_model();
         let requests = shared_prefix_requests();
-        let budget = crate::prefix_cache::kv_bytes(&model, 250);
+        let budget = crate::sample::prefix_cache::kv_bytes(&model, 250);
         let mut cache = PrefixCache::new(PrefixCacheConfig {
             budget_bytes: budget,
         });
@@ -1068,7 +1068,7 @@ mod tests {
             let n = prompt.len();
             let pred = logits.narrow(0, n - 1, 2).unwrap();
             let targets = Tensor::new(&seq[n..], &Device::Cpu).unwrap();
-            let lp: Vec<f32> = crate::model::token_logprobs(&pred, &targets)
+            let lp: Vec<f32> = crate::ops::reference::token_logprobs(&pred, &targets)
                 .unwrap()
                 .to_vec1()
                 .unwrap();
@@ -1098,7 +1098,7 @@ mod tests {
             .narrow(0, prompt.len() - 1, n - prompt.len())
             .unwrap();
         let targets = Tensor::new(&seq[prompt.len()..], &Device::Cpu).unwrap();
-        let lp: Vec<f32> = crate::model::token_logprobs(&pred, &targets)
+        let lp: Vec<f32> = crate::ops::reference::token_logprobs(&pred, &targets)
             .unwrap()
             .to_vec1()
             .unwrap();
@@ -1129,12 +1129,12 @@ mod tests {
         assert_eq!(out[0].tokens, greedy[..=first_hit].to_vec());
         assert_eq!(out[0].finish, FinishReason::Stop);
         // Stop string: the text of the second and third greedy tokens.
-        let text = crate::tokenizer::decode(&tok, &greedy[1..3], true).unwrap();
+        let text = crate::model::tokenizer::decode(&tok, &greedy[1..3], true).unwrap();
         if !text.is_empty() {
             let mut p = params(0.0, 1.0, None);
             p.stop = vec![text.clone()];
             let out = generate(&model, &tok, &[req(&[7, 7, 7], 4, p, 10)]).unwrap();
-            let shown = crate::tokenizer::decode(&tok, &out[0].tokens, true).unwrap();
+            let shown = crate::model::tokenizer::decode(&tok, &out[0].tokens, true).unwrap();
             assert!(shown.contains(&text) && out[0].tokens.len() <= 3);
             assert_eq!(out[0].finish, FinishReason::Stop);
         }

@@ -34,11 +34,11 @@ use candle_core::{DType, Device, Tensor};
 use serde_json::{Value, json};
 use tokenizers::Tokenizer;
 
-use crate::checkpoint::PolicyModel;
-use crate::config::{Arch, QwenConfig};
 use crate::error::{Error, Result};
 use crate::model::Qwen;
-use crate::tokenizer::byte_to_char;
+use crate::model::checkpoint::PolicyModel;
+use crate::model::config::{Arch, QwenConfig};
+use crate::model::tokenizer::byte_to_char;
 
 /// A GGUF file read into memory: everything needed to build a [`PolicyModel`] or write a
 /// Hugging Face folder.
@@ -97,7 +97,7 @@ pub fn import_gguf(gguf: &Path, out: &Path, dtype: DType) -> Result<ImportSummar
 }
 
 impl PolicyModel {
-    /// Load a GGUF file directly (dequantised to `dtype` on `device`); see [`crate::gguf`].
+    /// Load a GGUF file directly (dequantised to `dtype` on `device`); see [`crate::model::gguf`].
     pub fn load_gguf(path: impl AsRef<Path>, dtype: DType, device: &Device) -> Result<Self> {
         GgufImport::read(path.as_ref())?.into_policy(dtype, device)
     }
