@@ -77,7 +77,7 @@ async fn main() -> anyhow::Result<()> {
     if let Some(m) = &a.model {
         cfg.set("policy.model", &format!("{:?}", m.display().to_string()))?;
     }
-    cfg.set("env.train_tasks", &a.tasks.max(1).to_string())?;
+    cfg.set("env.train_tasks", &a.tasks.to_string())?;
     for (p, v) in &a.sets {
         cfg.set(p, v)?;
     }

@@ -172,14 +172,7 @@ pub async fn evolve(wb: &Workbench) -> Result<SiblingPool> {
         wb.progress
             .println(round_summary(round, evolution.validation.len()).trim_end());
     }
-    let mut by_role: BTreeMap<String, harness_evolve::RoleUsage> = BTreeMap::new();
-    for round in &result.rounds {
-        for (role, u) in &round.usage {
-            let total = by_role.entry(role.clone()).or_default();
-            *total = *total + *u;
-        }
-    }
-    for (role, u) in by_role.iter().filter(|(_, u)| u.calls > 0) {
+    for (role, u) in result.usage.iter().filter(|(_, u)| u.calls > 0) {
         wb.progress.println(format!(
             "evolution {role}: {} calls, {} malformed answers rejected and asked again, {} items \
              skipped after the retry budget, {} failed calls",
