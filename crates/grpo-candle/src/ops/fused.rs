@@ -1366,7 +1366,12 @@ impl FastExp for f32 {
         // 2^n from the bits of n + 127 + 2^23, whose low mantissa bits hold the integer n + 127
         // (in 1..=254 after the clamp): integer-free, so the loop around it vectorises.
         let biased = (n + (127.0 + 8_388_608.0)).to_bits();
-        p * f32::from_bits(biased << 23)
+        let e = p * f32::from_bits(biased << 23);
+        // Below the clamp e^x is under 1.7e-38: exactly 0, as for a masked score (-inf). The
+        // clamped value would be kept as a tiny positive weight, and once a softmax divides it
+        // by the row's sum it is subnormal, which x86 multiplies tens of times slower than a
+        // normal float: half of a masked scores matrix made the next matmul 40x slower.
+        if self < -87.0 { 0.0 } else { e }
     }
 }
 
@@ -1654,8 +1659,37 @@ mod tests {
             x += 0.0137;
         }
         assert!(worst < 5e-7, "worst relative error {worst}");
-        assert!((-200.0f32).fast_exp() < 1e-37);
+        // Underflow is exactly zero, never subnormal (see `fast_exp`), down to -inf.
+        for x in [-87.5f32, -200.0, -1.0e9, f32::NEG_INFINITY] {
+            assert_eq!(x.fast_exp(), 0.0, "e^{x}");
+        }
+        assert!((-86.9f32).fast_exp() >= f32::MIN_POSITIVE);
+        assert!(f32::NAN.fast_exp().is_nan());
         assert_eq!(0.0f32.fast_exp(), 1.0);
+    }
+
+    #[test]
+    fn masked_entries_of_a_softmax_are_exactly_zero() {
+        // A prefill's scores carry the additive mask (-1e9) or -inf; their weights must be 0,
+        // not subnormal (which slows every later multiply by them).
+        let mut row: Vec<f32> = (0..300)
+            .map(|i| {
+                if i % 3 == 0 {
+                    -1.0e9
+                } else {
+                    (i as f32 * 0.37).sin()
+                }
+            })
+            .collect();
+        row[1] = f32::NEG_INFINITY;
+        softmax_in_place(&mut row);
+        for (i, p) in row.iter().enumerate() {
+            if i % 3 == 0 || i == 1 {
+                assert_eq!(*p, 0.0, "masked entry {i}");
+            } else {
+                assert!(p.is_normal(), "entry {i} = {p}");
+            }
+        }
     }
 
     #[test]
