@@ -1,6 +1,6 @@
 //! Asking a [`ChatModel`] for a JSON answer: extraction, validation, bounded retries, usage.
 
-use harness_core::{ChatMessage, ChatModel, ChatRequest};
+use harness_core::{ChatMessage, ChatModel, ChatRequest, OutputFormat};
 use serde_json::Value;
 
 use crate::usage::UsageCell;
@@ -39,6 +39,8 @@ pub struct Ask<'a> {
     pub temperature: f32,
     /// Seed for providers that honour one.
     pub seed: Option<u64>,
+    /// Cap on the answer's tokens (`None`: [`ChatRequest::new`]'s).
+    pub max_tokens: Option<usize>,
     /// Where usage is counted.
     pub usage: &'a UsageCell,
 }
@@ -56,6 +58,12 @@ pub async fn ask_json<T>(
         let mut request = ChatRequest::new(ask.role, ask.messages.clone());
         request.temperature = ask.temperature;
         request.seed = ask.seed.map(|s| s.wrapping_add(attempt as u64));
+        if let Some(max) = ask.max_tokens {
+            request.max_tokens = max;
+        }
+        // Engines with constrained decoding then return parseable JSON; the answer is
+        // validated all the same.
+        request.format = OutputFormat::JsonObject;
         let response = match model.complete(request).await {
             Ok(r) => r,
             Err(e) => {

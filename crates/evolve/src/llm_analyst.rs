@@ -27,6 +27,7 @@ pub struct LlmAnalyst {
     batch: usize,
     temperature: f32,
     seed: u64,
+    max_tokens: Option<usize>,
     usage: UsageCell,
 }
 
@@ -39,6 +40,7 @@ impl LlmAnalyst {
             batch: 20,
             temperature: 0.6,
             seed: 42,
+            max_tokens: None,
             usage: UsageCell::default(),
         }
     }
@@ -46,6 +48,12 @@ impl LlmAnalyst {
     /// Failures per request (at least 1).
     pub fn with_batch(mut self, batch: usize) -> Self {
         self.batch = batch.max(1);
+        self
+    }
+
+    /// Cap on each answer's tokens (`None`: 4,096).
+    pub fn with_max_tokens(mut self, max_tokens: Option<usize>) -> Self {
+        self.max_tokens = max_tokens;
         self
     }
 
@@ -201,6 +209,7 @@ impl Analyst for LlmAnalyst {
                 retries: self.retries,
                 temperature: self.temperature,
                 seed: Some(self.seed.wrapping_add(b as u64 * 1000)),
+                max_tokens: self.max_tokens,
                 usage: &self.usage,
             };
             total.failures += batch.len();

@@ -25,6 +25,7 @@ pub struct LlmEditor {
     retries: usize,
     temperature: f32,
     seed: u64,
+    max_tokens: Option<usize>,
     usage: UsageCell,
 }
 
@@ -37,8 +38,15 @@ impl LlmEditor {
             retries,
             temperature: 0.6,
             seed: 42,
+            max_tokens: None,
             usage: UsageCell::default(),
         }
+    }
+
+    /// Cap on each answer's tokens (`None`: 4,096).
+    pub fn with_max_tokens(mut self, max_tokens: Option<usize>) -> Self {
+        self.max_tokens = max_tokens;
+        self
     }
 
     /// Temperature and seed of the requests.
@@ -58,6 +66,7 @@ impl LlmEditor {
             retries: self.retries,
             temperature: self.temperature,
             seed: Some(self.seed),
+            max_tokens: self.max_tokens,
             usage: &self.usage,
         };
         let proposal = ask_json(self.model.as_ref(), ask, |v| validate_answer(v, request)).await;

@@ -31,7 +31,7 @@ use std::collections::BTreeMap;
 use candle_core::{DType, Device};
 use grpo_candle::sampler::{Sample, SampleRequest, generate_cached};
 use grpo_candle::{PrefixCache, PrefixCacheConfig, Qwen, QwenConfig};
-use harness_core::SamplingParams;
+use harness_core::{OutputFormat, SamplingParams};
 
 // Tensor work allocates many large short-lived buffers; glibc returns them to the OS and pays
 // page faults on every reuse, mimalloc keeps them.
@@ -102,6 +102,7 @@ fn replay(
                     params: SamplingParams::default(),
                     stop_token_ids: vec![],
                     seed: (t * 1000 + r * 100 + turn) as u64,
+                    format: OutputFormat::Text,
                 })
                 .collect();
             let out = generate_cached(model, tok, &requests, &mut cache)?;
@@ -201,6 +202,7 @@ fn replay_recorded(
                 params: SamplingParams::default(),
                 stop_token_ids: vec![],
                 seed: (b * 100 + r) as u64,
+                format: OutputFormat::Text,
             })
             .collect();
         let out = generate_cached(model, tok, &requests, &mut cache)?;

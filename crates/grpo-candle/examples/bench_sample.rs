@@ -15,7 +15,7 @@ use std::time::Instant;
 use candle_core::{DType, Device};
 use grpo_candle::sampler::{SampleRequest, generate};
 use grpo_candle::{PolicyModel, Qwen, QwenConfig};
-use harness_core::SamplingParams;
+use harness_core::{OutputFormat, SamplingParams};
 
 // Tensor work allocates many large short-lived buffers; glibc returns them to the OS and pays
 // page faults on every reuse, mimalloc keeps them.
@@ -75,6 +75,7 @@ fn main() -> anyhow::Result<()> {
                 params: SamplingParams::default(),
                 stop_token_ids: vec![],
                 seed: b as u64,
+                format: OutputFormat::Text,
             })
             .collect();
         let t = Instant::now();

@@ -18,7 +18,7 @@ use grpo_candle::trainer::{
     DecayKind, RolloutRecord, Schedule, TaskRollouts, Trainer, TrainerConfig, TurnTokens,
 };
 use grpo_candle::{Arch, ChatTemplate, PolicyModel, tokenizer};
-use harness_core::{ChatMessage, SamplingParams};
+use harness_core::{ChatMessage, OutputFormat, SamplingParams};
 use serde_json::Value;
 
 const VAR: &str = "HARNESS_SMOLLM2_GGUF";
@@ -197,6 +197,7 @@ fn greedy_continuation_matches_transformers() {
             params: SamplingParams::greedy(),
             stop_token_ids: Vec::new(),
             seed: 0,
+            format: OutputFormat::Text,
         }],
     )
     .unwrap();

@@ -82,6 +82,11 @@ pub struct ChatRequest {
     pub max_tokens: usize,
     /// Seed for providers that honour one.
     pub seed: Option<u64>,
+    /// The answer's shape: [`OutputFormat::JsonObject`] for roles that answer in JSON (sent as
+    /// `response_format`; providers without constrained decoding may ignore it, so answers are
+    /// validated all the same).
+    #[serde(default)]
+    pub format: crate::policy::OutputFormat,
 }
 
 impl ChatRequest {
@@ -93,6 +98,7 @@ impl ChatRequest {
             temperature: 0.7,
             max_tokens: 4096,
             seed: None,
+            format: crate::policy::OutputFormat::Text,
         }
     }
 }

@@ -74,7 +74,9 @@ pub use labels::{
     steps,
 };
 pub use learner::{Learner, UpdateReport};
-pub use policy::{FinishReason, Policy, PolicyRequest, PolicyTurn, SamplingParams, TurnSampling};
+pub use policy::{
+    FinishReason, OutputFormat, Policy, PolicyRequest, PolicyTurn, SamplingParams, TurnSampling,
+};
 pub use selector::{HarnessSelector, SelectionMode, SelectionRequest};
 pub use task::{Split, Task};
 pub use trajectory::{

@@ -24,6 +24,21 @@ pub struct SamplingParams {
     pub stop: Vec<String>,
 }
 
+/// The shape a generation must take. [`OutputFormat::JsonObject`] asks the engine to constrain
+/// decoding so that the text is one JSON object (OpenAI's `response_format: {"type":
+/// "json_object"}`, served by vLLM, SGLang and this project's server): tokens that would break
+/// the syntax are never drawn, and generation ends when the object closes. The object's fields are
+/// not constrained: callers still validate them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OutputFormat {
+    /// Free text.
+    #[default]
+    Text,
+    /// One JSON object, syntactically valid once generation ends on its own.
+    JsonObject,
+}
+
 impl Default for SamplingParams {
     fn default() -> Self {
         SamplingParams {

@@ -420,6 +420,7 @@ impl TokenGenerator for CandleGenerator {
                 params: request.sampling.clone(),
                 stop_token_ids: stop.clone(),
                 seed: choice_seed(request.seed, i),
+                format: request.format,
             })
             .collect();
         let (reply, rx) = tokio::sync::oneshot::channel();

@@ -1,7 +1,7 @@
 //! [`ChatClient`]: a [`ChatModel`] on any OpenAI-compatible `/chat/completions` endpoint.
 
 use async_trait::async_trait;
-use harness_core::{ChatModel, ChatRequest, ChatResponse, Usage};
+use harness_core::{ChatModel, ChatRequest, ChatResponse, OutputFormat, Usage};
 use serde_json::{Map, Value};
 
 use crate::error::{Error, Result};
@@ -167,7 +167,17 @@ impl ChatClient {
             n: None,
             stream: None,
             logprobs: None,
-            extra: Map::new(),
+            extra: match request.format {
+                OutputFormat::Text => Map::new(),
+                OutputFormat::JsonObject => {
+                    let mut extra = Map::new();
+                    extra.insert(
+                        "response_format".into(),
+                        serde_json::json!({"type": "json_object"}),
+                    );
+                    extra
+                }
+            },
         }
     }
 }
@@ -199,6 +209,20 @@ impl ChatModel for ChatClient {
 mod tests {
     use super::*;
     use harness_core::ChatMessage;
+
+    #[test]
+    fn json_requests_ask_for_a_json_object() {
+        let client = ChatClient::new(ChatClientConfig::new("http://127.0.0.1:9/v1", "m")).unwrap();
+        let mut request = ChatRequest::new("analyst", vec![ChatMessage::user("JSON please")]);
+        let plain = serde_json::to_value(client.wire_request(&request)).unwrap();
+        assert!(plain.get("response_format").is_none(), "{plain}");
+        request.format = OutputFormat::JsonObject;
+        let json = serde_json::to_value(client.wire_request(&request)).unwrap();
+        assert_eq!(
+            json["response_format"],
+            serde_json::json!({"type": "json_object"})
+        );
+    }
 
     #[test]
     fn wire_requests_carry_the_limit_in_the_configured_field() {

@@ -14,7 +14,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use harness_core::{
-    ChatMessage, FinishReason, Policy, PolicyRequest, PolicyTurn, Result, SamplingParams, ToolSpec,
+    ChatMessage, FinishReason, OutputFormat, Policy, PolicyRequest, PolicyTurn, Result,
+    SamplingParams, ToolSpec,
 };
 use serde::{Deserialize, Serialize};
 
@@ -68,6 +69,9 @@ pub struct TokenRequest {
     pub sampling: SamplingParams,
     /// The seed; the same prompt, parameters and seed give the same tokens.
     pub seed: u64,
+    /// Free text, or one JSON object (constrained decoding where the generator has it).
+    #[serde(default)]
+    pub format: OutputFormat,
 }
 
 /// What a [`TokenGenerator`] produced.
@@ -408,6 +412,7 @@ impl Policy for EncodedPolicy {
                 max_new_tokens: request.max_new_tokens,
                 sampling: request.sampling.clone(),
                 seed: request.seed,
+                format: OutputFormat::Text,
             })
             .await?;
         check_output(

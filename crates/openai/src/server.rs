@@ -18,6 +18,9 @@
 //! choice `i` is seeded [`crate::choice_seed`]`(seed, i)`, usage counts the prompt once), and
 //! `stream: true` as server-sent events in OpenAI's chunk format ending with `data: [DONE]` (see
 //! [`stream`]); a client that disconnects mid-stream stops its sequences' decoding.
+//! `response_format: {"type": "json_object"}` reaches the generator as
+//! [`OutputFormat::JsonObject`] (the candle generator then decodes under a JSON grammar);
+//! `json_schema` is refused with a 400 rather than silently not enforced.
 //!
 //! Bad requests get a 4xx with an OpenAI-style `{"error": {"message", "type", "param", "code"}}`
 //! body and the server keeps serving. Every request is handled on its own task and calls the
@@ -39,7 +42,7 @@ use axum::extract::{DefaultBodyLimit, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use harness_core::{FinishReason, SamplingParams};
+use harness_core::{FinishReason, OutputFormat, SamplingParams};
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
@@ -465,6 +468,32 @@ fn include_usage(extra: &serde_json::Map<String, Value>) -> bool {
         == Some(true)
 }
 
+/// `response_format` of a request: `{"type": "text"}` (or none) or `{"type": "json_object"}`,
+/// which constrains decoding to one JSON object. Schemas (`json_schema`) are refused rather than
+/// ignored, so that a client relying on one learns it is not enforced here.
+fn output_format(
+    extra: &serde_json::Map<String, Value>,
+) -> std::result::Result<OutputFormat, ApiError> {
+    let Some(format) = extra.get("response_format") else {
+        return Ok(OutputFormat::Text);
+    };
+    match format.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(OutputFormat::Text),
+        Some("json_object") => Ok(OutputFormat::JsonObject),
+        Some("json_schema") => Err(ApiError::bad(
+            Some("response_format"),
+            "`json_schema` is not supported: this server constrains answers to `json_object` \
+             (any JSON object); validate the fields on the client",
+        )),
+        _ => Err(ApiError::bad(
+            Some("response_format"),
+            format!(
+                "expected {{\"type\": \"text\"}} or {{\"type\": \"json_object\"}}, got {format}"
+            ),
+        )),
+    }
+}
+
 async fn completions_inner(state: &Arc<ServerState>, body: &Bytes) -> ApiResult {
     let req: CompletionRequest = parse(body)?;
     check_model(state, &req.model)?;
@@ -520,6 +549,7 @@ async fn completions_inner(state: &Arc<ServerState>, body: &Bytes) -> ApiResult 
         ));
     }
     let seed = req.seed.unwrap_or_else(|| state.default_seed());
+    let format = output_format(&req.extra)?;
     let mut requests = Vec::with_capacity(prompts.len());
     for p in &prompts {
         let budget = state.check_prompt("prompt", p, max_tokens)?;
@@ -528,6 +558,7 @@ async fn completions_inner(state: &Arc<ServerState>, body: &Bytes) -> ApiResult 
             max_new_tokens: budget,
             sampling: params.clone(),
             seed,
+            format,
         });
     }
     let as_ids = req.return_tokens_as_token_ids == Some(true);
@@ -707,6 +738,7 @@ async fn chat_inner(state: &Arc<ServerState>, body: &Bytes) -> ApiResult {
         None,
         req.stop.clone().map(|s| s.into_vec()).unwrap_or_default(),
     )?;
+    let format = output_format(&req.extra)?;
     let messages =
         from_wire_messages(&req.messages).map_err(|m| ApiError::bad(Some("messages"), m))?;
     let tools: Vec<_> = req.tools.iter().map(|t| t.to_spec()).collect();
@@ -722,6 +754,7 @@ async fn chat_inner(state: &Arc<ServerState>, body: &Bytes) -> ApiResult {
         max_new_tokens: budget,
         sampling: params,
         seed: req.seed.unwrap_or_else(|| state.default_seed()),
+        format,
     };
     let wants_calls =
         !tools.is_empty() && req.tool_choice.as_ref().and_then(Value::as_str) != Some("none");
@@ -794,6 +827,7 @@ async fn sglang_inner(state: &ServerState, body: &Bytes) -> ApiResult {
             max_new_tokens: budget,
             sampling: params,
             seed: sp.sampling_seed.unwrap_or_else(|| state.default_seed()),
+            format: OutputFormat::Text,
         })
         .await?;
     let text = decode(state, &out.tokens)?;

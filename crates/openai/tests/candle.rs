@@ -234,6 +234,7 @@ async fn n_choices_share_one_prefill_and_match_separate_calls() {
         max_new_tokens: 12,
         sampling: SamplingParams::default(),
         seed: 42,
+        format: harness_core::OutputFormat::Text,
     };
     let choices = generator
         .generate_choices(request.clone(), 4, None)
@@ -348,6 +349,87 @@ async fn streams_from_the_candle_server_match_and_stop_when_the_client_leaves() 
         generator.stats().decoded_tokens,
         stopped,
         "no row is decoding"
+    );
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn json_object_answers_are_constrained_and_schemas_are_refused() {
+    let model = tiny();
+    let server = serve(&model).await;
+    let http = reqwest::Client::new();
+    let url = format!("{}/v1/chat/completions", server.base_url());
+    let body = |format: serde_json::Value, seed: u64| {
+        serde_json::json!({
+            "model": "tiny",
+            "messages": [{"role": "user", "content": "Answer in JSON."}],
+            "max_tokens": 48,
+            "seed": seed,
+            "logprobs": true,
+            "response_format": format,
+        })
+    };
+    let mut closed = 0;
+    for seed in 0..6 {
+        let answer: serde_json::Value = http
+            .post(&url)
+            .json(&body(serde_json::json!({"type": "json_object"}), seed))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let choice = &answer["choices"][0];
+        let text = choice["message"]["content"].as_str().unwrap();
+        // A random model's text is still a prefix of one JSON object, whatever it drew.
+        let mut state = grpo_candle::sample::json::JsonState::new();
+        assert!(state.feed(text.as_bytes()), "seed {seed}: {text:?}");
+        if choice["finish_reason"] == "stop" {
+            assert!(
+                state.is_done(),
+                "seed {seed}: stopped inside the object: {text:?}"
+            );
+            serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(text).unwrap();
+            closed += 1;
+        }
+        for lp in choice["logprobs"]["content"].as_array().unwrap() {
+            let lp = lp["logprob"].as_f64().unwrap();
+            assert!(lp.is_finite() && lp <= 0.0);
+        }
+    }
+    // Free text from the same model and seeds is not JSON: the constraint did the work.
+    let free: serde_json::Value = http
+        .post(&url)
+        .json(&body(serde_json::json!({"type": "text"}), 0))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let free = free["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(!grpo_candle::sample::json::JsonState::new().accepts(free.as_bytes()));
+    eprintln!("{closed} of 6 constrained answers closed their object");
+
+    let refused = http
+        .post(&url)
+        .json(&body(
+            serde_json::json!({"type": "json_schema", "json_schema": {"name": "x"}}),
+            0,
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 400);
+    let error: serde_json::Value = refused.json().await.unwrap();
+    assert_eq!(error["error"]["param"], "response_format");
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("json_object"),
+        "{error}"
     );
     server.shutdown().await.unwrap();
 }

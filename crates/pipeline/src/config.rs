@@ -90,6 +90,15 @@ impl Method {
         matches!(self, Method::HarnessS | Method::HarnessSFixed)
     }
 
+    /// Whether the method rescues with sibling harnesses (it cannot train on a pool of H0
+    /// alone).
+    pub fn needs_siblings(self) -> bool {
+        matches!(
+            self,
+            Method::RandomHarness | Method::HarnessS | Method::HarnessSFixed
+        )
+    }
+
     /// Parse a method name, naming the accepted ones on failure.
     pub fn parse(name: &str) -> Option<Method> {
         Method::ALL.into_iter().find(|m| m.name() == name)
@@ -158,6 +167,36 @@ pub struct RolesConfig {
     pub llm_key_env: String,
     /// Voters on the router's panel (paper: 4).
     pub voters: usize,
+    /// Cap on the tokens of every role answer; `None` keeps each role's own (voters 512,
+    /// profiler 2,048, analyst and editor 4,096). A small local model that rambles inside its
+    /// JSON answer is held to this.
+    #[serde(default)]
+    pub max_tokens: Option<usize>,
+    /// Seconds one request to `llm` may take before the client retries it.
+    #[serde(default = "default_role_timeout_s")]
+    pub timeout_s: u64,
+    /// The roles that ask `llm` (of `analyst`, `editor`, `profiler`, `voters`); the others stay
+    /// built-in. All four by default.
+    #[serde(default = "default_llm_roles")]
+    pub llm_roles: Vec<String>,
+}
+
+/// The roles an LLM can play.
+pub const LLM_ROLES: [&str; 4] = ["analyst", "editor", "profiler", "voters"];
+
+fn default_role_timeout_s() -> u64 {
+    120
+}
+
+fn default_llm_roles() -> Vec<String> {
+    LLM_ROLES.iter().map(|r| r.to_string()).collect()
+}
+
+impl RolesConfig {
+    /// Whether `role` asks the LLM endpoint (one is configured and the role is listed).
+    pub fn asks_llm(&self, role: &str) -> bool {
+        self.llm.is_some() && self.llm_roles.iter().any(|r| r == role)
+    }
 }
 
 /// Which engine samples rollouts.
@@ -212,6 +251,13 @@ pub struct EvolveConfig {
     pub local_eval_controls: usize,
     /// Revisions after the first candidate (Table 8: at most 1).
     pub revisions: usize,
+    /// Failures an LLM analyst judges per request (each answer must name every one of them).
+    #[serde(default = "default_analyst_batch")]
+    pub analyst_batch: usize,
+}
+
+fn default_analyst_batch() -> usize {
+    20
 }
 
 /// Where the pool comes from.
@@ -333,6 +379,9 @@ impl RunConfig {
                 llm_model: "gpt-4o-mini".into(),
                 llm_key_env: "OPENAI_API_KEY".into(),
                 voters: 4,
+                max_tokens: None,
+                timeout_s: default_role_timeout_s(),
+                llm_roles: default_llm_roles(),
             },
             rollout: RolloutConfig {
                 engine: RolloutEngine::Local,
@@ -352,6 +401,7 @@ impl RunConfig {
                 local_eval_tasks: if quick { 12 } else { 30 },
                 local_eval_controls: if quick { 4 } else { 10 },
                 revisions: 1,
+                analyst_batch: default_analyst_batch(),
             },
             calibration: CalibrationConfig {
                 every: if quick { 4 } else { 10 },
@@ -476,6 +526,9 @@ impl RunConfig {
             ("eval.k", self.eval.k),
             ("eval.ranks", self.eval.ranks),
             ("roles.voters", self.roles.voters),
+            ("evolve.analyst_batch", self.evolve.analyst_batch),
+            ("roles.max_tokens", self.roles.max_tokens.unwrap_or(1)),
+            ("roles.timeout_s", self.roles.timeout_s as usize),
             ("rollout.concurrency", self.rollout.concurrency),
             ("evolve.parent_slots", self.evolve.parent_slots),
             (
@@ -486,6 +539,17 @@ impl RunConfig {
             if value == 0 {
                 return bad(field, "expected at least 1, found 0".into());
             }
+        }
+        if let Some(bad_role) = self
+            .roles
+            .llm_roles
+            .iter()
+            .find(|r| !LLM_ROLES.contains(&r.as_str()))
+        {
+            return bad(
+                "roles.llm_roles",
+                format!("unknown role `{bad_role}`; expected some of {LLM_ROLES:?}"),
+            );
         }
         if self.train.updates == 0 {
             return bad("train.updates", "expected at least 1, found 0".into());
@@ -819,6 +883,9 @@ Run configuration (TOML or JSON; any subset; `preset` picks the defaults; flags 
   roles.llm_model               the model asked at roles.llm
   roles.llm_key_env             the environment variable holding its API key
   roles.voters                  voters on the router's panel (paper: 4)
+  roles.max_tokens              cap on each role answer's tokens (unset: voters 512, profiler 2048, analyst and editor 4096)
+  roles.timeout_s               seconds one role request may take before it is retried (default 120)
+  roles.llm_roles               the roles that ask roles.llm, of analyst, editor, profiler, voters (default: all four)
   rollout.engine                local | vllm | sglang
   rollout.engine_url            the engine's server root (http://host:port)
   rollout.served_model          the model name the engine serves
@@ -832,6 +899,7 @@ Run configuration (TOML or JSON; any subset; `preset` picks the defaults; flags 
   evolve.local_eval_tasks       tasks of one local evaluation (Table 8: at most 30)
   evolve.local_eval_controls    successful controls among them (Table 8: at most 10)
   evolve.revisions              revisions after the first candidate (Table 8: at most 1)
+  evolve.analyst_batch          failures an LLM analyst judges per request (default 20)
   calibration.every             re-anchor every this many updates (paper: 10)
   calibration.rollouts_per_task paired rollouts per validation task and member (paper: 1)
   train.methods                 any of grpo, h0_rescue, random_harness, harness_s_fixed, harness_s
@@ -859,6 +927,24 @@ mod set_tests {
         assert_eq!(cfg.train.methods, vec![Method::Grpo, Method::HarnessS]);
         cfg.set("roles.llm", "http://127.0.0.1:8000/v1").unwrap();
         assert_eq!(cfg.roles.llm.as_deref(), Some("http://127.0.0.1:8000/v1"));
+        assert_eq!((cfg.roles.max_tokens, cfg.roles.timeout_s), (None, 120));
+        cfg.set("roles.max_tokens", "300").unwrap();
+        assert!(cfg.roles.asks_llm("analyst") && cfg.roles.asks_llm("voters"));
+        cfg.set("roles.llm_roles", "[\"editor\"]").unwrap();
+        assert!(cfg.roles.asks_llm("editor") && !cfg.roles.asks_llm("analyst"));
+        cfg.set("roles.llm_roles", "[\"critic\"]").unwrap();
+        let e = cfg.validate(None).unwrap_err().to_string();
+        assert!(e.contains("roles.llm_roles") && e.contains("critic"), "{e}");
+        cfg.set("roles.llm_roles", "[\"editor\"]").unwrap();
+        cfg.set("roles.timeout_s", "900").unwrap();
+        assert_eq!(
+            (cfg.roles.max_tokens, cfg.roles.timeout_s),
+            (Some(300), 900)
+        );
+        cfg.set("roles.max_tokens", "0").unwrap();
+        let e = cfg.validate(None).unwrap_err().to_string();
+        assert!(e.contains("roles.max_tokens"), "{e}");
+        cfg.set("roles.max_tokens", "300").unwrap();
         let e = cfg.set("train.updtes", "3").unwrap_err().to_string();
         assert!(e.contains("updtes"), "{e}");
         let e = cfg

@@ -140,7 +140,19 @@ pub async fn run_seed(wb: &Workbench) -> Result<()> {
     if !stages::has_test_record(wb, None)? {
         stages::evaluate(wb, &pool, None).await?;
     }
+    let siblings = pool.auxiliaries().count();
     for &method in &wb.cfg.train.methods {
+        if method.needs_siblings() && siblings == 0 {
+            // Evolution can keep no child (an LLM analyst or editor whose answers all stayed
+            // malformed): the run goes on with the methods that need no siblings, and the
+            // report lists this one as not trained.
+            wb.progress.println(format!(
+                "{}: not trained: the pool holds no sibling harness besides H0 (evolution kept \
+                 no child; see evolve/rounds.json and evolve/usage.json)",
+                method.label()
+            ));
+            continue;
+        }
         if !wb
             .layout
             .final_checkpoint(method)

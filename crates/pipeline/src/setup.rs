@@ -168,6 +168,7 @@ impl Workbench {
             None => None,
             Some(url) => {
                 let mut config = ChatClientConfig::new(url, &cfg.roles.llm_model);
+                config.endpoint.timeout = std::time::Duration::from_secs(cfg.roles.timeout_s);
                 if let Some(key) = &secrets.llm_api_key {
                     config.endpoint = config.endpoint.with_api_key(key.clone());
                 }

@@ -119,18 +119,20 @@ pub async fn evolve(wb: &Workbench) -> Result<SiblingPool> {
     // The base harness's limits are the run's (the embedded default's compact H0 keeps episodes
     // short); Table 8's limits are for the paper preset's real checkpoints.
     settings.limits = None;
-    let (analyst, editor): (Arc<dyn Analyst>, Arc<dyn Editor>) = match &wb.chat {
-        Some(chat) => (
-            Arc::new(harness_evolve::LlmAnalyst::new(
-                chat.clone(),
-                settings.llm_retries,
-            )),
-            Arc::new(harness_evolve::LlmEditor::new(
-                chat.clone(),
-                settings.llm_retries,
-            )),
+    let analyst: Arc<dyn Analyst> = match &wb.chat {
+        Some(chat) if cfg.roles.asks_llm("analyst") => Arc::new(
+            harness_evolve::LlmAnalyst::new(chat.clone(), settings.llm_retries)
+                .with_batch(cfg.evolve.analyst_batch)
+                .with_max_tokens(cfg.roles.max_tokens),
         ),
-        None => (Arc::new(RuleAnalyst), Arc::new(BuiltinEditor)),
+        _ => Arc::new(RuleAnalyst),
+    };
+    let editor: Arc<dyn Editor> = match &wb.chat {
+        Some(chat) if cfg.roles.asks_llm("editor") => Arc::new(
+            harness_evolve::LlmEditor::new(chat.clone(), settings.llm_retries)
+                .with_max_tokens(cfg.roles.max_tokens),
+        ),
+        _ => Arc::new(BuiltinEditor),
     };
     let policy = wb.local_policy(&wb.checkpoint, "initial-policy")?;
     let evolution = Evolution {
@@ -211,38 +213,43 @@ fn roles(
     tokens: &TokenCounter,
 ) -> (Arc<dyn Profiler>, Vec<Arc<dyn Voter>>) {
     let voters = wb.cfg.roles.voters;
-    match &wb.chat {
-        None => (
-            Arc::new(BuiltinProfiler::new(
-                harness_envs::labels::builtin_labellers(),
-            )),
-            BuiltinVoter::panel(voters, seed)
-                .into_iter()
-                .map(|v| Arc::new(v) as Arc<dyn Voter>)
-                .collect(),
-        ),
-        Some(chat) => (
-            Arc::new(LlmProfiler::new(
-                chat.clone(),
-                LlmProfilerSettings {
-                    seed,
-                    ..LlmProfilerSettings::default()
-                },
-                tokens.clone(),
-            )),
-            (0..voters)
-                .map(|v| {
-                    Arc::new(LlmVoter::new(
-                        format!("llm-{v}"),
-                        chat.clone(),
-                        call_seed(seed, v as u32),
-                        LlmVoterSettings::default(),
-                        tokens.clone(),
-                    )) as Arc<dyn Voter>
-                })
-                .collect(),
-        ),
-    }
+    let roles_max_tokens = wb.cfg.roles.max_tokens;
+    let profiler: Arc<dyn Profiler> = match &wb.chat {
+        Some(chat) if wb.cfg.roles.asks_llm("profiler") => Arc::new(LlmProfiler::new(
+            chat.clone(),
+            LlmProfilerSettings {
+                seed,
+                max_tokens: roles_max_tokens.unwrap_or(LlmProfilerSettings::default().max_tokens),
+                ..LlmProfilerSettings::default()
+            },
+            tokens.clone(),
+        )),
+        _ => Arc::new(BuiltinProfiler::new(
+            harness_envs::labels::builtin_labellers(),
+        )),
+    };
+    let panel: Vec<Arc<dyn Voter>> = match &wb.chat {
+        Some(chat) if wb.cfg.roles.asks_llm("voters") => (0..voters)
+            .map(|v| {
+                Arc::new(LlmVoter::new(
+                    format!("llm-{v}"),
+                    chat.clone(),
+                    call_seed(seed, v as u32),
+                    LlmVoterSettings {
+                        max_tokens: roles_max_tokens
+                            .unwrap_or(LlmVoterSettings::default().max_tokens),
+                        ..LlmVoterSettings::default()
+                    },
+                    tokens.clone(),
+                )) as Arc<dyn Voter>
+            })
+            .collect(),
+        _ => BuiltinVoter::panel(voters, seed)
+            .into_iter()
+            .map(|v| Arc::new(v) as Arc<dyn Voter>)
+            .collect(),
+    };
+    (profiler, panel)
 }
 
 fn calibrator(

@@ -120,3 +120,32 @@ async fn the_llm_roles_run_against_the_projects_own_server() {
     assert!(stages::voter_summary(&stats).contains("malformed answers rejected"));
     server.shutdown().await.unwrap();
 }
+
+/// Evolution that keeps no child (the usual outcome with a tiny LLM as analyst and editor)
+/// leaves a pool of H0 alone: the run still completes, trains what needs no sibling, and the
+/// report names the sibling method it could not train.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_of_h0_alone_skips_the_sibling_methods_and_the_run_completes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = reduced(dir.path());
+    cfg.set("train.methods", "[\"grpo\", \"harness_s\"]")
+        .unwrap();
+    let wb = Workbench::new(cfg.clone(), Secrets::default(), Progress::hidden()).unwrap();
+    let mut pool = harness_pool::SiblingPool::new(wb.base.clone()).unwrap();
+    pool.freeze();
+    let pool_dir = dir.path().join("h0-pool");
+    pool.save(&pool_dir).unwrap();
+    cfg.pool = Some(pool_dir);
+    let summary = run_main_job(&cfg, &Secrets::default(), &Progress::hidden())
+        .await
+        .unwrap();
+    let train = cfg.out.join("train");
+    assert!(train.join(Method::Grpo.name()).is_dir());
+    assert!(!train.join(Method::HarnessS.name()).exists());
+    let report = std::fs::read_to_string(cfg.out.join("report.md")).unwrap();
+    assert!(
+        report.contains("Not trained in") && report.contains("harness_s"),
+        "{report}"
+    );
+    assert!(!summary.tables.is_empty());
+}

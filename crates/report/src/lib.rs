@@ -130,7 +130,7 @@ fn summary(run: &Run) -> Vec<String> {
         .iter()
         .map(|m| format!("{} ({m})", run.label(m)))
         .collect();
-    vec![
+    let mut lines = vec![
         format!("Run directory: {}", run.dir.display()),
         format!("Seeds: {} ({})", seeds.len(), seeds.join(", ")),
         format!(
@@ -142,7 +142,30 @@ fn summary(run: &Run) -> Vec<String> {
             }
         ),
         "Every number comes from the run's files. Plots are SVG (plotters' SVG backend); PNG is not rendered.".into(),
-    ]
+    ];
+    // Methods the run was configured with that left no training record (the main job skips a
+    // sibling method when evolution kept no sibling).
+    for seed in &run.seeds {
+        let configured = seed
+            .config
+            .as_ref()
+            .and_then(|c| c.pointer("/train/methods"))
+            .and_then(serde_json::Value::as_array);
+        let missing: Vec<&str> = configured
+            .into_iter()
+            .flatten()
+            .filter_map(serde_json::Value::as_str)
+            .filter(|m| !seed.methods.contains_key(*m))
+            .collect();
+        if !missing.is_empty() {
+            lines.push(format!(
+                "Not trained in {}: {} (configured in run.json, no train/<method>/ record; the run log says why)",
+                seed.name(),
+                missing.join(", ")
+            ));
+        }
+    }
+    lines
 }
 
 fn markdown(run: &Run, tables: &[TextTable], figures: Option<&[Figure]>) -> String {

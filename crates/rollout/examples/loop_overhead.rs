@@ -18,8 +18,8 @@ use candle_core::{DType, Device};
 use grpo_candle::sampler::{SampleRequest, generate};
 use grpo_candle::{CandlePolicy, PolicyModel, PolicyOptions, TinySpec};
 use harness_core::{
-    EnvSession, Environment, Group, Harness, Learner, Observation, Outcome, SamplingParams, Split,
-    Task, ToolCall, ToolKind, ToolSpec, UpdateReport, call_seed,
+    EnvSession, Environment, Group, Harness, Learner, Observation, Outcome, OutputFormat,
+    SamplingParams, Split, Task, ToolCall, ToolKind, ToolSpec, UpdateReport, call_seed,
 };
 use harness_pool::SiblingPool;
 use harness_rollout::{RescueConfig, RescueTrainer, TrainingSetup, UpdateRecord};
@@ -160,6 +160,7 @@ async fn main() -> anyhow::Result<()> {
             params: SamplingParams::default(),
             stop_token_ids: stop.clone(),
             seed: call_seed(t.seed, 0),
+            format: OutputFormat::Text,
         })
         .collect();
     let started = Instant::now();

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use async_trait::async_trait;
-use harness_core::{ChatMessage, ChatModel, ChatRequest, Usage, cut_text};
+use harness_core::{ChatMessage, ChatModel, ChatRequest, OutputFormat, Usage, cut_text};
 use serde_json::Value;
 
 use crate::ballot::extract_json;
@@ -257,6 +257,7 @@ impl Profiler for LlmProfiler {
                 temperature: self.settings.temperature,
                 max_tokens: self.settings.max_tokens,
                 seed: Some(self.settings.seed.wrapping_add(u64::from(attempt))),
+                format: OutputFormat::JsonObject,
             };
             let problem = match self.model.complete(request).await {
                 Ok(answer) => {

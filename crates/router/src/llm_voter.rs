@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use harness_core::{ChatMessage, ChatModel, ChatRequest, SelectionMode, cut_text};
+use harness_core::{ChatMessage, ChatModel, ChatRequest, OutputFormat, SelectionMode, cut_text};
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
@@ -164,6 +164,7 @@ impl Voter for LlmVoter {
             temperature: self.settings.temperature,
             max_tokens: self.settings.max_tokens,
             seed: Some(request.seed),
+            format: OutputFormat::JsonObject,
         };
         Ok(match self.model.complete(chat).await {
             Ok(answer) => {

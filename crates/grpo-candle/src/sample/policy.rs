@@ -32,7 +32,7 @@ use std::thread::JoinHandle;
 
 use async_trait::async_trait;
 use candle_nn::VarMap;
-use harness_core::{FinishReason, Policy, PolicyRequest, PolicyTurn};
+use harness_core::{FinishReason, OutputFormat, Policy, PolicyRequest, PolicyTurn};
 use tokenizers::Tokenizer;
 
 use crate::error::{Error, Result};
@@ -402,6 +402,7 @@ impl CandlePolicy {
             params: request.sampling,
             stop_token_ids: self.shared.model.stop_token_ids.clone(),
             seed: request.seed,
+            format: OutputFormat::Text,
         };
         let (reply, rx) = tokio::sync::oneshot::channel();
         let queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());

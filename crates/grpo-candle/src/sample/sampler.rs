@@ -23,13 +23,14 @@
 //! of the same tokens, for diagnostics and for trainers that want them.
 
 use candle_core::{DType, Tensor};
-use harness_core::{FinishReason, SamplingParams};
+use harness_core::{FinishReason, OutputFormat, SamplingParams};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tokenizers::Tokenizer;
 
 use crate::error::{Error, Result};
 use crate::model::{KvCache, Qwen};
+use crate::sample::json::{JsonState, JsonVocab};
 use crate::sample::prefix_cache::PrefixCache;
 
 /// One generation request.
@@ -45,6 +46,11 @@ pub struct SampleRequest {
     pub stop_token_ids: Vec<u32>,
     /// Seed of this request's ChaCha8 stream.
     pub seed: u64,
+    /// Free text, or one JSON object: then each token is drawn from the processed distribution
+    /// restricted to the tokens [`crate::sample::json`] accepts, its [`Sample::logprobs`] are
+    /// under that restricted distribution, and generation stops with a stop token once the
+    /// object closes.
+    pub format: OutputFormat,
 }
 
 /// What one request produced.
@@ -304,6 +310,14 @@ struct Row<K> {
     request: SampleRequest,
     rng: ChaCha8Rng,
     sample: Sample,
+    /// The JSON recogniser of a [`OutputFormat::JsonObject`] request.
+    json: Option<JsonState>,
+}
+
+/// The raw model's log-prob of `token` (temperature 1, full vocabulary).
+fn raw_logprob(logits: &[f32], token: u32) -> f32 {
+    let max = logits.iter().fold(f32::NEG_INFINITY, |m, &l| m.max(l)) as f64;
+    (logits[token as usize] as f64 - log_sum_exp(logits, max)) as f32
 }
 
 /// Longest stop string in bytes (the decode window for stop-string checks is derived from it).
@@ -363,6 +377,10 @@ pub struct DecodeBatch<'m, K> {
     logits: Option<Tensor>,
     /// The sampler's per-token buffer over the vocabulary, reused across rows and steps.
     scratch: Scratch,
+    /// Token bytes for JSON-constrained rows, built at the first such row.
+    json_vocab: Option<JsonVocab>,
+    /// A constrained row's masked logits.
+    masked: Vec<f32>,
 }
 
 impl<'m, K> DecodeBatch<'m, K> {
@@ -374,6 +392,8 @@ impl<'m, K> DecodeBatch<'m, K> {
             cache: KvCache::new(model.config().num_hidden_layers, Vec::new()),
             logits: None,
             scratch: Scratch::default(),
+            json_vocab: None,
+            masked: Vec::new(),
         }
     }
 
@@ -426,11 +446,13 @@ impl<'m, K> DecodeBatch<'m, K> {
                 done.push((key, sample));
             } else {
                 let rng = ChaCha8Rng::seed_from_u64(request.seed);
+                let json = (request.format == OutputFormat::JsonObject).then(JsonState::new);
                 fresh.push(Row {
                     key,
                     request,
                     rng,
                     sample,
+                    json,
                 });
             }
         }
@@ -506,13 +528,43 @@ impl<'m, K> DecodeBatch<'m, K> {
         for (slot, row) in self.rows.iter_mut().enumerate() {
             let req = &row.request;
             let logits = &table[slot * vocab..(slot + 1) * vocab];
-            let (tok, lp, raw) =
-                sample_token_into(logits, &req.params, &mut row.rng, &mut self.scratch)
-                    .ok_or_else(|| {
-                        Error::Msg(
-                            "the model produced non-finite logits (diverged weights?)".into(),
-                        )
-                    })?;
+            let diverged =
+                || Error::Msg("the model produced non-finite logits (diverged weights?)".into());
+            let (tok, lp, raw) = match row.json.as_mut() {
+                None => sample_token_into(logits, &req.params, &mut row.rng, &mut self.scratch)
+                    .ok_or_else(diverged)?,
+                Some(state) => {
+                    if logits.iter().any(|l| l.is_nan()) {
+                        return Err(diverged());
+                    }
+                    let json = self
+                        .json_vocab
+                        .get_or_insert_with(|| JsonVocab::new(tokenizer, vocab));
+                    self.masked.clear();
+                    self.masked.extend_from_slice(logits);
+                    if json.mask(state, &req.stop_token_ids, &mut self.masked) == 0 {
+                        // Nothing may follow (an object closed with no stop token to end on).
+                        row.sample.finish = if state.is_done() {
+                            FinishReason::Stop
+                        } else {
+                            FinishReason::Length
+                        };
+                        finished[slot] = true;
+                        continue;
+                    }
+                    let (tok, lp, _) = sample_token_into(
+                        &self.masked,
+                        &req.params,
+                        &mut row.rng,
+                        &mut self.scratch,
+                    )
+                    .ok_or_else(diverged)?;
+                    if let Some(bytes) = json.bytes(tok) {
+                        state.feed(bytes);
+                    }
+                    (tok, lp, raw_logprob(logits, tok))
+                }
+            };
             row.sample.tokens.push(tok);
             row.sample.logprobs.push(lp);
             row.sample.raw_logprobs.push(raw);
@@ -831,6 +883,56 @@ mod tests {
         assert_eq!(done["b"].tokens, want[1].tokens[..3].to_vec());
     }
 
+    #[test]
+    fn json_rows_draw_only_tokens_that_keep_one_json_object() {
+        let (model, tok) = tiny_model();
+        let stop =
+            crate::model::tokenizer::token_id(&tok, crate::model::tokenizer::IM_END).unwrap();
+        let vocab = JsonVocab::new(&tok, model.config().vocab_size);
+        let json = |seed: u64, p: SamplingParams| SampleRequest {
+            stop_token_ids: vec![stop],
+            format: OutputFormat::JsonObject,
+            ..req(&[1, 2, 3, 4], seed, p, 120)
+        };
+        let mut requests: Vec<SampleRequest> =
+            (0..6).map(|s| json(s, params(1.0, 1.0, None))).collect();
+        requests.push(json(9, params(0.0, 1.0, None)));
+        requests.push(json(10, params(0.8, 0.9, Some(20))));
+        // A free-text row in the same batch is untouched by its neighbours' constraint.
+        requests.push(req(&[1, 2, 3, 4], 3, params(1.0, 1.0, None), 120));
+        let out = generate(&model, &tok, &requests).unwrap();
+        let alone = generate(&model, &tok, &requests[8..]).unwrap();
+        assert_eq!(out[8].tokens, alone[0].tokens);
+        let mut closed = 0;
+        for (i, s) in out[..8].iter().enumerate() {
+            let mut state = JsonState::new();
+            for (k, &t) in s.tokens.iter().enumerate() {
+                if state.is_done() {
+                    // Only the stop token follows the closed object, and it ends the row.
+                    assert_eq!((t, k + 1), (stop, s.tokens.len()), "row {i}");
+                    assert_eq!(s.finish, FinishReason::Stop);
+                    closed += 1;
+                    break;
+                }
+                let bytes = vocab
+                    .bytes(t)
+                    .unwrap_or_else(|| panic!("row {i}: token {t}"));
+                assert!(state.feed(bytes), "row {i}: token {k} leaves the grammar");
+            }
+            for (lp, raw) in s.logprobs.iter().zip(&s.raw_logprobs) {
+                assert!(lp.is_finite() && *lp <= 0.0 && raw.is_finite() && *raw <= 0.0);
+            }
+        }
+        // Constrained, the row draws from the allowed tokens only: its log-probs are at least
+        // the raw model's (the allowed tokens' mass is renormalised to 1 at temperature 1).
+        for (lp, raw) in out[0].logprobs.iter().zip(&out[0].raw_logprobs) {
+            assert!(lp + 1e-5 >= *raw, "{lp} < {raw}");
+        }
+        eprintln!("{closed} of 8 constrained rows closed their object");
+        // The same seeds give the same constrained tokens.
+        assert_eq!(generate(&model, &tok, &requests).unwrap(), out);
+    }
+
     fn tiny_model() -> (Qwen, Tokenizer) {
         let tok = crate::model::tokenizer::tiny_tokenizer(40).unwrap();
         let mut cfg = crate::model::config::QwenConfig::tiny_qwen3(tok.get_vocab_size(true));
@@ -851,6 +953,7 @@ mod tests {
             params: p,
             stop_token_ids: vec![],
             seed,
+            format: OutputFormat::Text,
         }
     }
 
