@@ -21,7 +21,8 @@
 //!   [`chat_template`]: Qwen ChatML rendering; [`tokenizer`]: `tokenizer.json` helpers and the
 //!   built-in byte-level BPE.
 //! - [`sample`]: [`sampler`], batched KV-cached decoding with per-token log-probs, with its
-//!   [`prefix_cache`]; [`policy`]: [`CandlePolicy`], harness-core's `Policy`.
+//!   [`prefix_cache`] and JSON-constrained rows ([`sample::json`]); [`policy`]:
+//!   [`CandlePolicy`], harness-core's `Policy`.
 //! - [`train`]: [`objective`], [`trainer`]: the GRPO loss and the trainer; [`teacher`], [`sft`]:
 //!   the warm start, a reference solver's turns recorded in the policy's own tokens and
 //!   supervised updates on them; [`learner`]: harness-core's `Learner` on the trainer.
