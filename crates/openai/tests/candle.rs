@@ -353,6 +353,16 @@ async fn streams_from_the_candle_server_match_and_stop_when_the_client_leaves() 
     server.shutdown().await.unwrap();
 }
 
+/// POST `body` as JSON and read the JSON answer.
+async fn post_json(
+    client: &reqwest::Client,
+    url: &str,
+    body: &serde_json::Value,
+) -> serde_json::Value {
+    let answer = client.post(url).json(body).send().await.unwrap();
+    answer.json().await.unwrap()
+}
+
 #[tokio::test]
 async fn json_object_answers_are_constrained_and_schemas_are_refused() {
     let model = tiny();
@@ -371,15 +381,12 @@ async fn json_object_answers_are_constrained_and_schemas_are_refused() {
     };
     let mut closed = 0;
     for seed in 0..6 {
-        let answer: serde_json::Value = http
-            .post(&url)
-            .json(&body(serde_json::json!({"type": "json_object"}), seed))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let answer = post_json(
+            &http,
+            &url,
+            &body(serde_json::json!({"type": "json_object"}), seed),
+        )
+        .await;
         let choice = &answer["choices"][0];
         let text = choice["message"]["content"].as_str().unwrap();
         // A random model's text is still a prefix of one JSON object, whatever it drew.
@@ -399,15 +406,7 @@ async fn json_object_answers_are_constrained_and_schemas_are_refused() {
         }
     }
     // Free text from the same model and seeds is not JSON: the constraint did the work.
-    let free: serde_json::Value = http
-        .post(&url)
-        .json(&body(serde_json::json!({"type": "text"}), 0))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let free = post_json(&http, &url, &body(serde_json::json!({"type": "text"}), 0)).await;
     let free = free["choices"][0]["message"]["content"].as_str().unwrap();
     assert!(!grpo_candle::sample::json::JsonState::new().accepts(free.as_bytes()));
     eprintln!("{closed} of 6 constrained answers closed their object");
