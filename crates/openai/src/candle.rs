@@ -262,10 +262,13 @@ fn worker_loop(
     let model = &shared.model.model;
     let tokenizer = &shared.model.tokenizer;
     let mut next_id = 0u64;
+    // The token bytes of JSON-mode rows, built by the first batch that has one and kept.
+    let mut json_vocab = None;
     while let Ok(first) = rx.recv() {
         // Held while rows decode: a reload waits for the batch to drain.
         let _read = shared.weights.read().unwrap_or_else(|e| e.into_inner());
-        let mut batch: DecodeBatch<'_, (u64, usize)> = DecodeBatch::new(model);
+        let mut batch: DecodeBatch<'_, (u64, usize)> =
+            DecodeBatch::new(model).with_json_vocab(json_vocab.clone());
         let mut jobs: HashMap<u64, Running> = HashMap::new();
         let mut incoming = vec![first];
         loop {
@@ -361,6 +364,7 @@ fn worker_loop(
                 }
             }
         }
+        json_vocab = batch.json_vocab().cloned();
     }
 }
 

@@ -90,15 +90,6 @@ impl Method {
         matches!(self, Method::HarnessS | Method::HarnessSFixed)
     }
 
-    /// Whether the method rescues with sibling harnesses (it cannot train on a pool of H0
-    /// alone).
-    pub fn needs_siblings(self) -> bool {
-        matches!(
-            self,
-            Method::RandomHarness | Method::HarnessS | Method::HarnessSFixed
-        )
-    }
-
     /// Parse a method name, naming the accepted ones on failure.
     pub fn parse(name: &str) -> Option<Method> {
         Method::ALL.into_iter().find(|m| m.name() == name)

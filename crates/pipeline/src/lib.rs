@@ -142,13 +142,14 @@ pub async fn run_seed(wb: &Workbench) -> Result<()> {
     }
     let siblings = pool.auxiliaries().count();
     for &method in &wb.cfg.train.methods {
-        if method.needs_siblings() && siblings == 0 {
-            // Evolution can keep no child (an LLM analyst or editor whose answers all stayed
-            // malformed): the run goes on with the methods that need no siblings, and the
-            // report lists this one as not trained.
+        let needed = stages::rescue_config(wb, &pool, method).auxiliaries_needed();
+        if siblings < needed {
+            // Evolution can keep fewer children than a method rescues with (none at all when an
+            // LLM analyst or editor never answered usably): the run goes on with the methods
+            // the pool allows, and the report lists this one as not trained.
             wb.progress.println(format!(
-                "{}: not trained: the pool holds no sibling harness besides H0 (evolution kept \
-                 no child; see evolve/rounds.json and evolve/usage.json)",
+                "{}: not trained: it rescues with {needed} distinct sibling harnesses and the \
+                 pool holds {siblings} besides H0 (see evolve/rounds.json and evolve/usage.json)",
                 method.label()
             ));
             continue;

@@ -144,7 +144,7 @@ fn summary(run: &Run) -> Vec<String> {
         "Every number comes from the run's files. Plots are SVG (plotters' SVG backend); PNG is not rendered.".into(),
     ];
     // Methods the run was configured with that left no training record (the main job skips a
-    // sibling method when evolution kept no sibling).
+    // method whose rescue needs more siblings than evolution kept).
     for seed in &run.seeds {
         let configured = seed
             .config

@@ -247,6 +247,23 @@ impl RescueConfig {
         Self::from_json(&text, Some(path))
     }
 
+    /// Distinct auxiliary harnesses (pool members besides H0) one rescue group of the strategy
+    /// draws from: K for random-harness and Top-K rescue, m for Top-m x n, none for the others
+    /// (a fixed mixture names its members instead). [`RescueConfig::validate`] refuses a pool
+    /// with fewer.
+    pub fn auxiliaries_needed(&self) -> usize {
+        match self.strategy {
+            Strategy::RandomHarness
+            | Strategy::Router {
+                allocation: Allocation::TopK,
+            } => self.group_size,
+            Strategy::Router {
+                allocation: Allocation::TopMXN { m, .. },
+            } => m,
+            _ => 0,
+        }
+    }
+
     /// Check the values on their own and against the pool the run trains with.
     pub fn validate(&self, pool: &SiblingPool) -> Result<()> {
         let positive = |field: &str, v: usize| {
@@ -268,7 +285,8 @@ impl RescueConfig {
         }
         let k = self.group_size;
         let auxiliaries = pool.auxiliaries().count();
-        let need_aux = |field: &str, n: usize| {
+        let need_aux = |field: &str| {
+            let n = self.auxiliaries_needed();
             if auxiliaries < n {
                 Err(Error::config(
                     field,
@@ -282,9 +300,9 @@ impl RescueConfig {
         };
         match &self.strategy {
             Strategy::Grpo | Strategy::H0Rescue => {}
-            Strategy::RandomHarness => need_aux("strategy", k)?,
+            Strategy::RandomHarness => need_aux("strategy")?,
             Strategy::Router { allocation } => match *allocation {
-                Allocation::TopK => need_aux("strategy.allocation", k)?,
+                Allocation::TopK => need_aux("strategy.allocation")?,
                 Allocation::TopMXN { m, n } => {
                     if m == 0 || n == 0 || m * n != k {
                         return Err(Error::config(
@@ -294,7 +312,7 @@ impl RescueConfig {
                             ),
                         ));
                     }
-                    need_aux("strategy.allocation.m", m)?;
+                    need_aux("strategy.allocation.m")?;
                 }
             },
             Strategy::FixedMixture { mixture } => {
@@ -465,5 +483,29 @@ mod tests {
         );
         let err = check(r#"{"group_size": 0}"#, 8);
         assert!(err.contains("`group_size`: must be at least 1"), "{err}");
+    }
+
+    #[test]
+    fn the_auxiliaries_a_strategy_needs_are_what_validation_asks_of_the_pool() {
+        for (json, needed) in [
+            (r#"{"strategy": {"kind": "grpo"}}"#, 0),
+            (r#"{"strategy": {"kind": "h0_rescue"}}"#, 0),
+            (r#"{"strategy": {"kind": "random_harness"}}"#, 8),
+            (
+                r#"{"strategy": {"kind": "router", "allocation": {"kind": "top_k"}}}"#,
+                8,
+            ),
+            (
+                r#"{"strategy": {"kind": "router", "allocation": {"kind": "top_m_x_n", "m": 4, "n": 2}}}"#,
+                4,
+            ),
+        ] {
+            let cfg = RescueConfig::from_json(json, None).unwrap();
+            assert_eq!(cfg.auxiliaries_needed(), needed, "{json}");
+            assert!(cfg.validate(&pool(needed)).is_ok(), "{json}");
+            if needed > 0 {
+                assert!(cfg.validate(&pool(needed - 1)).is_err(), "{json}");
+            }
+        }
     }
 }

@@ -22,6 +22,8 @@
 //! [`Sample::raw_logprobs`] are the untouched model's log-probs (temperature 1, full vocabulary)
 //! of the same tokens, for diagnostics and for trainers that want them.
 
+use std::sync::Arc;
+
 use candle_core::{DType, Tensor};
 use harness_core::{FinishReason, OutputFormat, SamplingParams};
 use rand::{Rng, SeedableRng};
@@ -377,8 +379,9 @@ pub struct DecodeBatch<'m, K> {
     logits: Option<Tensor>,
     /// The sampler's per-token buffer over the vocabulary, reused across rows and steps.
     scratch: Scratch,
-    /// Token bytes for JSON-constrained rows, built at the first such row.
-    json_vocab: Option<JsonVocab>,
+    /// Token bytes for JSON-constrained rows: handed over by [`DecodeBatch::with_json_vocab`],
+    /// or built from the tokenizer at the first such row.
+    json_vocab: Option<Arc<JsonVocab>>,
     /// A constrained row's masked logits.
     masked: Vec<f32>,
 }
@@ -395,6 +398,19 @@ impl<'m, K> DecodeBatch<'m, K> {
             json_vocab: None,
             masked: Vec::new(),
         }
+    }
+
+    /// Check JSON rows against `vocab` (the tokenizer's, as [`JsonVocab::new`] builds it)
+    /// instead of building it again: a server keeps one across its batches.
+    pub fn with_json_vocab(mut self, vocab: Option<Arc<JsonVocab>>) -> Self {
+        self.json_vocab = vocab;
+        self
+    }
+
+    /// The token bytes JSON rows were checked against, once a JSON row was decoded or one was
+    /// handed over.
+    pub fn json_vocab(&self) -> Option<&Arc<JsonVocab>> {
+        self.json_vocab.as_ref()
     }
 
     /// Rows being decoded.
@@ -539,7 +555,7 @@ impl<'m, K> DecodeBatch<'m, K> {
                     }
                     let json = self
                         .json_vocab
-                        .get_or_insert_with(|| JsonVocab::new(tokenizer, vocab));
+                        .get_or_insert_with(|| Arc::new(JsonVocab::new(tokenizer, vocab)));
                     self.masked.clear();
                     self.masked.extend_from_slice(logits);
                     if json.mask(state, &req.stop_token_ids, &mut self.masked) == 0 {
@@ -931,6 +947,29 @@ mod tests {
         eprintln!("{closed} of 8 constrained rows closed their object");
         // The same seeds give the same constrained tokens.
         assert_eq!(generate(&model, &tok, &requests).unwrap(), out);
+    }
+
+    #[test]
+    fn a_batch_builds_the_json_vocabulary_once_and_takes_one_handed_over() {
+        let (model, tok) = tiny_model();
+        let json = SampleRequest {
+            format: OutputFormat::JsonObject,
+            ..req(&[1, 2, 3], 4, params(1.0, 1.0, None), 6)
+        };
+        let drain = |mut batch: DecodeBatch<'_, usize>| {
+            batch.add(vec![(0, json.clone())]).unwrap();
+            while !batch.is_empty() {
+                batch.step(&tok).unwrap();
+            }
+            batch.json_vocab().cloned()
+        };
+        let plain: DecodeBatch<'_, usize> = DecodeBatch::new(&model);
+        assert!(plain.json_vocab().is_none(), "built before any JSON row");
+        let built = drain(DecodeBatch::new(&model)).expect("built at the first JSON row");
+        assert_eq!(built.len(), model.config().vocab_size);
+        // A batch given the vocabulary decodes with it instead of building another.
+        let kept = drain(DecodeBatch::new(&model).with_json_vocab(Some(built.clone()))).unwrap();
+        assert!(Arc::ptr_eq(&kept, &built));
     }
 
     fn tiny_model() -> (Qwen, Tokenizer) {
