@@ -2,7 +2,7 @@
 compare_generate.sh).
 
     python hf_generate_peer.py sample [--hidden 512] [--layers 8] [--heads 8] [--kv-heads 4]
-        [--vocab 32000] [--batch 8] [--prompt 256] [--new 128] [--threads 2]
+        [--vocab 32000] [--batch 8] [--prompt 256] [--new 128] [--reps 3] [--threads 2]
     python hf_generate_peer.py replay SHAPES.json [model flags] [--threads 2]
     python hf_generate_peer.py train --model DIR [--batch 4] [--seq 512] [--steps 3] [--threads 2]
 
@@ -13,7 +13,7 @@ clipping at 1 and AdamW, on random token ids, median seconds of the timed steps.
 
 A random Qwen3 (transformers' Qwen3ForCausalLM, f32, CPU, tied embeddings, q/k norms) with the
 same shape as the Rust benchmark's. `sample`: prefill tokens/s (a call generating one token) and
-decode tokens/s (the rest of a call generating `--new`), batch of `--batch` prompts, sampling
+decode tokens/s (the rest of a call generating `--new`; each the median of `--reps` calls), batch of `--batch` prompts, sampling
 at temperature 1 over the full vocabulary, no end-of-sequence token. `replay`: SHAPES.json is
 what `bench_replay --dump-shapes` writes: per batch (the rollouts of one task at one turn) the
 prompt token ids of each row and the tokens each generated; every batch is one left-padded
@@ -22,6 +22,7 @@ each turn prefills its whole context). Prints one JSON line.
 """
 
 import json
+import statistics
 import sys
 import time
 
@@ -90,16 +91,20 @@ def sample(args):
         [[(i * 7919) % config.vocab_size for i in range(b * prompt, (b + 1) * prompt)] for b in range(batch)]
     )
     mask = torch.ones_like(ids)
+    reps = max(arg(args, "--reps", 3), 1)
+
+    def timed(n):
+        t = time.perf_counter()
+        generate(model, ids, mask, n)
+        return time.perf_counter() - t
+
     generate(model, ids, mask, 1)  # warm up
-    t = time.perf_counter()
-    generate(model, ids, mask, 1)
-    prefill = time.perf_counter() - t
-    t = time.perf_counter()
-    generate(model, ids, mask, new)
-    total = time.perf_counter() - t
+    # The median of `reps` runs each, as bench_sample does.
+    prefill = statistics.median(timed(1) for _ in range(reps))
+    total = statistics.median(timed(new) for _ in range(reps))
     decode = max(total - prefill, 1e-9)
     print(json.dumps({
-        "peer": "transformers", "batch": batch, "prompt": prompt, "new": new,
+        "peer": "transformers", "batch": batch, "prompt": prompt, "new": new, "reps": reps,
         "prefill_s": prefill, "prefill_tokens_per_s": batch * prompt / prefill,
         "decode_s": decode, "decode_tokens_per_s": batch * (new - 1) / decode,
     }))

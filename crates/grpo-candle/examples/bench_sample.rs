@@ -3,12 +3,13 @@
 //! ```text
 //! cargo run --release -p grpo-candle --example bench_sample -- \
 //!     [--hidden 512] [--layers 8] [--heads 8] [--kv-heads 4] [--vocab 32000] \
-//!     [--batch 8] [--prompt 256] [--new 128] [--model DIR]
+//!     [--batch 8] [--prompt 256] [--new 128] [--reps 3] [--model DIR]
 //! ```
 //! `--model DIR` samples from a Hugging Face checkpoint folder (any architecture
 //! `PolicyModel::load_dir` reads) instead of a random Qwen3 of the given shape.
 //! Prints one JSON line: prefill tokens/s (prompt tokens per second of a call that generates one
-//! token), decode tokens/s (tokens of all rows per second after the first) and the wall times.
+//! token), decode tokens/s (tokens of all rows per second after the first) and the wall times,
+//! each the median of `--reps` runs after a warm-up.
 
 use std::time::Instant;
 
@@ -48,6 +49,7 @@ fn main() -> anyhow::Result<()> {
         arg(&args, "--prompt", 256)?,
         arg(&args, "--new", 128)?,
     );
+    let reps = arg(&args, "--reps", 3)?.max(1);
     let device = Device::Cpu;
     let (cfg, model, tokenizer) = match args.iter().position(|a| a == "--model") {
         Some(i) => {
@@ -85,16 +87,32 @@ fn main() -> anyhow::Result<()> {
             out.iter().map(|s| s.tokens.len()).sum(),
         ))
     };
-    // Warm up, then: prefill + first token, and prefill + `new` tokens; decode is the difference.
+    // Warm up, then: prefill + first token, and prefill + `new` tokens, the median of `reps`
+    // runs each; decode is the difference.
     run(1)?;
-    let (prefill, _) = run(1)?;
-    let (total, generated) = run(new)?;
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let prefill = median(
+        (0..reps)
+            .map(|_| run(1).map(|r| r.0))
+            .collect::<anyhow::Result<_>>()?,
+    );
+    let mut generated = 0;
+    let mut totals = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        let (t, g) = run(new)?;
+        totals.push(t);
+        generated = g;
+    }
+    let total = median(totals);
     let decode = (total - prefill).max(1e-9);
     let generated = generated - batch;
     println!(
         "{}",
         serde_json::json!({
-            "params": cfg.num_parameters(), "batch": batch, "prompt": prompt, "new": new,
+            "params": cfg.num_parameters(), "batch": batch, "prompt": prompt, "new": new, "reps": reps,
             "prefill_s": prefill, "prefill_tokens_per_s": (batch * prompt) as f64 / prefill,
             "decode_s": decode, "decode_tokens_per_s": generated as f64 / decode,
         })

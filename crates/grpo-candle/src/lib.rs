@@ -12,7 +12,8 @@
 //! - [`ops`]: tensor kernels with their own backward. [`fused`]: the training forward's CPU ops
 //!   (RMSNorm, rotary embedding, SwiGLU, softmax, causal attention with memory linear in the
 //!   sequence length); [`logprob`]: the chunked lm_head → log-prob op (CUDA kernels with the
-//!   `cuda` feature); [`ops::reference`]: the plain implementations they are tested against.
+//!   `cuda` feature); [`ops::reference`]: the plain implementations they are tested against;
+//!   [`ops::rowdot`]: a decoding step's weight products as dot products of rows.
 //! - [`model`]: the stateless decoder ([`Qwen`]; Qwen2, Qwen3, Llama and Mistral share it),
 //!   trainable end to end, with an explicit [`KvCache`] for sampling; [`config`] reads HF
 //!   `config.json`; [`checkpoint`]: [`PolicyModel`] = model + tokenizer + chat template + stop

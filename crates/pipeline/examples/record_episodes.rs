@@ -6,8 +6,12 @@
 //! ```text
 //! cargo run --release -p harness-pipeline --example record_episodes -- \
 //!     --env appworld --model /models/Qwen3-4B --tasks 4 --k 8 --out appworld.jsonl \
-//!     [--set rollout.temperature=1.0 ...]
+//!     [--max-output-tokens N] [--set rollout.temperature=1.0 ...]
 //! ```
+//!
+//! `--max-output-tokens N` caps every policy call at N tokens (H0's
+//! `limits.max_output_tokens`, 8,192 unless the harness says otherwise), for a policy that does
+//! not end its turns on its own.
 //!
 //! `--env default` with no `--model` records the embedded warm-started policy. Any run
 //! configuration setting can be given with `--set path=value`; the seed (`--set seed=N`)
@@ -28,6 +32,7 @@ struct Args {
     tasks: usize,
     k: u64,
     out: PathBuf,
+    max_output_tokens: Option<u32>,
     sets: Vec<(String, String)>,
 }
 
@@ -38,6 +43,7 @@ fn parse() -> anyhow::Result<Args> {
         tasks: 4,
         k: 8,
         out: PathBuf::from("trajectories.jsonl"),
+        max_output_tokens: None,
         sets: Vec::new(),
     };
     let mut it = std::env::args().skip(1);
@@ -49,6 +55,7 @@ fn parse() -> anyhow::Result<Args> {
             "--tasks" => a.tasks = val()?.parse()?,
             "--k" => a.k = val()?.parse()?,
             "--out" => a.out = val()?.into(),
+            "--max-output-tokens" => a.max_output_tokens = Some(val()?.parse()?),
             "--set" => {
                 let s = val()?;
                 let (p, v) = s
@@ -59,8 +66,8 @@ fn parse() -> anyhow::Result<Args> {
             other => bail!("unknown argument {other}"),
         }
     }
-    if a.tasks == 0 || a.k == 0 {
-        bail!("--tasks and --k must be at least 1");
+    if a.tasks == 0 || a.k == 0 || a.max_output_tokens == Some(0) {
+        bail!("--tasks, --k and --max-output-tokens must be at least 1");
     }
     Ok(a)
 }
@@ -83,6 +90,10 @@ async fn main() -> anyhow::Result<()> {
     }
     let wb = Workbench::new(cfg.clone(), Secrets::default(), Progress::hidden())?;
     let policy: Arc<dyn Policy> = wb.local_policy(&wb.checkpoint, "recorded")?;
+    let mut base = wb.base.clone();
+    if let Some(n) = a.max_output_tokens {
+        base.limits.max_output_tokens = n;
+    }
     let options = EpisodeOptions {
         sampling: SamplingParams {
             temperature: cfg.rollout.temperature,
@@ -100,7 +111,7 @@ async fn main() -> anyhow::Result<()> {
     let jobs: Vec<(usize, u64)> = (0..a.tasks)
         .flat_map(|t| (0..a.k).map(move |j| (t, j)))
         .collect();
-    let (wb, policy, options) = (&wb, &policy, &options);
+    let (wb, policy, options, base) = (&wb, &policy, &options, &base);
     let started = std::time::Instant::now();
     let trajectories: Vec<harness_core::Trajectory> = futures::stream::iter(jobs)
         .map(|(t, j)| async move {
@@ -110,7 +121,7 @@ async fn main() -> anyhow::Result<()> {
                 .wrapping_add((t as u64) << 16 | j);
             run_episode_with(
                 policy.as_ref(),
-                &wb.base,
+                base,
                 wb.env.as_ref(),
                 &wb.train[t],
                 seed,

@@ -13,7 +13,10 @@
 //! so the trainer updates them in place and checkpoints are plain HF safetensors.
 //!
 //! The model holds no sequence state. Training calls [`Qwen::forward_hidden`] on whole sequences;
-//! sampling threads an explicit [`KvCache`] through [`Qwen::forward_cached`].
+//! sampling threads explicit [`KvCache`]s through [`Qwen::prefill_segments`] (the blocks of
+//! several prompts in one pass, each after its own cache) and [`Qwen::forward_decode`] (one token
+//! per row, with the decoding step's kernels of [`crate::ops::rowdot`]); [`Qwen::forward_cached`]
+//! feeds any number of tokens after a batched cache.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -27,6 +30,7 @@ use rand_chacha::ChaCha8Rng;
 use crate::error::{Error, Result};
 use crate::model::config::QwenConfig;
 use crate::ops::fused::{self, softmax_last_dim};
+use crate::ops::rowdot;
 
 /// The additive mask value for positions a query must not see. Finite so that a row with every
 /// key masked (a left-padding query) yields a uniform softmax instead of NaN.
@@ -166,21 +170,58 @@ struct Linear {
     bias: Option<Tensor>,
 }
 
+/// How a forward pass multiplies by its weight matrices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Matmul {
+    /// candle's matmul (the `gemm` crate on the CPU): training and prefill. gemm sums a single
+    /// row, and products of at most [`GEMM_SMALL_OUTPUTS`] outputs, in another order than
+    /// larger calls, so on the CPU such calls are padded with zero rows: a row's result then
+    /// never depends on how many rows share the call.
+    Gemm,
+    /// [`rowdot::linear_rows`] for the few rows of a decoding step (gemm beyond
+    /// [`ROWDOT_MAX_ROWS`] rows).
+    RowDot,
+}
+
+/// Outputs (rows x columns) up to which gemm takes its small-product path.
+const GEMM_SMALL_OUTPUTS: usize = 256;
+
+/// Rows up to which a decoding step's products run as dot products: beyond, gemm's blocking
+/// wins (`examples/bench_rowdot.rs`).
+const ROWDOT_MAX_ROWS: usize = 16;
+
+/// Rows up to which [`Qwen::last_logits`] gives each row the same bits whatever the other rows.
+pub const INVARIANT_LOGIT_ROWS: usize = ROWDOT_MAX_ROWS;
+
 impl Linear {
     /// `x @ W^T + b` for `x` of shape `[.., in]`.
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    fn forward(&self, x: &Tensor, how: Matmul) -> Result<Tensor> {
         let dims = x.dims().to_vec();
         let (last, lead) = dims
             .split_last()
             .expect("linear input has at least one dim");
         let n: usize = lead.iter().product();
+        let out_dim = self.weight.dim(0)?;
         let flat = x.reshape((n, *last))?;
-        let mut y = flat.matmul(&self.weight.t()?)?;
+        let row_dot = how == Matmul::RowDot
+            && n <= ROWDOT_MAX_ROWS
+            && rowdot::has_kernel(&flat, &self.weight);
+        let mut y = if row_dot {
+            rowdot::linear_rows(&flat, &self.weight)?
+        } else if flat.device().is_cpu() && (n == 1 || n * out_dim <= GEMM_SMALL_OUTPUTS) {
+            let rows = 2.max(GEMM_SMALL_OUTPUTS / out_dim + 1);
+            let pad = Tensor::zeros((rows - n, *last), flat.dtype(), flat.device())?;
+            Tensor::cat(&[&flat, &pad], 0)?
+                .matmul(&self.weight.t()?)?
+                .narrow(0, 0, n)?
+        } else {
+            flat.matmul(&self.weight.t()?)?
+        };
         if let Some(b) = &self.bias {
             y = y.broadcast_add(b)?;
         }
         let mut out_shape = lead.to_vec();
-        out_shape.push(self.weight.dim(0)?);
+        out_shape.push(out_dim);
         Ok(y.reshape(out_shape)?)
     }
 }
@@ -699,7 +740,7 @@ impl Qwen {
         let (b, t) = ids.dims2()?;
         let positions: Vec<f32> = (0..b).flat_map(|_| (0..t).map(|p| p as f32)).collect();
         let positions = Tensor::from_vec(positions, (b, t, 1), &self.device)?;
-        self.run(ids, &positions, None, None)
+        self.run(ids, &positions, &mut Context::Causal, Matmul::Gemm)
     }
 
     /// Logits `[B, T, vocab]` of final hidden states (full vocabulary: for small cases only; the
@@ -709,7 +750,7 @@ impl Qwen {
             weight: self.lm_head_weight(),
             bias: None,
         };
-        lm.forward(hidden)
+        lm.forward(hidden, Matmul::Gemm)
     }
 
     /// `logits(forward_hidden(ids))`.
@@ -720,6 +761,23 @@ impl Qwen {
     /// Feed `ids` `[B, T]` after what `cache` holds and return their final hidden states
     /// `[B, T, hidden]`. On the first call rows are left-padded by `cache.pads()`.
     pub fn forward_cached(&self, ids: &Tensor, cache: &mut KvCache) -> Result<Tensor> {
+        self.forward_cached_with(ids, cache, Matmul::Gemm)
+    }
+
+    /// [`Qwen::forward_cached`] for a decoding step (`T` = 1, one row per sequence): on the CPU
+    /// in f32 the weight products are dot products of rows ([`rowdot::linear_rows`]), which read
+    /// every weight once instead of packing it first, and give each row the same bits whatever
+    /// the other rows of the batch.
+    pub fn forward_decode(&self, ids: &Tensor, cache: &mut KvCache) -> Result<Tensor> {
+        self.forward_cached_with(ids, cache, Matmul::RowDot)
+    }
+
+    fn forward_cached_with(
+        &self,
+        ids: &Tensor,
+        cache: &mut KvCache,
+        how: Matmul,
+    ) -> Result<Tensor> {
         let (b, t) = ids.dims2()?;
         if b != cache.batch() {
             return Err(Error::Msg(format!(
@@ -756,20 +814,82 @@ impl Qwen {
         } else {
             None
         };
-        let out = self.run(ids, &positions, mask, Some(cache))?;
-        cache.len = total;
+        let out = self.run(ids, &positions, &mut Context::Cache { cache, mask }, how)?;
         Ok(out)
     }
 
-    /// The decoder stack. `positions` is `[B, T, 1]` f32. Without a cache the rows are whole
-    /// sequences from position 0 and attention is causal; with one, `mask` (additive,
-    /// broadcastable to `[B, kv_heads, groups, T, S]`) says which cached columns a query sees.
+    /// Prefill several sequences in one forward pass: segment `i` feeds `tokens` after what its
+    /// one-row, unpadded `cache` holds. Returns the final hidden state of each segment's last
+    /// token, `[segments, 1, hidden]`.
+    ///
+    /// The tokens of all segments go through the weight products as the rows of one matmul, and
+    /// each segment attends only to its own cache. Neither depends on the other segments (the
+    /// products give a row the same bits in any call of two or more rows, and single-row calls
+    /// run as two), so a segment's keys, values and hidden states are bit-identical to feeding
+    /// it alone through [`Qwen::forward_cached`].
+    pub fn prefill_segments(&self, segments: &mut [(&[u32], &mut KvCache)]) -> Result<Tensor> {
+        let mut ids = Vec::new();
+        let mut positions = Vec::new();
+        let mut parts = Vec::with_capacity(segments.len());
+        let mut last = Vec::with_capacity(segments.len());
+        for (i, (tokens, cache)) in segments.iter_mut().enumerate() {
+            if tokens.is_empty() {
+                return Err(Error::Msg(format!("prefill segment {i} has no tokens")));
+            }
+            if cache.batch() != 1 || cache.pads[0] != 0 {
+                return Err(Error::Msg(format!(
+                    "prefill segment {i}: expected a one-row cache without padding, got {} rows",
+                    cache.batch()
+                )));
+            }
+            if cache.layers.len() != self.layers.len() {
+                return Err(Error::Msg("cache was made for another model".into()));
+            }
+            let (past, t) = (cache.len, tokens.len());
+            let mask = (t > 1)
+                .then(|| {
+                    let m: Vec<f32> = (0..t)
+                        .flat_map(|q| {
+                            (0..past + t).map(move |j| if j <= past + q { 0.0 } else { MASKED })
+                        })
+                        .collect();
+                    Tensor::from_vec(m, (1, 1, 1, t, past + t), &self.device)
+                })
+                .transpose()?;
+            parts.push(Segment {
+                start: ids.len(),
+                len: t,
+                cache,
+                mask,
+            });
+            ids.extend_from_slice(tokens);
+            positions.extend((past..past + t).map(|p| p as f32));
+            last.push((ids.len() - 1) as u32);
+        }
+        if parts.is_empty() {
+            return Err(Error::Msg("no prefill segments".into()));
+        }
+        let n = ids.len();
+        let ids = Tensor::from_vec(ids, (1, n), &self.device)?;
+        let positions = Tensor::from_vec(positions, (1, n, 1), &self.device)?;
+        let hidden = self.run(
+            ids.as_ref(),
+            &positions,
+            &mut Context::Segments(parts),
+            Matmul::Gemm,
+        )?;
+        let last = Tensor::new(last.as_slice(), &self.device)?;
+        Ok(hidden.squeeze(0)?.index_select(&last, 0)?.unsqueeze(1)?)
+    }
+
+    /// The decoder stack. `positions` is `[B, T, 1]` f32; `context` says what the queries see
+    /// and receives the new keys and values.
     fn run(
         &self,
         ids: &Tensor,
         positions: &Tensor,
-        mask: Option<Tensor>,
-        mut cache: Option<&mut KvCache>,
+        context: &mut Context<'_>,
+        how: Matmul,
     ) -> Result<Tensor> {
         let (b, t) = ids.dims2()?;
         let h = self.cfg.hidden_size;
@@ -782,15 +902,37 @@ impl Qwen {
         let emb = Tensor::cat(&[&freqs, &freqs], D::Minus1)?.unsqueeze(1)?;
         let cos = emb.cos()?.to_dtype(self.dtype)?;
         let sin = emb.sin()?.to_dtype(self.dtype)?;
-        let mask = mask.map(|m| m.to_dtype(self.softmax_dtype())).transpose()?;
+        let dtype = self.softmax_dtype();
+        match context {
+            Context::Causal => {}
+            Context::Cache { mask, .. } => {
+                *mask = mask.take().map(|m| m.to_dtype(dtype)).transpose()?;
+            }
+            Context::Segments(parts) => {
+                for p in parts.iter_mut() {
+                    p.mask = p.mask.take().map(|m| m.to_dtype(dtype)).transpose()?;
+                }
+            }
+        }
         for (li, layer) in self.layers.iter().enumerate() {
-            let kv = cache.as_deref_mut().map(|c| (&mut c.layers[li], c.len));
             let normed = rms_norm(&x, &layer.input_norm, self.cfg.rms_norm_eps)?;
-            let attn = self.attention(layer, &normed, &cos, &sin, mask.as_ref(), kv)?;
+            let attn = self.attention(layer, li, &normed, &cos, &sin, context, how)?;
             x = (x + attn)?;
             let normed = rms_norm(&x, &layer.post_norm, self.cfg.rms_norm_eps)?;
-            let act = fused::swiglu(&layer.gate.forward(&normed)?, &layer.up.forward(&normed)?)?;
-            x = (x + layer.down.forward(&act)?)?;
+            let act = fused::swiglu(
+                &layer.gate.forward(&normed, how)?,
+                &layer.up.forward(&normed, how)?,
+            )?;
+            x = (x + layer.down.forward(&act, how)?)?;
+        }
+        match context {
+            Context::Causal => {}
+            Context::Cache { cache, .. } => cache.len += t,
+            Context::Segments(parts) => {
+                for p in parts.iter_mut() {
+                    p.cache.len += p.len;
+                }
+            }
         }
         rms_norm(&x, &self.norm, self.cfg.rms_norm_eps)
     }
@@ -803,14 +945,16 @@ impl Qwen {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn attention(
         &self,
         layer: &Layer,
+        li: usize,
         x: &Tensor,
         cos: &Tensor,
         sin: &Tensor,
-        mask: Option<&Tensor>,
-        kv: Option<(&mut Option<(Tensor, Tensor)>, usize)>,
+        context: &mut Context<'_>,
+        how: Matmul,
     ) -> Result<Tensor> {
         let (b, t, _) = x.dims3()?;
         let (nh, kvh, hd) = (
@@ -818,12 +962,11 @@ impl Qwen {
             self.cfg.num_key_value_heads,
             self.cfg.head_dim,
         );
-        let groups = nh / kvh;
         let eps = self.cfg.rms_norm_eps;
         let scale = 1.0 / (hd as f64).sqrt();
-        let mut q = layer.q.forward(x)?.reshape((b, t, nh, hd))?;
-        let mut k = layer.k.forward(x)?.reshape((b, t, kvh, hd))?;
-        let v = layer.v.forward(x)?.reshape((b, t, kvh, hd))?;
+        let mut q = layer.q.forward(x, how)?.reshape((b, t, nh, hd))?;
+        let mut k = layer.k.forward(x, how)?.reshape((b, t, kvh, hd))?;
+        let v = layer.v.forward(x, how)?.reshape((b, t, kvh, hd))?;
         if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
             q = rms_norm(&q, qn, eps)?;
             k = rms_norm(&k, kn, eps)?;
@@ -832,13 +975,63 @@ impl Qwen {
         let q = fused::rope_to_heads(&q, cos, sin)?;
         let k = fused::rope_to_heads(&k, cos, sin)?;
         let v = v.transpose(1, 2)?.contiguous()?;
-        let Some((slot, past)) = kv else {
+        let out = match context {
             // Whole sequences from position 0: causal attention without a materialised mask.
-            let out = fused::causal_attention(&q, &k, &v, scale)?;
-            return layer.o.forward(&out);
+            Context::Causal => fused::causal_attention(&q, &k, &v, scale)?,
+            Context::Cache { cache, mask } => {
+                let past = cache.len;
+                let pads = &cache.pads;
+                self.attend(&q, &k, &v, &mut cache.layers[li], past, pads, mask.as_ref())?
+            }
+            Context::Segments(parts) => {
+                let outs = parts
+                    .iter_mut()
+                    .map(|p| {
+                        let past = p.cache.len;
+                        self.attend(
+                            &q.narrow(2, p.start, p.len)?,
+                            &k.narrow(2, p.start, p.len)?,
+                            &v.narrow(2, p.start, p.len)?,
+                            &mut p.cache.layers[li],
+                            past,
+                            &[0],
+                            p.mask.as_ref(),
+                        )
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                Tensor::cat(&outs, 1)?
+            }
         };
-        let (k, v) = append_kv(slot, past, &k, &v)?;
+        layer.o.forward(&out, how)
+    }
+
+    /// Attention of rotated queries `q` `[B, heads, T, head_dim]` to the `past` cached columns
+    /// of one layer and the new keys and values `k`, `v` (written into the cache), under the
+    /// additive `mask` (broadcastable to `[B, kv_heads, groups, T, S]`; row `b` is left-padded
+    /// by `pads[b]` columns). Returns `[B, T, heads * head_dim]`.
+    #[allow(clippy::too_many_arguments)]
+    fn attend(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        slot: &mut Option<(Tensor, Tensor)>,
+        past: usize,
+        pads: &[usize],
+        mask: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        let (b, nh, t, hd) = q.dims4()?;
+        let kvh = self.cfg.num_key_value_heads;
+        let groups = nh / kvh;
+        let scale = 1.0 / (hd as f64).sqrt();
+        let (k, v) = append_kv(slot, past, k, v)?;
         let s = k.dim(2)?;
+        // One query per row (a decoding step): a row sees its columns after its padding.
+        if t == 1
+            && let Some(out) = rowdot::decode_attention(q, &k, &v, s, pads, scale)?
+        {
+            return Ok(out);
+        }
         // Grouped-query attention without copying keys: the `groups` query heads that share a
         // key/value head are stacked along the time axis of one matmul.
         let q = (q * scale)?.reshape((b, kvh, groups * t, hd))?;
@@ -849,14 +1042,15 @@ impl Qwen {
         }
         let probs = softmax_last_dim(&scores)?.to_dtype(self.dtype)?;
         let out = probs.reshape((b, kvh, groups * t, s))?.matmul(&v)?;
-        let out = out
+        Ok(out
             .reshape((b, nh, t, hd))?
             .transpose(1, 2)?
-            .reshape((b, t, nh * hd))?;
-        layer.o.forward(&out)
+            .reshape((b, t, nh * hd))?)
     }
 
-    /// Logits at the last position of each row: `[B, vocab]` in f32.
+    /// Logits at the last position of each row: `[B, vocab]` in f32. On the CPU in f32, for up
+    /// to [`INVARIANT_LOGIT_ROWS`] rows, a row's logits do not depend on the other rows (the
+    /// product runs as dot products of rows; beyond, on gemm).
     pub fn last_logits(&self, hidden: &Tensor) -> Result<Tensor> {
         let (_, t, _) = hidden.dims3()?;
         let last = hidden.i((.., t - 1, ..))?.contiguous()?;
@@ -864,8 +1058,30 @@ impl Qwen {
             weight: self.lm_head_weight(),
             bias: None,
         };
-        Ok(lm.forward(&last)?.to_dtype(DType::F32)?)
+        Ok(lm.forward(&last, Matmul::RowDot)?.to_dtype(DType::F32)?)
     }
+}
+
+/// What the queries of a forward pass attend to.
+enum Context<'c> {
+    /// Whole sequences from position 0.
+    Causal,
+    /// The columns of `cache` (rows possibly left-padded) and the new tokens, `mask` saying
+    /// which a query sees.
+    Cache {
+        cache: &'c mut KvCache,
+        mask: Option<Tensor>,
+    },
+    /// One row made of consecutive segments, each after its own one-row cache.
+    Segments(Vec<Segment<'c>>),
+}
+
+/// Tokens `start..start + len` of a [`Context::Segments`] row, fed after `cache`.
+struct Segment<'c> {
+    start: usize,
+    len: usize,
+    cache: &'c mut KvCache,
+    mask: Option<Tensor>,
 }
 
 /// RMSNorm over the last dim, computed in f32 (f64 for f64 models) and cast back before the
@@ -974,6 +1190,78 @@ mod tests {
             let inc = Tensor::cat(&parts, 1).unwrap();
             assert!(max_abs_diff(&full, &inc) < 1e-5, "{arch:?}");
             assert_eq!(cache.len(), 7);
+        }
+    }
+
+    #[test]
+    fn prefill_segments_are_bit_identical_to_feeding_each_alone() {
+        for arch in [Arch::Qwen3, Arch::Qwen2] {
+            let model = Qwen::new_random(&tiny(arch, false), 3, DType::F32, &Device::Cpu).unwrap();
+            let bits = |t: &Tensor| -> Vec<u32> {
+                let v: Vec<f32> = t.flatten_all().unwrap().to_vec1().unwrap();
+                v.into_iter().map(f32::to_bits).collect()
+            };
+            // Segment 0 starts a sequence, segment 1 continues one fed 5 tokens before, segment 2
+            // is a single token (a lone row that gemm would sum in another order).
+            let past: [u32; 5] = [9, 9, 1, 2, 3];
+            let tokens: [&[u32]; 3] = [&[4, 8, 15, 16], &[23, 42, 7], &[11]];
+            let start = |i: usize| {
+                let mut c = KvCache::for_model(&model, 1);
+                if i == 1 {
+                    model.forward_cached(&ids(&[&past]), &mut c).unwrap();
+                }
+                c
+            };
+            let mut alone = Vec::new();
+            for (i, t) in tokens.iter().enumerate() {
+                let mut c = start(i);
+                let h = model.forward_cached(&ids(&[t]), &mut c).unwrap();
+                alone.push((h.i((.., t.len() - 1.., ..)).unwrap(), c));
+            }
+            let mut caches: Vec<KvCache> = (0..3).map(start).collect();
+            let mut segments: Vec<(&[u32], &mut KvCache)> =
+                tokens.iter().copied().zip(caches.iter_mut()).collect();
+            let last = model.prefill_segments(&mut segments).unwrap();
+            assert_eq!(last.dims(), &[3, 1, 32]);
+            for (i, (h, c)) in alone.iter().enumerate() {
+                assert_eq!(
+                    bits(&last.narrow(0, i, 1).unwrap()),
+                    bits(h),
+                    "{arch:?} {i}"
+                );
+                assert_eq!(caches[i].len(), c.len());
+                let (a, b) = (
+                    &caches[i].columns(c.len()).unwrap(),
+                    &c.columns(c.len()).unwrap(),
+                );
+                for ((ka, va), (kb, vb)) in a.iter().zip(b) {
+                    assert_eq!((bits(ka), bits(va)), (bits(kb), bits(vb)), "{arch:?} {i}");
+                }
+            }
+            // A padded or multi-row cache is refused.
+            let mut two = KvCache::for_model(&model, 2);
+            let err = model
+                .prefill_segments(&mut [(&[1u32][..], &mut two)])
+                .unwrap_err();
+            assert!(err.to_string().contains("one-row cache"), "{err}");
+        }
+    }
+
+    #[test]
+    fn decoding_rows_get_their_bits_whatever_the_batch() {
+        let model =
+            Qwen::new_random(&tiny(Arch::Qwen3, false), 4, DType::F32, &Device::Cpu).unwrap();
+        let hidden = model
+            .forward_hidden(&ids(&[&[1, 2, 3], &[4, 5, 6], &[7, 8, 9]]))
+            .unwrap();
+        let all: Vec<Vec<f32>> = model.last_logits(&hidden).unwrap().to_vec2().unwrap();
+        for (r, want) in all.iter().enumerate() {
+            let one: Vec<Vec<f32>> = model
+                .last_logits(&hidden.narrow(0, r, 1).unwrap())
+                .unwrap()
+                .to_vec2()
+                .unwrap();
+            assert_eq!(&one[0], want, "row {r}");
         }
     }
 

@@ -7,6 +7,8 @@
 //! - [`fused`]: the training forward's CPU ops (RMSNorm, rotary embedding, SwiGLU, softmax, causal
 //!   attention with memory linear in the sequence length), falling back to those and to tensor
 //!   ops elsewhere, and the CPU helpers the other kernels share.
+//! - [`rowdot`]: `x @ wᵀ` as dot products of rows, for decoding steps: weights read once, and
+//!   a row's result independent of the other rows multiplied with it.
 //! - [`logprob`]: the chunked lm_head → log-prob op; its CUDA kernels (`cuda.rs`,
 //!   `cuda/logprob.cu`, compiled by `build.rs`) sit behind the `cuda` feature.
 
@@ -15,3 +17,4 @@ mod cuda;
 pub mod fused;
 pub mod logprob;
 pub mod reference;
+pub mod rowdot;

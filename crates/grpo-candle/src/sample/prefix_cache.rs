@@ -5,15 +5,19 @@
 //! rollouts of one group (one prompt) then prefill only their new tokens.
 //!
 //! # Bit-identical to uncached sampling
-//! The sampler prefills every prompt row by row, without padding, in blocks of 64 tokens at fixed
-//! positions (`[0, 64)`, `[64, 128)`, ..., the last ending at the prompt's end), one forward pass
-//! per block, and reuses cached prefixes up to a block boundary only. A cached prefill then runs
-//! the last few of exactly the forward passes an uncached one runs, on the same inputs, so it
-//! yields the same bits, and so the same logits, tokens and log-probs (tested). (Reusing any
-//! prefix length would not: the CPU matmul rounds a row differently depending on how many rows
-//! it multiplies.) Only prompt keys and values are cached: those of generated
-//! tokens come from batched, left-padded decoding steps, whose arithmetic depends on the batch,
-//! so a later turn recomputes its previous turn's generated tokens as part of its prompt.
+//! The sampler prefills every prompt without padding in blocks of 64 tokens at fixed positions
+//! (`[0, 64)`, `[64, 128)`, ..., the last ending at the prompt's end), and reuses cached
+//! prefixes up to a block boundary only. One forward pass feeds the next block of every prompt
+//! of a batch; the weight products give a row the same bits whatever else shares the call, and
+//! each block attends only to its own prompt's columns. A cached prefill then computes the last
+//! few of exactly the blocks an uncached one computes, from the same inputs, so it yields the
+//! same bits, and so the same logits, tokens and log-probs (tested). (Reusing any prefix length
+//! would not: a block's attention sums over its columns in an order set by the block's shape.)
+//! With the cache enabled, prompts of one batch that start alike also share their common
+//! blocks: a later prompt takes them from an earlier one once computed, as it would from the
+//! cache. Only prompt keys and values are cached: those of generated tokens come from batched,
+//! left-padded decoding steps, whose attention sums depend on the batch's padding, so a later
+//! turn recomputes its previous turn's generated tokens as part of its prompt.
 //!
 //! # Weights
 //! Every entry belongs to one [`Qwen::weights_version`]; a lookup under another version empties
@@ -62,9 +66,11 @@ impl PrefixCacheConfig {
 pub struct PrefixCacheStats {
     /// Prompts looked up (one per prefilled request).
     pub lookups: u64,
-    /// Lookups that reused at least one cached token.
+    /// Lookups that reused at least one cached token (or one of an earlier prompt of the same
+    /// batch).
     pub hits: u64,
-    /// Prompt tokens whose keys and values came from the cache.
+    /// Prompt tokens whose keys and values came from the cache, or from an earlier prompt of
+    /// the same batch that starts with the same tokens.
     pub reused_tokens: u64,
     /// Prompt tokens prefilled (`reused_tokens + computed_tokens` is every prompt token looked
     /// up).
@@ -207,6 +213,18 @@ impl PrefixCache {
         self.stats.reused_tokens += n as u64;
         self.stats.computed_tokens += (prompt.len() - n) as u64;
         Ok(Some(Reuse { cache, tokens: n }))
+    }
+
+    /// Move `tokens` of a looked-up prompt from computed to reused: a prefix it shares with an
+    /// earlier prompt of the same batch, whose keys and values it takes once computed (as it
+    /// would take them from the cache had that prompt been prefilled in an earlier batch). A
+    /// lookup that found nothing in the cache (`hit` false) becomes a hit.
+    pub(crate) fn record_batch_prefix(&mut self, hit: bool, tokens: usize) {
+        if !hit {
+            self.stats.hits += 1;
+        }
+        self.stats.reused_tokens += tokens as u64;
+        self.stats.computed_tokens -= tokens as u64;
     }
 
     /// Count a prompt of `tokens` tokens that shares the prefill of an identical prompt in the

@@ -263,47 +263,143 @@ fn nucleus(order: &[usize], weights: &[f64], total: f64, top_p: f32) -> Option<u
     None
 }
 
-/// Prompt tokens per prefill forward pass, and the granularity of prefix reuse (vLLM's block
-/// size). Every prompt is prefilled block by block, `[0, 64)`, `[64, 128)`, ..., the last block
-/// ending at the prompt's end, one forward pass each, and a cached prefix is reused up to a
-/// block boundary only. A cached and an uncached prefill of a prompt then run the same forward
-/// passes on the same inputs and shapes, so they agree bit for bit. Both conditions are needed:
-/// the CPU matmul sums a row differently depending on how many rows it multiplies (one row
-/// always, up to dozens for narrow matrices), so starting a prefill mid-block, or prefilling
-/// several blocks in one pass, would change the last bits. 64 rows keep the matmuls efficient
-/// and the attention scores of a pass at `[64 x prompt]`.
+/// Prompt tokens per prefill block, and the granularity of prefix reuse (vLLM's block size).
+/// Every prompt is prefilled block by block, `[0, 64)`, `[64, 128)`, ..., the last block ending
+/// at the prompt's end, and a cached prefix is reused up to a block boundary only. A cached and
+/// an uncached prefill of a prompt then compute the same blocks from the same inputs, so they
+/// agree bit for bit. Both conditions are needed: a block's attention sums over the columns
+/// before it in an order set by its own shape, so starting a prefill mid-block, or feeding two
+/// blocks of a prompt as one, would change the last bits. 64 rows per prompt and pass keep the
+/// attention scores of a block at `[64 x prompt]`.
 const PREFILL_BLOCK: usize = 64;
 
-/// Prefill one prompt, starting from the longest prefix `prefix` holds (and storing the prompt
-/// there); returns its one-row cache and its next-token logits `[1, vocab]`.
-fn prefill_row(
+/// Most prompt tokens in one prefill forward pass: the blocks of up to 32 prompts at a time.
+const PREFILL_PASS_TOKENS: usize = 32 * PREFILL_BLOCK;
+
+/// A prompt being prefilled.
+struct Prefill {
+    cache: KvCache,
+    /// Prompt tokens whose keys and values the cache holds.
+    done: usize,
+    /// An earlier prompt of the batch to copy the first tokens from, once it has computed them.
+    wait: Option<(usize, usize)>,
+    /// The final hidden state of the last prompt token, once computed.
+    last: Option<Tensor>,
+}
+
+/// Length of the common prefix of two prompts.
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+/// Prefill distinct prompts, each starting from the longest prefix `prefix` holds or, when the
+/// cache is enabled, from a longer prefix it shares with an earlier prompt of the same call
+/// (taken from that prompt's keys and values once they are computed); store them in `prefix`.
+/// Returns one one-row cache and next-token logits `[1, vocab]` per prompt.
+///
+/// Each forward pass feeds the next block of every prompt that has one (up to
+/// [`PREFILL_PASS_TOKENS`]), so the weight products run once for all of them
+/// ([`Qwen::prefill_segments`]). A prompt's bits depend only on its own blocks, not on which
+/// prompts share a pass, so cached and uncached prefills stay identical.
+fn prefill_prompts(
     model: &Qwen,
-    prompt: &[u32],
-    prefix: Option<&mut PrefixCache>,
-) -> Result<(KvCache, Tensor)> {
+    prompts: &[&[u32]],
+    mut prefix: Option<&mut PrefixCache>,
+) -> Result<Vec<(KvCache, Tensor)>> {
     let version = model.weights_version();
-    let mut prefix = prefix;
-    let reuse = match prefix.as_deref_mut() {
-        Some(c) => c.lookup(model, prompt, |n| n / PREFILL_BLOCK * PREFILL_BLOCK)?,
-        None => None,
-    };
-    let (mut cache, mut start) = match reuse {
-        Some(r) => (r.cache, r.tokens),
-        None => (KvCache::for_model(model, 1), 0),
-    };
-    let device = model.device();
-    let mut hidden = None;
-    while start < prompt.len() {
-        let end = (start + PREFILL_BLOCK).min(prompt.len());
-        let input = Tensor::new(&prompt[start..end], device)?.unsqueeze(0)?;
-        hidden = Some(model.forward_cached(&input, &mut cache)?);
-        start = end;
+    let block_floor = |n: usize| n / PREFILL_BLOCK * PREFILL_BLOCK;
+    let share = prefix.as_ref().is_some_and(|c| c.config().budget_bytes > 0);
+    let mut rows: Vec<Prefill> = Vec::with_capacity(prompts.len());
+    for (i, prompt) in prompts.iter().enumerate() {
+        let reuse = match prefix.as_deref_mut() {
+            Some(c) => c.lookup(model, prompt, block_floor)?,
+            None => None,
+        };
+        let hit = reuse.is_some();
+        let (cache, done) = match reuse {
+            Some(r) => (r.cache, r.tokens),
+            None => (KvCache::for_model(model, 1), 0),
+        };
+        let mut wait = None;
+        if share {
+            // The last prompt token is always computed: its hidden state gives the logits.
+            let cap = prompt.len() - 1;
+            let mut best: Option<(usize, usize)> = None;
+            for (j, earlier) in prompts[..i].iter().enumerate() {
+                let n = block_floor(common_prefix(earlier, prompt).min(cap));
+                if n > done && best.is_none_or(|(_, m)| n > m) {
+                    best = Some((j, n));
+                }
+            }
+            if let (Some((j, n)), Some(c)) = (best, prefix.as_deref_mut()) {
+                c.record_batch_prefix(hit, n - done);
+                wait = Some((j, n));
+            }
+        }
+        rows.push(Prefill {
+            cache,
+            done,
+            wait,
+            last: None,
+        });
     }
-    let logits = model.last_logits(&hidden.expect("at least the last prompt token is computed"))?;
+    loop {
+        for i in 0..rows.len() {
+            if let Some((j, n)) = rows[i].wait
+                && rows[j].done >= n
+            {
+                let kv = rows[j].cache.columns(n)?;
+                rows[i].cache = KvCache::from_columns(&kv, n)?;
+                rows[i].done = n;
+                rows[i].wait = None;
+            }
+        }
+        let mut budget = PREFILL_PASS_TOKENS;
+        let mut fed = Vec::new();
+        let mut segments = Vec::new();
+        for (i, row) in rows.iter_mut().enumerate() {
+            let prompt = prompts[i];
+            if row.wait.is_some() || row.done >= prompt.len() || budget == 0 {
+                continue;
+            }
+            let end = (row.done + PREFILL_BLOCK).min(prompt.len());
+            budget = budget.saturating_sub(PREFILL_BLOCK);
+            fed.push((i, end));
+            segments.push((&prompt[row.done..end], &mut row.cache));
+        }
+        if segments.is_empty() {
+            break;
+        }
+        let hidden = model.prefill_segments(&mut segments)?;
+        for (slot, &(i, end)) in fed.iter().enumerate() {
+            rows[i].done = end;
+            if end == prompts[i].len() {
+                rows[i].last = Some(hidden.narrow(0, slot, 1)?);
+            }
+        }
+    }
+    // A row's logits do not depend on the other rows of a call of at most this many.
+    let mut logits = Vec::with_capacity(rows.len());
+    for chunk in rows.chunks(crate::model::INVARIANT_LOGIT_ROWS) {
+        let last = chunk
+            .iter()
+            .map(|r| {
+                r.last
+                    .clone()
+                    .expect("every prompt is prefilled to its end")
+            })
+            .collect::<Vec<_>>();
+        let l = model.last_logits(&Tensor::cat(&last, 0)?)?;
+        for r in 0..chunk.len() {
+            logits.push(l.narrow(0, r, 1)?);
+        }
+    }
     if let Some(c) = prefix {
-        c.insert(model, version, prompt, &cache)?;
+        for (prompt, row) in prompts.iter().zip(&rows) {
+            c.insert(model, version, prompt, &row.cache)?;
+        }
     }
-    Ok((cache, logits))
+    Ok(rows.into_iter().map(|r| r.cache).zip(logits).collect())
 }
 
 /// A request being decoded.
@@ -479,7 +575,7 @@ impl<'m, K> DecodeBatch<'m, K> {
         // share one prefill: the same prompt prefilled again would give the same bits.
         let mut first_of: std::collections::HashMap<&[u32], usize> =
             std::collections::HashMap::new();
-        let mut prefilled: Vec<(KvCache, Tensor)> = Vec::new();
+        let mut distinct: Vec<&[u32]> = Vec::new();
         let mut which = Vec::with_capacity(fresh.len());
         for row in &fresh {
             let prompt = row.request.prompt.as_slice();
@@ -490,10 +586,11 @@ impl<'m, K> DecodeBatch<'m, K> {
                 which.push(j);
                 continue;
             }
-            first_of.insert(prompt, prefilled.len());
-            which.push(prefilled.len());
-            prefilled.push(prefill_row(self.model, prompt, prefix.as_deref_mut())?);
+            first_of.insert(prompt, distinct.len());
+            which.push(distinct.len());
+            distinct.push(prompt);
         }
+        let prefilled = prefill_prompts(self.model, &distinct, prefix)?;
         let mut caches = Vec::with_capacity(fresh.len() + 1);
         let mut logits = Vec::with_capacity(fresh.len() + 1);
         let running = (!self.rows.is_empty()).then(|| {
@@ -616,7 +713,7 @@ impl<'m, K> DecodeBatch<'m, K> {
         }
         if !self.rows.is_empty() {
             let input = Tensor::from_vec(next_tokens, (self.rows.len(), 1), self.model.device())?;
-            let hidden = self.model.forward_cached(&input, &mut self.cache)?;
+            let hidden = self.model.forward_decode(&input, &mut self.cache)?;
             self.logits = Some(self.model.last_logits(&hidden)?);
         }
         Ok(done)
@@ -1130,6 +1227,53 @@ mod tests {
             &generate_cached(&model, &tok, &requests, &mut cold).unwrap(),
         );
         assert!(cold.stats().hits > 0);
+    }
+
+    #[test]
+    fn prompts_of_one_batch_share_their_common_prefix() {
+        let (model, tok) = tiny_model();
+        // Three tasks after one 150-token system prompt: the first computes it, the other two
+        // take its first two blocks once computed.
+        let system: Vec<u32> = (0..150).map(|i| (i * 11 + 3) % 200).collect();
+        let requests: Vec<SampleRequest> = (0..3u32)
+            .map(|t| {
+                let task = (0..10 + t).map(|i| (i * 5 + t * 17) % 200);
+                let prompt: Vec<u32> = system.iter().copied().chain(task).collect();
+                req(&prompt, t as u64, params(1.0, 1.0, None), 4)
+            })
+            .collect();
+        let total: u64 = requests.iter().map(|r| r.prompt.len() as u64).sum();
+        let mut cold = PrefixCache::new(PrefixCacheConfig::default());
+        let cached = generate_cached(&model, &tok, &requests, &mut cold).unwrap();
+        assert_same(&generate(&model, &tok, &requests).unwrap(), &cached);
+        let st = cold.stats();
+        let shared = 2 * 2 * PREFILL_BLOCK as u64;
+        assert_eq!(
+            (st.lookups, st.hits, st.reused_tokens),
+            (3, 2, shared),
+            "{st:?}"
+        );
+        assert_eq!(st.computed_tokens, total - shared, "{st:?}");
+        // Each prompt prefilled alone gives the same first token, bit for bit (the decoding
+        // steps after it attend over a batch's left-padded caches, so they agree only within
+        // rounding).
+        for (r, want) in requests.iter().zip(&cached) {
+            let mut fresh = PrefixCache::new(PrefixCacheConfig::default());
+            let alone = generate_cached(&model, &tok, std::slice::from_ref(r), &mut fresh).unwrap();
+            assert_eq!(alone[0].tokens[0], want.tokens[0]);
+            assert_eq!(alone[0].logprobs[0].to_bits(), want.logprobs[0].to_bits());
+            assert_eq!(
+                alone[0].raw_logprobs[0].to_bits(),
+                want.raw_logprobs[0].to_bits()
+            );
+        }
+        // A disabled cache shares nothing but identical prompts.
+        let mut off = PrefixCache::new(PrefixCacheConfig::disabled());
+        generate_cached(&model, &tok, &requests, &mut off).unwrap();
+        assert_eq!(
+            (off.stats().reused_tokens, off.stats().computed_tokens),
+            (0, total)
+        );
     }
 
     #[test]
