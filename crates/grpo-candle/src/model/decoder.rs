@@ -174,9 +174,10 @@ struct Linear {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Matmul {
     /// candle's matmul (the `gemm` crate on the CPU): training and prefill. gemm sums a single
-    /// row, and products of at most [`GEMM_SMALL_OUTPUTS`] outputs, in another order than
-    /// larger calls, so on the CPU such calls are padded with zero rows: a row's result then
-    /// never depends on how many rows share the call.
+    /// row, and some small products, in another order than larger calls, so on the CPU such
+    /// calls are padded with zero rows ([`gemm_invariant_rows`]): a row's result then never
+    /// depends on how many rows share the call. (On CUDA, cuBLAS picks kernels by shape: there
+    /// the sampler feeds one prompt per prefill pass.)
     Gemm,
     /// [`rowdot::linear_rows`] for the few rows of a decoding step (gemm beyond
     /// [`ROWDOT_MAX_ROWS`] rows).
@@ -185,6 +186,18 @@ enum Matmul {
 
 /// Outputs (rows x columns) up to which gemm takes its small-product path.
 const GEMM_SMALL_OUTPUTS: usize = 256;
+
+/// Rows from which gemm sums every row of an `[rows, inputs] x [inputs, outputs]` product the
+/// same way: two (one row is a matrix-vector product), more than [`GEMM_SMALL_OUTPUTS`]
+/// outputs, and, for at most 64 outputs over more than 512 inputs, more than 64 rows (below,
+/// gemm splits the inputs into other blocks).
+fn gemm_invariant_rows(outputs: usize, inputs: usize) -> usize {
+    let mut rows = 2.max(GEMM_SMALL_OUTPUTS / outputs.max(1) + 1);
+    if outputs <= 64 && inputs > 512 {
+        rows = rows.max(65);
+    }
+    rows
+}
 
 /// Rows up to which a decoding step's products run as dot products: beyond, gemm's blocking
 /// wins (`examples/bench_rowdot.rs`).
@@ -208,8 +221,8 @@ impl Linear {
             && rowdot::has_kernel(&flat, &self.weight);
         let mut y = if row_dot {
             rowdot::linear_rows(&flat, &self.weight)?
-        } else if flat.device().is_cpu() && (n == 1 || n * out_dim <= GEMM_SMALL_OUTPUTS) {
-            let rows = 2.max(GEMM_SMALL_OUTPUTS / out_dim + 1);
+        } else if flat.device().is_cpu() && n < gemm_invariant_rows(out_dim, *last) {
+            let rows = gemm_invariant_rows(out_dim, *last);
             let pad = Tensor::zeros((rows - n, *last), flat.dtype(), flat.device())?;
             Tensor::cat(&[&flat, &pad], 0)?
                 .matmul(&self.weight.t()?)?
@@ -759,15 +772,19 @@ impl Qwen {
     }
 
     /// Feed `ids` `[B, T]` after what `cache` holds and return their final hidden states
-    /// `[B, T, hidden]`. On the first call rows are left-padded by `cache.pads()`.
+    /// `[B, T, hidden]`. On the first call rows are left-padded by `cache.pads()`. For sampling:
+    /// with `T` = 1 on the CPU in f32 the attention runs [`rowdot::decode_attention`], outside
+    /// the autograd graph (training uses [`Qwen::forward_hidden`]).
     pub fn forward_cached(&self, ids: &Tensor, cache: &mut KvCache) -> Result<Tensor> {
         self.forward_cached_with(ids, cache, Matmul::Gemm)
     }
 
     /// [`Qwen::forward_cached`] for a decoding step (`T` = 1, one row per sequence): on the CPU
-    /// in f32 the weight products are dot products of rows ([`rowdot::linear_rows`]), which read
-    /// every weight once instead of packing it first, and give each row the same bits whatever
-    /// the other rows of the batch.
+    /// in f32, for up to 16 rows, the weight products are dot products of rows
+    /// ([`rowdot::linear_rows`]), which read every weight once instead of packing it first, and
+    /// the attention reads each row's own cached columns ([`rowdot::decode_attention`]), so a
+    /// row gets the same bits whatever the other rows of the batch. For sampling: those kernels
+    /// build their results outside the autograd graph.
     pub fn forward_decode(&self, ids: &Tensor, cache: &mut KvCache) -> Result<Tensor> {
         self.forward_cached_with(ids, cache, Matmul::RowDot)
     }
@@ -1048,7 +1065,8 @@ impl Qwen {
             .reshape((b, t, nh * hd))?)
     }
 
-    /// Logits at the last position of each row: `[B, vocab]` in f32. On the CPU in f32, for up
+    /// Logits at the last position of each row: `[B, vocab]` in f32, for sampling (up to 16 rows
+    /// on the CPU the product is built outside the autograd graph). On the CPU in f32, for up
     /// to [`INVARIANT_LOGIT_ROWS`] rows, a row's logits do not depend on the other rows (the
     /// product runs as dot products of rows; beyond, on gemm).
     pub fn last_logits(&self, hidden: &Tensor) -> Result<Tensor> {

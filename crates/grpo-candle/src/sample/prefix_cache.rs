@@ -15,9 +15,9 @@
 //! would not: a block's attention sums over its columns in an order set by the block's shape.)
 //! With the cache enabled, prompts of one batch that start alike also share their common
 //! blocks: a later prompt takes them from an earlier one once computed, as it would from the
-//! cache. Only prompt keys and values are cached: those of generated tokens come from batched,
-//! left-padded decoding steps, whose attention sums depend on the batch's padding, so a later
-//! turn recomputes its previous turn's generated tokens as part of its prompt.
+//! cache. Only prompt keys and values are cached: those of generated tokens come from decoding
+//! steps, one token at a time with their own kernels, whose sums differ from a prefill block's,
+//! so a later turn recomputes its previous turn's generated tokens as part of its prompt.
 //!
 //! # Weights
 //! Every entry belongs to one [`Qwen::weights_version`]; a lookup under another version empties

@@ -298,8 +298,8 @@ fn common_prefix(a: &[u32], b: &[u32]) -> usize {
 /// Returns one one-row cache and next-token logits `[1, vocab]` per prompt.
 ///
 /// Each forward pass feeds the next block of every prompt that has one (up to
-/// [`PREFILL_PASS_TOKENS`]), so the weight products run once for all of them
-/// ([`Qwen::prefill_segments`]). A prompt's bits depend only on its own blocks, not on which
+/// [`PREFILL_PASS_TOKENS`]; one prompt per pass off the CPU), so the weight products run once
+/// for all of them ([`Qwen::prefill_segments`]). A prompt's bits depend only on its own blocks, not on which
 /// prompts share a pass, so cached and uncached prefills stay identical.
 fn prefill_prompts(
     model: &Qwen,
@@ -361,6 +361,11 @@ fn prefill_prompts(
             let prompt = prompts[i];
             if row.wait.is_some() || row.done >= prompt.len() || budget == 0 {
                 continue;
+            }
+            // On CUDA a row's bits may depend on the shape of the call: one prompt per pass
+            // keeps cached and uncached prefills identical there.
+            if !model.device().is_cpu() && !segments.is_empty() {
+                break;
             }
             let end = (row.done + PREFILL_BLOCK).min(prompt.len());
             budget = budget.saturating_sub(PREFILL_BLOCK);
@@ -1254,18 +1259,12 @@ mod tests {
             "{st:?}"
         );
         assert_eq!(st.computed_tokens, total - shared, "{st:?}");
-        // Each prompt prefilled alone gives the same first token, bit for bit (the decoding
-        // steps after it attend over a batch's left-padded caches, so they agree only within
-        // rounding).
+        // Each request alone gives the same sample, bit for bit: its prefill does not depend on
+        // the other prompts, nor its decoding steps (up to 16 rows) on the other rows.
         for (r, want) in requests.iter().zip(&cached) {
             let mut fresh = PrefixCache::new(PrefixCacheConfig::default());
             let alone = generate_cached(&model, &tok, std::slice::from_ref(r), &mut fresh).unwrap();
-            assert_eq!(alone[0].tokens[0], want.tokens[0]);
-            assert_eq!(alone[0].logprobs[0].to_bits(), want.logprobs[0].to_bits());
-            assert_eq!(
-                alone[0].raw_logprobs[0].to_bits(),
-                want.raw_logprobs[0].to_bits()
-            );
+            assert_same(std::slice::from_ref(want), &alone);
         }
         // A disabled cache shares nothing but identical prompts.
         let mut off = PrefixCache::new(PrefixCacheConfig::disabled());
