@@ -204,7 +204,7 @@ fn gemm_invariant_rows(outputs: usize, inputs: usize) -> usize {
 const ROWDOT_MAX_ROWS: usize = 16;
 
 /// Rows up to which [`Qwen::last_logits`] gives each row the same bits whatever the other rows.
-pub const INVARIANT_LOGIT_ROWS: usize = ROWDOT_MAX_ROWS;
+pub(crate) const INVARIANT_LOGIT_ROWS: usize = ROWDOT_MAX_ROWS;
 
 impl Linear {
     /// `x @ W^T + b` for `x` of shape `[.., in]`.
@@ -407,6 +407,35 @@ impl KvCache {
                 ))
             })
             .collect()
+    }
+
+    /// A one-row, unpadded cache holding this one-row, unpadded cache's first `len` columns,
+    /// sharing its buffers without copying them: the views are exactly `len` columns wide, so
+    /// the next forward pass on the result reallocates before writing, and this cache writes only
+    /// columns past `len`.
+    pub fn first_columns(&self, len: usize) -> Result<KvCache> {
+        if self.batch() != 1 || self.pads[0] != 0 || len > self.len {
+            return Err(Error::Msg(format!(
+                "first {len} columns asked of a cache of {} rows holding {}",
+                self.batch(),
+                self.len
+            )));
+        }
+        let layers = self
+            .layers
+            .iter()
+            .map(|kv| {
+                let (k, v) = kv
+                    .as_ref()
+                    .ok_or_else(|| Error::Msg("cache layers not filled".into()))?;
+                Ok(Some((k.narrow(2, 0, len)?, v.narrow(2, 0, len)?)))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(KvCache {
+            layers,
+            pads: vec![0],
+            len,
+        })
     }
 
     /// A one-row cache, without padding, holding the first `len` columns of `kv` (per layer
@@ -1262,6 +1291,38 @@ mod tests {
                 .prefill_segments(&mut [(&[1u32][..], &mut two)])
                 .unwrap_err();
             assert!(err.to_string().contains("one-row cache"), "{err}");
+        }
+    }
+
+    #[test]
+    fn gemm_products_give_a_row_its_bits_in_any_call() {
+        let mut rng = ChaCha8Rng::seed_from_u64(9);
+        let mut tensor = |rows: usize, cols: usize| {
+            let v: Vec<f32> = normal_samples(&mut rng, rows * cols, 1.0)
+                .into_iter()
+                .map(|x| x as f32)
+                .collect();
+            Tensor::from_vec(v, (rows, cols), &Device::Cpu).unwrap()
+        };
+        // (inputs, outputs): products gemm runs on its small path for few rows, and a narrow
+        // one over more than 512 inputs, whose inputs it splits differently below 65 rows.
+        for (k, n) in [(32, 8), (32, 48), (64, 200), (600, 64), (512, 512)] {
+            let lin = Linear {
+                weight: tensor(n, k),
+                bias: None,
+            };
+            let x = tensor(80, k);
+            let all: Vec<Vec<f32>> = lin.forward(&x, Matmul::Gemm).unwrap().to_vec2().unwrap();
+            for m in [1, 2, 3, 5, 8, 17, 33, 64, 65, 79] {
+                let part: Vec<Vec<f32>> = lin
+                    .forward(&x.narrow(0, 0, m).unwrap(), Matmul::Gemm)
+                    .unwrap()
+                    .to_vec2()
+                    .unwrap();
+                for (r, row) in part.iter().enumerate() {
+                    assert_eq!(row, &all[r], "{k} -> {n}, {m} rows: row {r}");
+                }
+            }
         }
     }
 

@@ -24,4 +24,4 @@ pub use crate::ops::fused::softmax_last_dim;
 pub use crate::ops::reference::{
     rms_norm_primitive, rope, softmax_last_dim_primitive, token_logprobs,
 };
-pub use decoder::{INVARIANT_LOGIT_ROWS, KvCache, Qwen, rms_norm};
+pub use decoder::{KvCache, Qwen, rms_norm};

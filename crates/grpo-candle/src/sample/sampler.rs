@@ -348,8 +348,7 @@ fn prefill_prompts(
             if let Some((j, n)) = rows[i].wait
                 && rows[j].done >= n
             {
-                let kv = rows[j].cache.columns(n)?;
-                rows[i].cache = KvCache::from_columns(&kv, n)?;
+                rows[i].cache = rows[j].cache.first_columns(n)?;
                 rows[i].done = n;
                 rows[i].wait = None;
             }
@@ -385,7 +384,7 @@ fn prefill_prompts(
     }
     // A row's logits do not depend on the other rows of a call of at most this many.
     let mut logits = Vec::with_capacity(rows.len());
-    for chunk in rows.chunks(crate::model::INVARIANT_LOGIT_ROWS) {
+    for chunk in rows.chunks(crate::model::decoder::INVARIANT_LOGIT_ROWS) {
         let last = chunk
             .iter()
             .map(|r| {
