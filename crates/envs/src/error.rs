@@ -33,6 +33,17 @@ pub enum Error {
         /// What was found and what was expected.
         message: String,
     },
+    /// A JSON data file (a database, a task list, a split file) does not have the expected
+    /// shape.
+    #[error("{}: field `{field}`: {message}", path.display())]
+    Format {
+        /// The file.
+        path: PathBuf,
+        /// The JSON path of the offending field (empty for the whole file).
+        field: String,
+        /// What was found and what was expected.
+        message: String,
+    },
     /// A task's metadata does not describe a task of this environment.
     #[error("task `{task}`: field `metadata.{field}`: {message}")]
     Task {

@@ -1,22 +1,31 @@
 //! Starter sibling pools: each built-in environment's base harness H0 with its hand-written
 //! siblings (the paper's Table 7 edits for the app world; siblings whose hooks fire on DBBench
-//! and the repository world), frozen, so that rescue training can run before directional
+//! the repository world and the retail world), frozen, so that rescue training can run before directional
 //! evolution (`harness-evolve`) has grown a pool. Evolution writes pools in the same format.
 
 use harness_pool::SiblingPool;
 
-use crate::{appworld, dbbench, swe};
+use crate::{appworld, dbbench, swe, tau_retail};
 
 /// The names [`starter_pool`] accepts, in a stable order.
-pub const STARTER_ENVIRONMENTS: [&str; 3] = [appworld::ENV_NAME, dbbench::ENV_NAME, swe::ENV_NAME];
+pub const STARTER_ENVIRONMENTS: [&str; 4] = [
+    appworld::ENV_NAME,
+    dbbench::ENV_NAME,
+    swe::ENV_NAME,
+    tau_retail::ENV_NAME,
+];
 
 /// The frozen starter pool of the built-in environment `env` (as named by
-/// [`harness_core::Environment::name`]), or an error listing the known names.
+/// [`harness_core::Environment::name`]), or an error listing the known names. The retail
+/// world's pool is built on [`tau_retail::base_harness`], whose domain rules are this
+/// project's summary of the policy; [`tau_retail::starter_pool_with_policy`] builds it on the
+/// benchmark's policy text.
 pub fn starter_pool(env: &str) -> harness_pool::Result<SiblingPool> {
     let (base, siblings) = match env {
         appworld::ENV_NAME => (appworld::base_harness(), appworld::siblings()),
         dbbench::ENV_NAME => (dbbench::base_harness(), dbbench::siblings()),
         swe::ENV_NAME => (swe::base_harness(), swe::siblings()),
+        tau_retail::ENV_NAME => (tau_retail::base_harness(), tau_retail::siblings()),
         other => {
             return Err(harness_pool::Error::Member(format!(
                 "no starter pool for environment `{other}`; expected one of {STARTER_ENVIRONMENTS:?}"

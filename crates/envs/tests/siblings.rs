@@ -6,7 +6,7 @@
 use std::collections::BTreeSet;
 
 use harness_core::{Environment, Harness, Split, Task, ToolCall, Trajectory, run_episode};
-use harness_envs::{appworld, dbbench, swe};
+use harness_envs::{appworld, dbbench, swe, tau_retail};
 use harness_testkit::ScriptedPolicy;
 use serde_json::json;
 
@@ -142,6 +142,58 @@ fn every_repository_repair_sibling_hook_fires() {
     check_siblings(&env, &swe::siblings(), &[task], &scripts);
 }
 
+/// The retail data (outside the repository), or `None` to skip; under `CI=true` a missing
+/// folder fails the test.
+fn tau_retail_env() -> Option<tau_retail::TauRetail> {
+    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/data/tau2-retail");
+    if !dir.join("tasks.json").exists() {
+        let ci = std::env::var("CI").unwrap_or_default().to_ascii_lowercase();
+        assert!(
+            ci != "true" && ci != "1",
+            "the tau2 retail data is not at {} and CI=true",
+            dir.display()
+        );
+        println!(
+            "skipping: the tau2 retail data is not at {} (under CI=true this fails)",
+            dir.display()
+        );
+        return None;
+    }
+    Some(tau_retail::TauRetail::load(dir).unwrap())
+}
+
+#[test]
+fn every_retail_sibling_hook_fires() {
+    use tau_retail::tools::name;
+    let Some(env) = tau_retail_env() else { return };
+    let task = env.tasks(Split::Validation).unwrap().remove(0);
+    let delivered = env
+        .data()
+        .db
+        .orders
+        .values()
+        .find(|o| o.status == "delivered")
+        .unwrap()
+        .order_id
+        .clone();
+    // A lookup that finds nobody, a cancellation the order's status refuses, then order
+    // lookups until the budget runs low.
+    let script = vec![
+        call(
+            name::FIND_USER_ID_BY_EMAIL,
+            json!({"email": "nobody@example.com"}),
+        ),
+        call(
+            name::CANCEL_PENDING_ORDER,
+            json!({"order_id": delivered, "reason": "no longer needed"}),
+        ),
+        call(name::GET_ORDER_DETAILS, json!({ "order_id": delivered })),
+    ];
+    let base = env.base_harness();
+    check_siblings(&env, &tau_retail::siblings_of(&base), &[task], &[script]);
+}
+
 /// The built-in siblings differ from their environment's H0 and from each other.
 #[test]
 fn siblings_are_distinct_harnesses() {
@@ -149,6 +201,7 @@ fn siblings_are_distinct_harnesses() {
         (dbbench::base_harness(), dbbench::siblings()),
         (appworld::base_harness(), appworld::siblings()),
         (swe::base_harness(), swe::siblings()),
+        (tau_retail::base_harness(), tau_retail::siblings()),
     ] {
         let mut ids = BTreeSet::new();
         for sibling in &siblings {
