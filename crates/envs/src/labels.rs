@@ -13,6 +13,7 @@ use harness_core::{
     BehaviourFeature, GenericLabeller, Step, Trajectory, TrajectoryLabeller, TrajectoryLabels,
     steps,
 };
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::{appworld, dbbench, swe};
@@ -237,6 +238,148 @@ impl TrajectoryLabeller for DbBenchLabeller {
     }
 }
 
+/// A decision point of a DBBench episode: the first moment the task's answer, or its repair,
+/// was within reach. The embedded default's planted failures are wrong choices at these points
+/// (paper Table 3's behaviour frequencies, measured where they are decided).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DecisionPoint {
+    /// A change (INSERT, UPDATE, DELETE) has just succeeded.
+    AfterChange,
+    /// A read in an episode without a change has just returned rows.
+    AfterResult,
+    /// A statement has just failed on a table or column name.
+    AfterNameError,
+}
+
+impl DecisionPoint {
+    /// Every point, in table order.
+    pub const ALL: [DecisionPoint; 3] = [
+        DecisionPoint::AfterChange,
+        DecisionPoint::AfterResult,
+        DecisionPoint::AfterNameError,
+    ];
+
+    /// A short name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DecisionPoint::AfterChange => "after_change",
+            DecisionPoint::AfterResult => "after_result",
+            DecisionPoint::AfterNameError => "after_name_error",
+        }
+    }
+
+    /// The good choice at this point and the planted bad one.
+    pub fn good_and_planted(self) -> (Choice, Choice) {
+        match self {
+            DecisionPoint::AfterChange => (Choice::Commit, Choice::Check),
+            DecisionPoint::AfterResult => (Choice::Commit, Choice::Rerun),
+            DecisionPoint::AfterNameError => (Choice::QuotedRetry, Choice::Repeat),
+        }
+    }
+}
+
+/// What the policy did next at a [`DecisionPoint`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Choice {
+    /// Committed an answer.
+    Commit,
+    /// Read the table again after a change.
+    Check,
+    /// Ran the same statement again.
+    Rerun,
+    /// Ran the failed statement again, unchanged.
+    Repeat,
+    /// Ran another statement that quotes names with backticks.
+    QuotedRetry,
+    /// Anything else (another statement, a turn without a call).
+    Other,
+    /// No further tool call followed (a limit, or turns without a call).
+    Ended,
+}
+
+/// One decision of an episode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Decision {
+    /// Where.
+    pub point: DecisionPoint,
+    /// What came next.
+    pub choice: Choice,
+}
+
+fn is_change(sql: &str) -> bool {
+    matches!(
+        first_keyword(sql).as_str(),
+        "INSERT" | "UPDATE" | "DELETE" | "REPLACE"
+    )
+}
+
+fn failed(step: &Step) -> bool {
+    step.response
+        .as_deref()
+        .is_some_and(|r| r.trim_start().starts_with("Error"))
+}
+
+fn names_error(step: &Step) -> bool {
+    step.response.as_deref().is_some_and(|r| {
+        let r = r.to_ascii_lowercase();
+        r.trim_start().starts_with("error")
+            && (r.contains("no such column")
+                || r.contains("no such table")
+                || r.contains("unknown column")
+                || r.contains("syntax error"))
+    })
+}
+
+/// The decision points a DBBench episode reached, each with the choice that followed (at most
+/// one per point: the first time it arose). Steps are read from the trajectory, so the
+/// analysis needs nothing but the recorded episode.
+pub fn dbbench_decisions(trajectory: &Trajectory) -> Vec<Decision> {
+    let steps = steps(trajectory);
+    let next = |i: usize| -> Option<&Step> { steps.get(i + 1) };
+    let mut out: Vec<Decision> = Vec::new();
+    let mut seen = BTreeSet::new();
+    let mut changed = false;
+    for (i, step) in steps.iter().enumerate() {
+        let Some(sql) = sql_of(step) else { continue };
+        let point = if names_error(step) {
+            Some(DecisionPoint::AfterNameError)
+        } else if failed(step) || step.response.is_none() {
+            None
+        } else if is_change(&sql) {
+            changed = true;
+            Some(DecisionPoint::AfterChange)
+        } else if !changed && matches!(first_keyword(&sql).as_str(), "SELECT" | "WITH") {
+            Some(DecisionPoint::AfterResult)
+        } else {
+            None
+        };
+        let Some(point) = point else { continue };
+        if !seen.insert(point) {
+            continue;
+        }
+        let choice = match next(i) {
+            None => Choice::Ended,
+            Some(n) if n.call.name == dbbench::COMMIT_TOOL => Choice::Commit,
+            Some(n) => match sql_of(n) {
+                None => Choice::Other,
+                Some(q) if q.trim() == sql.trim() => match point {
+                    DecisionPoint::AfterNameError => Choice::Repeat,
+                    _ => Choice::Rerun,
+                },
+                Some(q) => match point {
+                    DecisionPoint::AfterChange if !is_change(&q) => Choice::Check,
+                    DecisionPoint::AfterNameError if q.contains('`') => Choice::QuotedRetry,
+                    _ => Choice::Other,
+                },
+            },
+        };
+        out.push(Decision { point, choice });
+    }
+    out
+}
+
 /// The repository world: reading, searching, editing and running the tests.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SweLabeller;
@@ -414,6 +557,92 @@ mod tests {
         ));
         assert_eq!(no_readback["readback_after_write"], 0.0);
         assert_eq!(no_readback["ran_out_of_budget"], 1.0);
+    }
+
+    /// A DBBench episode of `(statement or commit, response)` steps.
+    fn db_episode(steps: &[(&str, &str)]) -> Trajectory {
+        let calls: Vec<ToolCall> = steps
+            .iter()
+            .map(|(q, _)| match *q {
+                "COMMIT" => ToolCall::new(dbbench::COMMIT_TOOL, json!({"answers": []})),
+                q => ToolCall::new(dbbench::SQL_TOOL, json!({"query": q})),
+            })
+            .collect();
+        let mut t = trajectory("dbbench", &calls, Termination::MaxEnvActions);
+        for (i, (_, response)) in steps.iter().enumerate() {
+            t.messages[2 * i + 1].content = (*response).into();
+        }
+        t
+    }
+
+    #[test]
+    fn dbbench_decisions_find_the_planted_choices_and_their_repairs() {
+        use Choice::*;
+        use DecisionPoint::*;
+        let d = |steps: &[(&str, &str)]| -> Vec<(DecisionPoint, Choice)> {
+            dbbench_decisions(&db_episode(steps))
+                .into_iter()
+                .map(|d| (d.point, d.choice))
+                .collect()
+        };
+        let ok = "Query OK, 1 row affected";
+        // Change family: checking after the change (planted) or committing (repaired).
+        assert_eq!(
+            d(&[
+                ("UPDATE t SET a = 1", ok),
+                ("SELECT COUNT(*) FROM t", "[(3,)]"),
+                ("SELECT COUNT(*) FROM t", "[(3,)]"),
+            ]),
+            [(AfterChange, Check)]
+        );
+        assert_eq!(
+            d(&[("DELETE FROM t WHERE b = 2", ok), ("COMMIT", "")]),
+            [(AfterChange, Commit)]
+        );
+        // Recheck family: the same query again (planted) or the commit.
+        assert_eq!(
+            d(&[
+                ("SELECT SUM(a) FROM t", "[(7,)]"),
+                ("SELECT SUM(a) FROM t", "[(7,)]")
+            ]),
+            [(AfterResult, Rerun)]
+        );
+        assert_eq!(
+            d(&[("SELECT AVG(a) FROM t", "[(2.5,)]"), ("COMMIT", "")]),
+            [(AfterResult, Commit)]
+        );
+        // Quoting family: the failed statement again (planted), or quoted names, then a
+        // result that is committed.
+        let err = "Error: no such column: unit price";
+        assert_eq!(
+            d(&[
+                ("SELECT unit price FROM t", err),
+                ("SELECT unit price FROM t", err)
+            ]),
+            [(AfterNameError, Repeat)]
+        );
+        assert_eq!(
+            d(&[
+                ("SELECT unit price FROM t", err),
+                ("SELECT `unit price` FROM `t`", "[(4,)]"),
+                ("COMMIT", ""),
+            ]),
+            [(AfterNameError, QuotedRetry), (AfterResult, Commit)]
+        );
+        // A read after a change is a check, not a result; a last step is a decision that
+        // ended the episode; other errors are no decision.
+        assert_eq!(
+            d(&[("INSERT INTO t VALUES (1)", ok)]),
+            [(AfterChange, Ended)]
+        );
+        assert_eq!(
+            d(&[("SELECT a FROM t WHERE", "Error: incomplete input")]),
+            []
+        );
+        assert_eq!(
+            AfterChange.good_and_planted(),
+            (Choice::Commit, Choice::Check)
+        );
     }
 
     #[test]

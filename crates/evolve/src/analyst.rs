@@ -113,16 +113,18 @@ pub fn diagnose(trajectory: &Trajectory) -> Option<Finding> {
         steps: &steps,
         text_turns: &text_turns,
     };
-    let detectors: [fn(&Ctx<'_>) -> Option<Finding>; 13] = [
+    let detectors: [fn(&Ctx<'_>) -> Option<Finding>; 15] = [
         stopped_paging,
         union_not_intersection,
         budget_before_completion,
+        rerun_instead_of_commit,
         finished_without_submit,
         repeated_failing_call,
         unknown_schema_name,
         call_without_docs,
         stale_code,
         no_readback,
+        no_commit_after_change,
         edit_without_retest,
         edited_tests,
         context_overflow,
@@ -315,6 +317,36 @@ fn budget_before_completion(ctx: &Ctx<'_>) -> Option<Finding> {
     })
 }
 
+/// A SQL statement that had succeeded, run again unchanged, in an episode that never
+/// committed: the result was there, the commit was not.
+fn rerun_instead_of_commit(ctx: &Ctx<'_>) -> Option<Finding> {
+    if submitted(ctx.steps) {
+        return None;
+    }
+    let mut done: Vec<String> = Vec::new();
+    // SQL statements only: elsewhere a repeated read is exploration that ran out of budget.
+    for step in ctx
+        .steps
+        .iter()
+        .filter(|s| s.call.name == "execute_sql" && !s.error && !is_write(s))
+    {
+        let key = step.call.canonical();
+        if done.contains(&key) {
+            return finding(
+                "rerun-instead-of-commit",
+                step.message,
+                format!(
+                    "re-ran {} after it had succeeded, and never committed",
+                    cut(&key, 120)
+                ),
+                vec![step.call.name.clone()],
+            );
+        }
+        done.push(key);
+    }
+    None
+}
+
 fn finished_without_submit(ctx: &Ctx<'_>) -> Option<Finding> {
     if submitted(ctx.steps) {
         return None;
@@ -483,6 +515,35 @@ fn no_readback(ctx: &Ctx<'_>) -> Option<Finding> {
             api_name(&step.call)
         ),
         vec![step.call.name.clone()],
+    )
+}
+
+/// After its last successful SQL change the episode only read, at least twice, and never
+/// committed: checking the finished change took the place of the commit (one read-back is a
+/// check; a second is the decision not to commit).
+fn no_commit_after_change(ctx: &Ctx<'_>) -> Option<Finding> {
+    if submitted(ctx.steps) {
+        return None;
+    }
+    let last_write = ctx
+        .steps
+        .iter()
+        .rposition(|s| s.call.name == "execute_sql" && is_write(s) && !s.error)?;
+    let after = &ctx.steps[last_write + 1..];
+    if after.len() < 2 || !after.iter().all(|s| is_read(s) && !s.error) {
+        return None;
+    }
+    let change = &ctx.steps[last_write];
+    finding(
+        "no-commit-after-change",
+        after[0].message,
+        format!(
+            "{} succeeded ({}), then {} checks and no commit",
+            cut(&change.call.canonical(), 120),
+            cut(change.observation.as_deref().unwrap_or_default(), 60),
+            after.len()
+        ),
+        vec![change.call.name.clone()],
     )
 }
 

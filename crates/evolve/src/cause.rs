@@ -51,6 +51,11 @@ pub const CAUSE_KINDS: &[CauseInfo] = &[
         description: "reached the action or call budget before the completion call",
     },
     CauseInfo {
+        kind: "rerun-instead-of-commit",
+        family: Family::Completion,
+        description: "re-ran a SQL statement that had already succeeded instead of committing its result",
+    },
+    CauseInfo {
         kind: "finished-without-submit",
         family: Family::Completion,
         description: "answered in text instead of calling the completion or commit tool",
@@ -79,6 +84,11 @@ pub const CAUSE_KINDS: &[CauseInfo] = &[
         kind: "no-readback",
         family: Family::Verification,
         description: "changed state without reading the result back before finishing",
+    },
+    CauseInfo {
+        kind: "no-commit-after-change",
+        family: Family::Verification,
+        description: "kept checking a SQL change that had succeeded instead of committing it",
     },
     CauseInfo {
         kind: "edit-without-retest",

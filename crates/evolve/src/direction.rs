@@ -87,8 +87,9 @@ fn chunk(causes: Vec<Cause>, min: usize, max: usize) -> (Vec<Vec<Cause>>, Vec<Ca
 
 /// Group one parent's analysed causes into directions (Table 8, "Repair direction"): causes
 /// below `min_failed_tasks_per_cause` distinct failed tasks are reported; the others are grouped
-/// with related causes (same [`Family`] first, by support), `min..=max` causes per group. A lone
-/// cause joins a group that has room, or is reported when there is none.
+/// with related causes, i.e. causes of the same [`Family`] (by support), `min..=max` causes per
+/// group. A cause whose family has too few well-supported causes for a group is a direction of
+/// its own: one root cause, never paired with an unrelated one.
 pub fn plan_directions(analysis: &FailureAnalysis, settings: &EvolveSettings) -> DirectionPlan {
     let (min, max) = (
         settings.min_causes_per_direction,
@@ -123,7 +124,6 @@ pub fn plan_directions(analysis: &FailureAnalysis, settings: &EvolveSettings) ->
             .then_with(|| b.tasks.len().cmp(&a.tasks.len()))
             .then_with(|| a.kind.cmp(&b.kind))
     });
-    let mut pooled: Vec<Cause> = Vec::new();
     let mut families: Vec<(Family, Vec<Cause>)> = Vec::new();
     for cause in eligible {
         let family = family_of(&cause.kind);
@@ -133,33 +133,15 @@ pub fn plan_directions(analysis: &FailureAnalysis, settings: &EvolveSettings) ->
         }
     }
     for (_, list) in families {
-        if list.len() >= min {
-            let (groups, left) = chunk(list, min, max);
-            plan.groups.extend(groups);
-            pooled.extend(left);
-        } else {
-            pooled.extend(list);
-        }
-    }
-    // Causes without enough relatives in their own family pair up across families.
-    pooled.sort_by(|a, b| {
-        b.tasks
-            .len()
-            .cmp(&a.tasks.len())
-            .then_with(|| a.kind.cmp(&b.kind))
-    });
-    let (groups, left) = chunk(pooled, min, max);
-    plan.groups.extend(groups);
-    for cause in left {
-        match plan.groups.iter_mut().find(|g| g.len() < max) {
-            Some(group) => group.push(cause),
-            None => plan.reported.push(ReportedCause {
-                kind: cause.kind.clone(),
-                tasks: cause.tasks.clone(),
-                reason: format!(
-                    "no related well-supported cause to form a direction of {min}-{max} causes with"
-                ),
-            }),
+        let (groups, left) = chunk(list, min, max);
+        let first = plan.groups.len();
+        plan.groups.extend(groups);
+        for cause in left {
+            // A cause left over joins a related group with room, else stands alone.
+            match plan.groups[first..].iter_mut().find(|g| g.len() < max) {
+                Some(group) => group.push(cause),
+                None => plan.groups.push(vec![cause]),
+            }
         }
     }
     plan

@@ -30,6 +30,16 @@ pub const UNKNOWN_NAME_MESSAGE: &str =
 /// Message of the repeated-failure hook.
 pub const REPEATED_FAILURE_MESSAGE: &str = "You repeated a call that failed. Do not repeat it: read the error, then change the arguments or the approach.";
 
+/// The commit-after-change hook's pattern: DBBench's report of a successful change.
+pub const CHANGE_DONE_PATTERN: &str = "^Query OK, \\d+ rows? affected";
+
+/// Message of the commit-after-change hook, for the environment's commit tool `submit`.
+pub fn commit_after_change_message(submit: &str) -> String {
+    format!(
+        "The change is made. If it is the change the task asks for, commit an empty answer now with {submit} and [] as the answers."
+    )
+}
+
 /// What an operator sees.
 pub struct OpCtx<'a> {
     /// The parent.
@@ -117,6 +127,23 @@ pub struct Operator {
     pub build: fn(&OpCtx<'_>) -> Option<Vec<EditOp>>,
 }
 
+/// The low-step reminder (Table 7, S8): the first repair of every cause that ends without the
+/// completion call for want of steps.
+const LOW_BUDGET_OP: Operator = Operator {
+    name: "low-budget-completion",
+    component: "hooks",
+    build: |_| {
+        Some(hook(
+            "low-budget-completion",
+            "warn",
+            "remaining_steps_lte",
+            "after_tool",
+            LOW_BUDGET_MESSAGE,
+            json!({"threshold": 3}),
+        ))
+    },
+};
+
 /// The operators for a cause kind, in order of preference (empty for unknown kinds).
 pub fn operators(kind: &str) -> &'static [Operator] {
     match kind {
@@ -185,20 +212,7 @@ pub fn operators(kind: &str) -> &'static [Operator] {
         }
         "budget-before-completion" => {
             const OPS: &[Operator] = &[
-                Operator {
-                    name: "low-budget-completion",
-                    component: "hooks",
-                    build: |_| {
-                        Some(hook(
-                            "low-budget-completion",
-                            "warn",
-                            "remaining_steps_lte",
-                            "after_tool",
-                            LOW_BUDGET_MESSAGE,
-                            json!({"threshold": 3}),
-                        ))
-                    },
-                },
+                LOW_BUDGET_OP,
                 Operator {
                     name: "reserve-completion-step",
                     component: "prompt",
@@ -220,6 +234,72 @@ pub fn operators(kind: &str) -> &'static [Operator] {
                         ))
                     },
                 },
+            ];
+            OPS
+        }
+        "rerun-instead-of-commit" => {
+            const OPS: &[Operator] = &[
+                // Re-running a finished statement spends the budget the commit needs: the same
+                // reminder as for an exhausted budget, before it is exhausted.
+                LOW_BUDGET_OP,
+                Operator {
+                    name: "commit-known-result",
+                    component: "prompt",
+                    build: |c| {
+                        let submit = c.tool_of_kind(ToolKind::Submit)?;
+                        Some(c.rule_or_skill("commit-known-result", &format!("Once a statement has returned the values the question asks for, commit them with `{submit}`; running it again shows nothing new.")))
+                    },
+                },
+                Operator {
+                    name: "repeated-result-commit",
+                    component: "hooks",
+                    build: |c| {
+                        let submit = c.tool_of_kind(ToolKind::Submit)?;
+                        Some(hook(
+                            "repeated-result-commit",
+                            "warn",
+                            "repeated_action",
+                            "after_tool",
+                            &format!(
+                                "You ran this already and have its result: commit the answer with {submit} instead of running it again."
+                            ),
+                            json!({"n": 2}),
+                        ))
+                    },
+                },
+            ];
+            OPS
+        }
+        "no-commit-after-change" => {
+            const OPS: &[Operator] = &[
+                Operator {
+                    name: "commit-after-change",
+                    component: "hooks",
+                    build: |c| {
+                        // The hook reads DBBench's change report; elsewhere the rule below.
+                        if !c.has_tool("execute_sql") {
+                            return None;
+                        }
+                        let submit = c.tool_of_kind(ToolKind::Submit)?;
+                        Some(hook(
+                            "commit-after-change",
+                            "warn",
+                            "observation_matches",
+                            "after_tool",
+                            &commit_after_change_message(&submit),
+                            json!({"pattern": CHANGE_DONE_PATTERN}),
+                        ))
+                    },
+                },
+                Operator {
+                    name: "commit-when-changed",
+                    component: "prompt",
+                    build: |c| {
+                        let submit = c.tool_of_kind(ToolKind::Submit)?;
+                        Some(c.rule_or_skill("commit-when-changed", &format!("When the change the task asks for has succeeded, finish with `{submit}` right away; one read-back is enough, further checks spend the budget.")))
+                    },
+                },
+                LOW_BUDGET_OP,
             ];
             OPS
         }
@@ -292,6 +372,21 @@ pub fn operators(kind: &str) -> &'static [Operator] {
         }
         "unknown-schema-name" => {
             const OPS: &[Operator] = &[
+                // The error itself is the trigger: the most local repair comes first.
+                Operator {
+                    name: "unknown-name-recovery",
+                    component: "hooks",
+                    build: |_| {
+                        Some(hook(
+                            "unknown-name-recovery",
+                            "warn",
+                            "observation_matches",
+                            "on_error",
+                            UNKNOWN_NAME_MESSAGE,
+                            json!({"pattern": "(?i)no such (column|table)|doesn't exist"}),
+                        ))
+                    },
+                },
                 Operator {
                     name: "check-schema-first",
                     component: "prompt",
@@ -306,20 +401,6 @@ pub fn operators(kind: &str) -> &'static [Operator] {
                         Some(tool_doc(
                             &c.cause_tool()?,
                             "Use only table and column names that exist; DESCRIBE <table> lists the columns. A `no such column` error means the name is wrong: do not repeat it.",
-                        ))
-                    },
-                },
-                Operator {
-                    name: "unknown-name-recovery",
-                    component: "hooks",
-                    build: |_| {
-                        Some(hook(
-                            "unknown-name-recovery",
-                            "warn",
-                            "observation_matches",
-                            "on_error",
-                            UNKNOWN_NAME_MESSAGE,
-                            json!({"pattern": "(?i)no such (column|table)|doesn't exist"}),
                         ))
                     },
                 },

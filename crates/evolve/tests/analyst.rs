@@ -241,6 +241,33 @@ async fn dbbench_failure_modes() {
     ]);
     let t = episode(&env, &h0, change, &policy).await;
     assert_eq!(kind_of(&t), "no-readback", "{}", t.transcript());
+
+    // The change succeeds, then the table is checked until the budget runs out: the decision
+    // not to commit after the change explains it, not the exhausted budget.
+    let gold = dbbench::db_task(change).unwrap().gold_sql.clone().unwrap();
+    let check = format!("SELECT COUNT(*) FROM `{ctable}`");
+    let policy = scripted(vec![
+        say(call("execute_sql", json!({"query": gold}))),
+        say(call("execute_sql", json!({"query": check}))),
+    ]);
+    let t = episode(&env, &h0, change, &policy).await;
+    let finding = diagnose(&t).unwrap();
+    assert_eq!(finding.kind, "no-commit-after-change", "{}", t.transcript());
+    let first_check = t
+        .messages
+        .iter()
+        .position(|m| m.content.contains("SELECT COUNT(*)"))
+        .unwrap();
+    assert_eq!(finding.at, first_check, "{}", t.transcript());
+
+    // The right query, run again instead of committing its result.
+    let gold = db.gold_sql.clone().unwrap();
+    let policy = scripted(vec![say(call("execute_sql", json!({"query": gold})))]);
+    let t = episode(&env, &h0, question, &policy).await;
+    assert_eq!(kind_of(&t), "rerun-instead-of-commit", "{}", t.transcript());
+    let analysis = analyse_rules(std::slice::from_ref(&t));
+    assert_eq!(analysis.causes.len(), 1);
+    assert_eq!(analysis.causes[0].kind, "rerun-instead-of-commit");
 }
 
 #[tokio::test]

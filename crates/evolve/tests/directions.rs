@@ -1,9 +1,10 @@
 //! Direction rules (Table 8, "Repair direction"): causes supported by fewer than 2 distinct
-//! failed tasks are reported, not edited for; every direction holds 2-3 causes.
+//! failed tasks are reported, not edited for; a direction holds 2-3 related causes (one
+//! family), or one root cause whose family has no other; unrelated causes never share one.
 
 use harness_core::HarnessId;
 use harness_evolve::EvolveSettings;
-use harness_evolve::cause::{Cause, FailureAnalysis};
+use harness_evolve::cause::{Cause, FailureAnalysis, family_of};
 use harness_evolve::direction::{allocate, plan_directions};
 
 fn cause(kind: &str, tasks: &[&str]) -> Cause {
@@ -46,13 +47,20 @@ fn thin_causes_are_reported_not_edited() {
             .iter()
             .all(|r| r.reason.contains("at least 2"))
     );
-    assert_eq!(plan.groups.len(), 1);
-    let kinds: Vec<&str> = plan.groups[0].iter().map(|c| c.kind.as_str()).collect();
-    assert_eq!(kinds, vec!["stopped-paging", "budget-before-completion"]);
+    let groups: Vec<Vec<&str>> = plan
+        .groups
+        .iter()
+        .map(|g| g.iter().map(|c| c.kind.as_str()).collect())
+        .collect();
+    assert_eq!(
+        groups,
+        vec![vec!["stopped-paging"], vec!["budget-before-completion"]],
+        "unrelated causes make a direction each"
+    );
 }
 
 #[test]
-fn every_direction_holds_two_or_three_related_causes() {
+fn every_direction_holds_related_causes_only() {
     let settings = EvolveSettings::paper();
     for n in 2..=9usize {
         let kinds = [
@@ -71,16 +79,29 @@ fn every_direction_holds_two_or_three_related_causes() {
             .enumerate()
             .map(|(i, k)| cause(k, &[&format!("{i}a"), &format!("{i}b")]))
             .collect();
-        let plan = plan_directions(&analysis(causes), &settings);
+        let plan = plan_directions(&analysis(causes.clone()), &settings);
         assert!(plan.reported.is_empty(), "n = {n}: {:?}", plan.reported);
         let total: usize = plan.groups.iter().map(Vec::len).sum();
         assert_eq!(total, n, "every eligible cause is targeted");
         for group in &plan.groups {
+            let family = family_of(&group[0].kind);
             assert!(
-                (2..=3).contains(&group.len()),
-                "n = {n}: group of {}",
-                group.len()
+                group.iter().all(|c| family_of(&c.kind) == family),
+                "n = {n}: a direction mixes families: {group:?}"
             );
+            let relatives = causes
+                .iter()
+                .filter(|c| family_of(&c.kind) == family)
+                .count();
+            if relatives >= 2 {
+                assert!(
+                    (2..=3).contains(&group.len()),
+                    "n = {n}: group of {} in a family of {relatives}",
+                    group.len()
+                );
+            } else {
+                assert_eq!(group.len(), 1, "n = {n}: a lone cause stands alone");
+            }
         }
     }
     // Related causes go together: both coverage causes share a direction.
@@ -109,15 +130,44 @@ fn every_direction_holds_two_or_three_related_causes() {
 }
 
 #[test]
-fn a_lone_cause_makes_no_direction() {
+fn a_lone_cause_is_a_direction_of_its_own() {
     let settings = EvolveSettings::paper();
     let plan = plan_directions(
         &analysis(vec![cause("stopped-paging", &["a", "b", "c"])]),
         &settings,
     );
-    assert!(plan.groups.is_empty());
-    assert_eq!(plan.reported.len(), 1);
-    assert!(plan.reported[0].reason.contains("2-3"));
+    assert_eq!(plan.groups.len(), 1);
+    assert_eq!(plan.groups[0][0].kind, "stopped-paging");
+    assert!(plan.reported.is_empty());
+}
+
+#[test]
+fn the_planted_dbbench_failures_make_three_directions() {
+    // The embedded default's three planted failures are three root causes of three families:
+    // each gets its own direction.
+    let settings = EvolveSettings::paper();
+    let plan = plan_directions(
+        &analysis(vec![
+            cause("no-commit-after-change", &["a", "b", "c"]),
+            cause("rerun-instead-of-commit", &["d", "e"]),
+            cause("unknown-schema-name", &["f", "g", "h", "i"]),
+        ]),
+        &settings,
+    );
+    let mut groups: Vec<Vec<&str>> = plan
+        .groups
+        .iter()
+        .map(|g| g.iter().map(|c| c.kind.as_str()).collect())
+        .collect();
+    groups.sort();
+    assert_eq!(
+        groups,
+        vec![
+            vec!["no-commit-after-change"],
+            vec!["rerun-instead-of-commit"],
+            vec!["unknown-schema-name"]
+        ]
+    );
 }
 
 #[test]
@@ -171,13 +221,25 @@ fn no_direction_falls_outside_the_configured_bounds_whatever_they_are() {
                 .map(|(i, k)| cause(k, &[&format!("{i}a"), &format!("{i}b")]))
                 .collect();
             let plan = plan_directions(&analysis(causes), &settings);
+            let mut short = std::collections::BTreeMap::new();
             for group in &plan.groups {
+                // At most `max` causes, all of one family; fewer than `min` only for what
+                // the family could not fill (one such direction per family at most).
+                let family = family_of(&group[0].kind);
+                assert!(group.iter().all(|c| family_of(&c.kind) == family));
                 assert!(
-                    (min..=max).contains(&group.len()),
+                    (1..=max).contains(&group.len()),
                     "bounds {min}-{max}, {n} causes: a direction of {}",
                     group.len()
                 );
+                if group.len() < min {
+                    *short.entry(family).or_insert(0) += 1;
+                }
             }
+            assert!(
+                short.values().all(|&k| k <= 1),
+                "bounds {min}-{max}, {n} causes: {short:?}"
+            );
             // Every cause is either in a direction or reported, never dropped.
             let placed: usize = plan.groups.iter().map(Vec::len).sum();
             assert_eq!(

@@ -141,22 +141,41 @@ async fn a_round_repairs_the_planted_failures_and_pools_every_valid_child() {
                 .any(|n| n.starts_with("Measured on"))
         );
     }
-    // The first direction's child repairs every planted failure it targets, with no regression.
-    let (first, _, eval) = valid[0];
-    assert_eq!(first.variant, 0);
-    let planted: Vec<String> = (0..3)
-        .flat_map(|i| [format!("train-paging-{i}"), format!("train-budget-{i}")])
-        .chain((0..2).map(|i| format!("train-repeat-{i}")))
-        .collect();
-    for task in &planted {
-        assert!(
-            eval.repaired.contains(task),
-            "{task} not repaired: {eval:?}"
-        );
+    // The three planted causes are three families: a direction each. Each first proposal's
+    // child repairs every planted failure its cause explains, with no regression, and together
+    // they repair all of them.
+    let planted_of = |cause: &str| -> Vec<String> {
+        match cause {
+            "stopped-paging" => (0..3).map(|i| format!("train-paging-{i}")).collect(),
+            "budget-before-completion" => (0..3).map(|i| format!("train-budget-{i}")).collect(),
+            "repeated-failing-call" => (0..2).map(|i| format!("train-repeat-{i}")).collect(),
+            other => panic!("unexpected cause {other}"),
+        }
+    };
+    let mut repaired_all = std::collections::BTreeSet::new();
+    for (record, _, eval) in valid.iter().filter(|(c, _, _)| c.variant == 0) {
+        assert_eq!(record.causes.len(), 1, "{:?}", record.causes);
+        for task in planted_of(&record.causes[0]) {
+            assert!(
+                eval.repaired.contains(&task),
+                "{task} not repaired by {}: {eval:?}",
+                record.direction
+            );
+        }
+        assert!(eval.regressed.is_empty());
+        assert!(eval.tasks <= 30 && eval.controls <= 10);
+        assert_eq!(record.components, vec!["hooks"]);
+        repaired_all.extend(eval.repaired.iter().cloned());
     }
-    assert!(eval.regressed.is_empty());
-    assert!(eval.tasks <= 30 && eval.controls <= 10);
-    assert_eq!(first.components, vec!["hooks"]);
+    for cause in [
+        "stopped-paging",
+        "budget-before-completion",
+        "repeated-failing-call",
+    ] {
+        for task in planted_of(cause) {
+            assert!(repaired_all.contains(&task), "{task} repaired by no child");
+        }
+    }
     // Other variants use other mechanisms.
     let mechanisms: std::collections::BTreeSet<_> =
         valid.iter().map(|(c, _, _)| c.brief.clone()).collect();

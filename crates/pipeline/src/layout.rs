@@ -8,6 +8,8 @@
 //!                                trajectories.jsonl, cost.json, checkpoints/, calibrations/, final/)
 //! <out>/eval/test.jsonl          test Pass@k / Avg@k per method under H0, and Rank-1
 //! <out>/eval/rank.jsonl          Table 5: router ranks before and after training
+//! <out>/eval/behaviour.jsonl     decision-point choices of the H0 test episodes per method (Table 3)
+//! <out>/eval/routing.jsonl       the router's Rank-1 harness per test task and its family
 //! <out>/report.md, report.html, plots/
 //! ```
 //! With several seeds each seed's run is `<out>/seed-<s>/` and the report sits in `<out>`.
@@ -71,5 +73,15 @@ impl Layout {
     /// Table 5's rank evaluations.
     pub fn rank_results(&self) -> PathBuf {
         self.root.join("eval").join("rank.jsonl")
+    }
+
+    /// The H0 test episodes' decision-point choices per method.
+    pub fn behaviour_results(&self) -> PathBuf {
+        self.root.join("eval").join("behaviour.jsonl")
+    }
+
+    /// The router's Rank-1 choice per test task, with the task's family.
+    pub fn routing_results(&self) -> PathBuf {
+        self.root.join("eval").join("routing.jsonl")
     }
 }

@@ -122,6 +122,22 @@ pub struct Workbench {
 }
 
 impl Workbench {
+    /// The family a test task is reported under (never routed on): the embedded default's
+    /// planted family, else the generator's label (question type, template, repository), else
+    /// `all`.
+    pub fn family_of(&self, task: &Task) -> String {
+        if self.cfg.env.name == "default"
+            && let Some(f) = harness_warmstart::Family::of_task(task)
+        {
+            return f.as_str().to_string();
+        }
+        ["kind", "template", "category", "repo"]
+            .iter()
+            .find_map(|k| task.metadata.get(*k).and_then(|v| v.as_str()))
+            .unwrap_or("all")
+            .to_string()
+    }
+
     /// Set up one seed's run: environment and splits, H0, the initial checkpoint (warm-started
     /// and cached for the embedded default), the LLM roles.
     pub fn new(cfg: RunConfig, secrets: Secrets, progress: Progress) -> Result<Self> {

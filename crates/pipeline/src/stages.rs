@@ -81,6 +81,46 @@ pub struct TestRecord {
     pub per_task: Vec<TaskResult>,
 }
 
+/// Counts of choices at one decision point: `choice name -> episodes`.
+pub type ChoiceCounts = BTreeMap<String, usize>;
+
+/// One line of `eval/behaviour.jsonl`: what the H0 test episodes of one checkpoint chose at
+/// each DBBench decision point (`harness_envs::labels::dbbench_decisions`), by task family
+/// (paper Table 3's behaviour frequencies, measured where the planted behaviours are decided).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BehaviourRecord {
+    /// The method's file name (`initial` before training).
+    pub method: String,
+    /// Its label in the tables.
+    pub label: String,
+    /// `h0`.
+    pub mode: String,
+    /// Episodes per family.
+    pub episodes: BTreeMap<String, usize>,
+    /// `family -> decision point -> choice -> episodes` (an episode counts once per point it
+    /// reached).
+    pub choices: BTreeMap<String, BTreeMap<String, ChoiceCounts>>,
+}
+
+/// One line of `eval/routing.jsonl`: the router's Rank-1 harness for one test task.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RoutingRecord {
+    /// `before` or `after` training.
+    pub stage: String,
+    /// The routed method (`harness_s`).
+    pub method: String,
+    /// The test task.
+    pub task: String,
+    /// Its family (for the report only: the router never sees it).
+    pub family: String,
+    /// The Rank-1 harness's id.
+    pub rank1: String,
+    /// Its name.
+    pub rank1_name: String,
+    /// Whether Rank-1 is H0.
+    pub rank1_is_h0: bool,
+}
+
 /// One line of `eval/rank.jsonl` (Table 5).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RankRecord {
@@ -276,6 +316,7 @@ fn calibrator(
             },
             mode,
             dir: Some(dir),
+            features: wb.cfg.calibration.task_features,
             ..CalibratorSettings::default()
         },
     )
@@ -567,7 +608,7 @@ pub async fn train(
     let seconds = started.elapsed().as_secs_f64();
     wb.progress.println(format!(
         "trained {} ({} updates) in {seconds:.0}s; metrics in {}",
-        method.label(),
+        method.label_for(&rescue.strategy, rescue.group_size),
         rescue.updates,
         run_dir.join(METRICS_FILE).display()
     ));
@@ -644,14 +685,22 @@ fn remote_sync(
     Ok(Some(Arc::new(sync)))
 }
 
-/// Run `policy` k times per test task under the harness `harness_for` picks.
+/// What the test episodes of one checkpoint left: per task its result, its rewards, and the
+/// decision-point choices of each DBBench episode.
+struct TestEpisodes {
+    per_task: Vec<TaskResult>,
+    rewards: Vec<Vec<f32>>,
+    decisions: Vec<Vec<Vec<harness_envs::labels::Decision>>>,
+}
+
+/// Run `policy` k times per test task under the harness `choice` picks (H0 without one).
 async fn test_episodes(
     wb: &Workbench,
     policy: &dyn Policy,
     pool: &SiblingPool,
     choice: &BTreeMap<String, harness_core::HarnessId>,
     label: &str,
-) -> Result<(Vec<TaskResult>, Vec<Vec<f32>>)> {
+) -> Result<TestEpisodes> {
     let k = wb.cfg.eval.k;
     let options = EpisodeOptions {
         sampling: SamplingParams {
@@ -665,7 +714,8 @@ async fn test_episodes(
         .collect();
     let bar = wb.progress.bar(jobs.len() as u64, format!("test {label}"));
     let seed = wb.cfg.seed ^ TEST_SEED_SALT;
-    let outcomes: Vec<harness_core::Result<(usize, f32)>> = futures::stream::iter(jobs)
+    type Outcome = (usize, f32, Vec<harness_envs::labels::Decision>);
+    let outcomes: Vec<harness_core::Result<Outcome>> = futures::stream::iter(jobs)
         .map(|(t, a)| {
             let task: &Task = &wb.test[t];
             let harness = choice
@@ -682,7 +732,12 @@ async fn test_episodes(
                     run_episode_with(policy, harness, env.as_ref(), task, episode_seed, &options)
                         .await?;
                 bar.inc(1);
-                Ok((t, trajectory.reward()))
+                let decisions = if trajectory.env == harness_envs::dbbench::ENV_NAME {
+                    harness_envs::labels::dbbench_decisions(&trajectory)
+                } else {
+                    Vec::new()
+                };
+                Ok((t, trajectory.reward(), decisions))
             }
         })
         .buffered(wb.cfg.rollout.concurrency)
@@ -690,9 +745,11 @@ async fn test_episodes(
         .await;
     bar.finish_and_clear();
     let mut rewards = vec![Vec::new(); wb.test.len()];
+    let mut decisions = vec![Vec::new(); wb.test.len()];
     for outcome in outcomes {
-        let (t, r) = outcome.at("evaluate")?;
+        let (t, r, d) = outcome.at("evaluate")?;
         rewards[t].push(r);
+        decisions[t].push(d);
     }
     let per_task = wb
         .test
@@ -707,7 +764,46 @@ async fn test_episodes(
             attempts: r.len(),
         })
         .collect();
-    Ok((per_task, rewards))
+    Ok(TestEpisodes {
+        per_task,
+        rewards,
+        decisions,
+    })
+}
+
+/// Count the decision-point choices of H0 test episodes by task family.
+fn behaviour_record(
+    wb: &Workbench,
+    method: &str,
+    label: &str,
+    episodes: &TestEpisodes,
+) -> BehaviourRecord {
+    let mut record = BehaviourRecord {
+        method: method.to_string(),
+        label: label.to_string(),
+        mode: "h0".into(),
+        episodes: BTreeMap::new(),
+        choices: BTreeMap::new(),
+    };
+    for (task, per_attempt) in wb.test.iter().zip(&episodes.decisions) {
+        let family = wb.family_of(task);
+        *record.episodes.entry(family.clone()).or_default() += per_attempt.len();
+        for decision in per_attempt.iter().flatten() {
+            let choice = serde_json::to_value(decision.choice)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_default();
+            *record
+                .choices
+                .entry(family.clone())
+                .or_default()
+                .entry(decision.point.as_str().to_string())
+                .or_default()
+                .entry(choice)
+                .or_default() += 1;
+        }
+    }
+    record
 }
 
 fn record(
@@ -743,7 +839,11 @@ pub async fn evaluate(
     method: Option<Method>,
 ) -> Result<Vec<TestRecord>> {
     let (name, label, checkpoint) = match method {
-        None => ("initial", "Initial policy", wb.checkpoint.clone()),
+        None => (
+            "initial",
+            "Initial policy".to_string(),
+            wb.checkpoint.clone(),
+        ),
         Some(m) => {
             let dir = wb.layout.final_checkpoint(m);
             if !dir.join("config.json").is_file() {
@@ -756,23 +856,29 @@ pub async fn evaluate(
                     ),
                 ));
             }
-            (m.name(), m.label(), dir)
+            let strategy = rescue_config(wb, pool, m).strategy;
+            (
+                m.name(),
+                m.label_for(&strategy, wb.cfg.train.group_size),
+                dir,
+            )
         }
     };
     let local = wb.local_policy(&checkpoint, name)?;
     let policy: Arc<dyn Policy> = local.clone();
     let started = Instant::now();
-    let (per_task, rewards) =
-        test_episodes(wb, policy.as_ref(), pool, &BTreeMap::new(), name).await?;
+    let h0 = test_episodes(wb, policy.as_ref(), pool, &BTreeMap::new(), name).await?;
+    let behaviour = behaviour_record(wb, name, &label, &h0);
     let mut records = vec![record(
         wb,
         name,
-        label,
+        &label,
         "h0",
-        per_task,
-        &rewards,
+        h0.per_task,
+        &h0.rewards,
         started.elapsed().as_secs_f64(),
     )];
+    let mut routing = Vec::new();
     let mut ranks = Vec::new();
     if method == Some(Method::HarnessS) {
         let calibrations = wb.layout.train(Method::HarnessS).join("calibrations");
@@ -826,17 +932,33 @@ pub async fn evaluate(
                     .iter()
                     .filter_map(|(task, ids)| Some((task.clone(), ids.first()?.clone())))
                     .collect();
-                let (per_task, rewards) =
+                let routed =
                     test_episodes(wb, policy.as_ref(), pool, &choice, "harness_s rank-1").await?;
                 records.push(record(
                     wb,
                     name,
-                    label,
+                    &label,
                     "rank1",
-                    per_task,
-                    &rewards,
+                    routed.per_task,
+                    &routed.rewards,
                     started.elapsed().as_secs_f64(),
                 ));
+            }
+            for task in &wb.test {
+                let Some(first) = report.rankings.get(&task.id).and_then(|ids| ids.first()) else {
+                    continue;
+                };
+                routing.push(RoutingRecord {
+                    stage: stage.into(),
+                    method: name.into(),
+                    task: task.id.clone(),
+                    family: wb.family_of(task),
+                    rank1: first.to_string(),
+                    rank1_name: pool
+                        .get(first)
+                        .map_or_else(|| first.to_string(), |h| h.name.clone()),
+                    rank1_is_h0: first == pool.base_id(),
+                });
             }
             ranks.push(RankRecord {
                 stage: stage.into(),
@@ -846,8 +968,12 @@ pub async fn evaluate(
         }
     }
     replace_lines(&wb.layout.test_results(), name, &records)?;
+    if !behaviour.choices.is_empty() {
+        replace_lines(&wb.layout.behaviour_results(), name, &[behaviour])?;
+    }
     if !ranks.is_empty() {
         replace_lines(&wb.layout.rank_results(), name, &ranks)?;
+        replace_lines(&wb.layout.routing_results(), name, &routing)?;
     }
     for r in &records {
         wb.progress.println(format!(
@@ -914,7 +1040,28 @@ fn replace_lines<T: Serialize>(path: &Path, method: &str, lines: &[T]) -> Result
 #[cfg(test)]
 mod tests {
     use super::router_allocation;
-    use harness_rollout::Allocation;
+    use crate::config::Method;
+    use harness_rollout::{Allocation, Strategy};
+
+    #[test]
+    fn a_top_k_request_on_a_small_pool_is_labelled_by_what_runs() {
+        let on = |siblings| Strategy::Router {
+            allocation: router_allocation(4, siblings),
+        };
+        assert_eq!(
+            Method::HarnessS.label_for(&on(3), 4),
+            "Harness-S (Top-2 x 2, adaptive)"
+        );
+        assert_eq!(
+            Method::HarnessSFixed.label_for(&on(3), 4),
+            "Top-2 x 2, fixed profiles"
+        );
+        assert_eq!(
+            Method::HarnessS.label_for(&on(7), 4),
+            "Harness-S (Top-4, adaptive)"
+        );
+        assert_eq!(Method::Grpo.label_for(&Strategy::Grpo, 4), "GRPO");
+    }
 
     #[test]
     fn a_small_pool_gets_top_m_by_n_with_k_rollouts() {

@@ -153,7 +153,34 @@ async fn the_whole_loop_writes_every_output_and_the_tables_match_the_run_files()
             .iter()
             .map(|u| u["rollouts_base"].as_u64().unwrap() + u["rollouts_rescue"].as_u64().unwrap())
             .sum();
-        let row = format!("| {} | {} | {} |", m.label(), cfg.train.updates, rollouts);
+        // The label every table uses names the strategy the update records say ran.
+        let strategy = updates[0]["strategy"].as_str().unwrap();
+        assert!(updates.iter().all(|u| u["strategy"] == strategy));
+        let k = cfg.train.group_size;
+        let alloc = match strategy.strip_prefix("router_top_") {
+            Some("k") => Some(format!("Top-{k}")),
+            Some(mxn) => {
+                let (a, b) = mxn.split_once('x').unwrap();
+                Some(format!("Top-{a} x {b}"))
+            }
+            None => None,
+        };
+        let label = match (m, &alloc) {
+            (Method::HarnessS, Some(a)) => format!("Harness-S ({a}, adaptive)"),
+            (Method::HarnessSFixed, Some(a)) => format!("{a}, fixed profiles"),
+            _ => m.label().to_string(),
+        };
+        assert_eq!(alloc.is_some(), m.uses_router(), "{}: {strategy}", m.name());
+        let test_label = tests
+            .iter()
+            .find(|r| r["method"] == m.name() && r["mode"] == "h0")
+            .map(|r| r["label"].as_str().unwrap().to_string());
+        assert_eq!(test_label.as_deref(), Some(label.as_str()), "{}", m.name());
+        assert!(
+            !report.contains("Top-K"),
+            "a table names Top-K for {strategy}"
+        );
+        let row = format!("| {label} | {} | {rollouts} |", cfg.train.updates);
         assert!(
             report.contains(&row),
             "report.md lacks the Table 9 row `{row}`"

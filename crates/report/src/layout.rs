@@ -38,6 +38,46 @@ pub const EVOLVE_DIR: &str = "evolve";
 pub const TEST_FILE: &str = "eval/test.jsonl";
 /// The Rank-r evaluations, relative to a seed's folder.
 pub const RANK_FILE: &str = "eval/rank.jsonl";
+/// Decision-point choices of the H0 test episodes, one line per method.
+pub const BEHAVIOUR_FILE: &str = "eval/behaviour.jsonl";
+/// The router's Rank-1 harness per test task, one line per task, stage and method.
+pub const ROUTING_FILE: &str = "eval/routing.jsonl";
+
+/// One line of `eval/behaviour.jsonl`: what one checkpoint's H0 test episodes chose at each
+/// decision point, by task family.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BehaviourLine {
+    /// The method (`initial` before training).
+    pub method: String,
+    /// Its label.
+    #[serde(default)]
+    pub label: Option<String>,
+    /// `h0`.
+    pub mode: String,
+    /// Episodes per family.
+    pub episodes: BTreeMap<String, usize>,
+    /// `family -> decision point -> choice -> episodes`.
+    pub choices: BTreeMap<String, BTreeMap<String, BTreeMap<String, usize>>>,
+}
+
+/// One line of `eval/routing.jsonl`: the router's Rank-1 harness for one test task.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RoutingLine {
+    /// Before or after training.
+    pub stage: RankStage,
+    /// The routed method.
+    pub method: String,
+    /// The test task.
+    pub task: String,
+    /// Its family (reported, never routed on).
+    pub family: String,
+    /// The Rank-1 harness's id.
+    pub rank1: String,
+    /// Its name.
+    pub rank1_name: String,
+    /// Whether Rank-1 is H0.
+    pub rank1_is_h0: bool,
+}
 /// The evolution's diversity views, inside [`EVOLVE_DIR`].
 pub const DIVERSITY_FILE: &str = "diversity.json";
 /// The evolution's round reports, inside [`EVOLVE_DIR`].
@@ -131,6 +171,58 @@ pub struct MethodRun {
     pub groups: Vec<GroupRecord>,
     /// `cost.json`, when written.
     pub cost: Option<Cost>,
+    /// Each calibration in `calibrations/` (a routed method's re-anchorings), as paired
+    /// outcomes of every sibling against H0, in index order.
+    pub checkpoints: Vec<PairedCheckpoint>,
+}
+
+/// One calibration's paired outcomes (Figure 1c): per sibling, the validation tasks it solves
+/// where H0 fails and the ones H0 solves where it fails, at the policy of that checkpoint.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PairedCheckpoint {
+    /// The calibration's index.
+    pub index: u32,
+    /// Policy updates applied before it.
+    pub update: u64,
+    /// Whether it re-anchored the final policy.
+    pub is_final: bool,
+    /// Validation tasks.
+    pub tasks: usize,
+    /// H0's validation success (mean per-task rate).
+    pub h0_success: f64,
+    /// Per sibling name: (repaired, regressed) against H0.
+    pub siblings: BTreeMap<String, (usize, usize)>,
+    /// The task features the router's evidence was built from.
+    pub features: harness_router::FeatureSource,
+}
+
+impl PairedCheckpoint {
+    /// The paired view of one calibration: a task counts as solved by a member when at least
+    /// half of its attempts succeeded.
+    pub fn of(cal: &harness_router::Calibration) -> Self {
+        let solved = |o: Option<&harness_router::TaskOutcome>| {
+            o.is_some_and(|o| o.attempts > 0 && 2 * o.successes >= o.attempts)
+        };
+        let mut siblings = BTreeMap::new();
+        for m in cal.members.iter().filter(|m| m.id != cal.base) {
+            let (mut repaired, mut regressed) = (0, 0);
+            for row in cal.outcomes.values() {
+                let (s, b) = (solved(row.get(&m.id)), solved(row.get(&cal.base)));
+                repaired += usize::from(s && !b);
+                regressed += usize::from(b && !s);
+            }
+            siblings.insert(m.name.clone(), (repaired, regressed));
+        }
+        PairedCheckpoint {
+            index: cal.index,
+            update: cal.update,
+            is_final: cal.is_final,
+            tasks: cal.outcomes.len(),
+            h0_success: cal.success(&cal.base),
+            siblings,
+            features: cal.features,
+        }
+    }
 }
 
 impl MethodRun {
@@ -176,6 +268,12 @@ pub struct SeedRun {
     pub test: Option<Vec<TestEval>>,
     /// `eval/rank.jsonl`, when present.
     pub rank: Option<Vec<RankLine>>,
+    /// `eval/behaviour.jsonl`, when present.
+    pub behaviour: Option<Vec<BehaviourLine>>,
+    /// `eval/routing.jsonl`, when present.
+    pub routing: Option<Vec<RoutingLine>>,
+    /// The first calibration (`calibration/`), as paired outcomes.
+    pub first_calibration: Vec<PairedCheckpoint>,
     /// `evolve/`, when present.
     pub evolve: Option<EvolveRun>,
 }
@@ -225,6 +323,22 @@ pub fn builtin_label(method: &str) -> String {
     }
 }
 
+/// The paper's name of a router strategy as `metrics.jsonl` records it: `router_top_k` is Top-K
+/// (with K when the run's group size is known), `router_top_{m}x{n}` is Top-m x n; `None` for a
+/// strategy that does not route.
+pub fn allocation_label(strategy: &str, group_size: Option<u64>) -> Option<String> {
+    let rest = strategy.strip_prefix("router_top_")?;
+    if rest == "k" {
+        return Some(match group_size {
+            Some(k) => format!("Top-{k}"),
+            None => "Top-K".into(),
+        });
+    }
+    let (m, n) = rest.split_once('x')?;
+    let (m, n): (u64, u64) = (m.parse().ok()?, n.parse().ok()?);
+    Some(format!("Top-{m} x {n}"))
+}
+
 /// The display order of methods: the paper's, then the rest by name.
 pub(crate) fn method_rank(method: &str) -> (usize, String) {
     let known = [
@@ -259,15 +373,47 @@ impl Run {
         all
     }
 
-    /// The display label of `method`: the first label `eval/test.jsonl` gives it, else the
-    /// built-in one.
+    /// The display label of `method`. A routed method is labelled by the rescue allocation its
+    /// `metrics.jsonl` records (`Harness-S (Top-4, adaptive)`, `Top-2 x 2, fixed profiles`), so a
+    /// table never names a strategy other than the one that ran; other methods take the first
+    /// label `eval/test.jsonl` gives them, else the built-in one.
     pub fn label(&self, method: &str) -> String {
+        let ran = self.allocations(method);
+        if !ran.is_empty() {
+            let alloc = ran.join(" / ");
+            match method {
+                "harness_s" => return format!("Harness-S ({alloc}, adaptive)"),
+                "harness_s_fixed" => return format!("{alloc}, fixed profiles"),
+                _ => {}
+            }
+        }
         self.seeds
             .iter()
             .flat_map(|s| s.test.iter().flatten())
             .find(|t| t.method == method && t.label.is_some())
             .and_then(|t| t.label.clone())
             .unwrap_or_else(|| builtin_label(method))
+    }
+
+    /// The router allocations `method`'s update records name, over every seed, distinct and in
+    /// seed order (`Top-4`, `Top-2 x 2`); empty for a method that routes nothing.
+    pub fn allocations(&self, method: &str) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for seed in &self.seeds {
+            let k = seed
+                .config
+                .as_ref()
+                .and_then(|c| c.pointer("/train/group_size"))
+                .and_then(Value::as_u64);
+            for u in seed.methods.get(method).iter().flat_map(|m| &m.updates) {
+                if let Some(label) = allocation_label(&u.strategy, k)
+                    && !out.contains(&label)
+                {
+                    out.push(label);
+                }
+            }
+        }
+        out
     }
 }
 
@@ -405,7 +551,37 @@ fn read_method(dir: &Path) -> Result<MethodRun> {
     )?)
     .unwrap_or_default();
     run.cost = read_json(&dir.join(COST_FILE), "a harness-rollout Cost")?;
+    run.checkpoints = read_checkpoints(&dir.join("calibrations"))?;
     Ok(run)
+}
+
+/// The paired views of every `calibration-<index>.json` in `dir`, in index order (empty when
+/// the folder is absent).
+pub fn read_checkpoints(dir: &Path) -> Result<Vec<PairedCheckpoint>> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Ok(Vec::new());
+    };
+    let mut files: Vec<(u32, PathBuf)> = entries
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let index = name
+                .strip_prefix("calibration-")?
+                .strip_suffix(".json")?
+                .parse()
+                .ok()?;
+            Some((index, e.path()))
+        })
+        .collect();
+    files.sort();
+    files
+        .into_iter()
+        .map(|(_, path)| {
+            let cal = harness_router::Calibration::load(&path)
+                .map_err(|e| Error::parse(&path, 1, format!("expected a calibration: {e}")))?;
+            Ok(PairedCheckpoint::of(&cal))
+        })
+        .collect()
 }
 
 fn subdirs(dir: &Path) -> Result<Vec<PathBuf>> {
@@ -532,6 +708,14 @@ pub fn read_seed(dir: &Path) -> Result<SeedRun> {
         }
     }
     let (test, rank) = (without_lines(test), without_lines(rank));
+    let behaviour = without_lines(read_jsonl(
+        &dir.join(BEHAVIOUR_FILE),
+        "a behaviour line {method, label, mode, episodes, choices: {family: {point: {choice: count}}}}",
+    )?);
+    let routing = without_lines(read_jsonl(
+        &dir.join(ROUTING_FILE),
+        "a routing line {stage, method, task, family, rank1, rank1_name, rank1_is_h0}",
+    )?);
     let evolve = read_evolve(&dir.join(EVOLVE_DIR))?;
     if config.is_none()
         && methods.is_empty()
@@ -551,6 +735,9 @@ pub fn read_seed(dir: &Path) -> Result<SeedRun> {
         methods,
         test,
         rank,
+        behaviour,
+        routing,
+        first_calibration: read_checkpoints(&dir.join("calibration"))?,
         evolve,
     })
 }

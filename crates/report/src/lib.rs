@@ -9,7 +9,10 @@
 //!
 //! - Table 1 ([`tables::table1`]): test Pass@k / Avg@k under H0 and Rank-1 per method.
 //! - Table 2 ([`tables::table2`]): rescue success in four training stages, final test scores.
-//! - Table 5 ([`tables::table5`]): H0 and Rank-1..3 before and after training.
+//! - Table 5 ([`tables::table5`]): H0 and Rank-1..3 before and after training, and the
+//!   Rank-1 choices by task family ([`tables::behaviour::routing_by_family`]).
+//! - Table 3 ([`tables::behaviour::table3`]): the good and the planted choice at each decision
+//!   point of the H0 test episodes, before and after training.
 //! - Table 9 ([`tables::table9`]): training rollouts and seconds beside H0 test Avg@k.
 //! - The claimed directions ([`tables::directions`]), reported whichever way they fall.
 //! - Figure 3's panels ([`plots::figure3`]) and the evolution's diversity views, as SVG
@@ -53,8 +56,11 @@ pub use layout::{EvalMode, MethodRun, RankLine, RankStage, Run, SeedRun, TestEva
 pub use plots::{Figure, Figure3, Series, figure3};
 pub use render::TextTable;
 pub use stats::Stat;
+pub use tables::behaviour::{
+    FamilyRouting, Nonstationarity, Table3, nonstationarity, routing_by_family, table3,
+};
 pub use tables::directions::{DirectionRow, Verdict, directions};
-pub use tables::evolution::{EvolutionRow, evolution};
+pub use tables::evolution::{EvolutionRow, SiblingRow, evolution, siblings};
 pub use tables::table1::{Table1, Table1Row, table1};
 pub use tables::table2::{RescueCount, StageSpan, Table2, Table2Column, stage_spans, table2};
 pub use tables::table5::{RankCells, Table5, Table5Row, table5};
@@ -82,6 +88,14 @@ pub struct Tables {
     pub directions: Vec<DirectionRow>,
     /// The evolution summary (empty: not run).
     pub evolution: Vec<EvolutionRow>,
+    /// Table 3: behaviour at the decision points under H0.
+    pub table3: Table3,
+    /// The router's Rank-1 choices by task family.
+    pub routing: Vec<FamilyRouting>,
+    /// The pool's siblings with their directions, repairs and regressions.
+    pub siblings: Vec<SiblingRow>,
+    /// Figure 1c: the siblings' paired outcomes against H0 at each calibration.
+    pub nonstationarity: Vec<Nonstationarity>,
 }
 
 /// Compute every table of `run`.
@@ -93,6 +107,10 @@ pub fn tables(run: &Run) -> Tables {
         table9: table9(run),
         directions: directions(run),
         evolution: evolution(run),
+        table3: table3(run),
+        routing: routing_by_family(run),
+        siblings: siblings(run),
+        nonstationarity: nonstationarity(run),
     }
 }
 
@@ -105,9 +123,15 @@ impl Tables {
         } else {
             out.extend(self.table5.iter().map(Table5::to_text));
         }
+        out.push(tables::behaviour::routing_text(&self.routing));
+        out.push(self.table3.to_text());
+        out.extend(tables::behaviour::nonstationarity_text(
+            &self.nonstationarity,
+        ));
         out.push(self.table9.to_text());
         out.push(tables::directions::directions_text(&self.directions, seeds));
         out.push(tables::evolution::evolution_text(&self.evolution));
+        out.push(tables::evolution::siblings_text(&self.siblings));
         out
     }
 }
@@ -143,6 +167,25 @@ fn summary(run: &Run) -> Vec<String> {
         ),
         "Every number comes from the run's files. Plots are SVG (plotters' SVG backend); PNG is not rendered.".into(),
     ];
+    // Which task features the router read (every calibration records it).
+    let mut features: Vec<&str> = run
+        .seeds
+        .iter()
+        .flat_map(|s| {
+            s.first_calibration
+                .iter()
+                .chain(s.methods.values().flat_map(|m| &m.checkpoints))
+        })
+        .map(|c| c.features.as_str())
+        .collect();
+    features.sort_unstable();
+    features.dedup();
+    if !features.is_empty() {
+        lines.push(format!(
+            "Router task features: {} (text: the task's environment and instruction; metadata: also the generator's labels), from the calibration files",
+            features.join(", ")
+        ));
+    }
     // Methods the run was configured with that left no training record (the main job skips a
     // method whose rescue needs more siblings than evolution kept).
     for seed in &run.seeds {

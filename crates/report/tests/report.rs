@@ -364,9 +364,25 @@ fn single_seed_tables_match_hand_computed_values() {
     };
     assert!(close(eg[0], mean_eg("harness_s")));
     for row in &d {
-        assert_eq!(row.verdict, Verdict::Holds, "{}", row.claim);
+        assert_eq!(row.means_ordered, Some(true), "{}", row.claim);
         assert_eq!((row.seeds_holding, row.seeds_compared), (1, 1));
+        assert_eq!(row.intervals.len(), row.compared.len() - 1, "{}", row.claim);
     }
+    // Paired by (update, task), Harness-S minus H0 rescue is 1 on three of the twelve groups
+    // (t1 and t2 at update 2, t1 at update 4) and 0 elsewhere: a resample without any of
+    // the three has probability (9/12)^12 = 3.2% > 2.5%, so the interval starts at 0 and the
+    // direction is within noise although the means are in order.
+    let eg_hs = d[0].intervals[0].unwrap();
+    assert_eq!(eg_hs.units, 12);
+    assert!(close(eg_hs.low, 0.0), "{eg_hs:?}");
+    assert!(eg_hs.high > 0.25 && eg_hs.high <= 0.5 + 1e-12, "{eg_hs:?}");
+    assert_eq!(d[0].verdict, Verdict::WithinNoise);
+    // The test lines hold one task with the same outcome for every method: a zero interval.
+    let avg = d[1].intervals[0].unwrap();
+    assert_eq!((avg.low, avg.high, avg.units), (0.0, 0.0, 1));
+    assert_eq!(d[1].verdict, Verdict::WithinNoise);
+    // Rescue success is unpaired: 4 of 8 rescues against 2 of 8.
+    assert_eq!(d[4].intervals[0].unwrap().units, 16);
     assert!(d[2].source.contains("rank.jsonl"));
     let rescue: Vec<f64> = d[4]
         .compared
@@ -412,7 +428,11 @@ fn rendered_tables_and_html_hold_the_values_and_the_svgs() {
     assert!(text.contains(
         "| Harness-S | 4 | 80 | 166.67% | 166.67% | 60.0 | 8.0 | 30.0 | 98.0 | 42.00 | cost.json |"
     ));
-    assert!(text.contains("| holds |"));
+    assert!(
+        text.contains("| within noise; means in the claimed order |"),
+        "{text}"
+    );
+    assert!(text.contains("[+0.00, +0.00]"), "{text}");
     assert!(text.contains("PNG is not rendered"));
 
     let files = write_report(tmp.path()).unwrap();
@@ -489,8 +509,11 @@ fn several_seeds_give_mean_and_sample_std() {
 
     let d = directions(&run);
     let h0_avg = &d[1];
-    assert_eq!(h0_avg.verdict, Verdict::Holds);
+    assert_eq!(h0_avg.means_ordered, Some(true));
     assert_eq!((h0_avg.seeds_holding, h0_avg.seeds_compared), (2, 3));
+    // Three seeds of one paired test task each, all with equal outcomes.
+    assert_eq!(h0_avg.intervals[0].unwrap().units, 3);
+    assert_eq!(h0_avg.verdict, Verdict::WithinNoise);
     // Seed 3 has no rank.jsonl: the Rank-1 direction falls back to its test lines.
     assert_eq!(d[2].seeds_compared, 3);
     assert!(d[2].source.contains("rank.jsonl") && d[2].source.contains("test.jsonl"));
@@ -501,7 +524,10 @@ fn several_seeds_give_mean_and_sample_std() {
     let text = render_tables(tmp.path()).unwrap();
     assert!(text.contains("43.00 ± 3.61"), "{text}");
     assert!(text.contains("(2 of 3 seeds)"));
-    assert!(text.contains("holds on the means; 2/3 seeds"));
+    assert!(
+        text.contains("within noise; means in the claimed order; 2/3 seeds"),
+        "{text}"
+    );
     assert!(text.contains("sample standard deviation (n - 1) over 3 seeds"));
     let files = write_report(tmp.path()).unwrap();
     assert!(
@@ -533,7 +559,7 @@ fn missing_optional_parts_are_not_run() {
         text.contains("| Rescue success, updates 1–1 | — | not run |"),
         "{text}"
     );
-    assert!(text.contains("| EG rate: Harness-S > GRPO (H0 rescue) > GRPO | Harness-S not run vs GRPO (H0 rescue) not run vs GRPO 33.33 | not run |"));
+    assert!(text.contains("| EG rate: Harness-S > GRPO (H0 rescue) > GRPO | Harness-S not run vs GRPO (H0 rescue) not run vs GRPO 33.33 | no per-unit data; no per-unit data | not run |"), "{text}");
     let files = write_report(tmp.path()).unwrap();
     // Figure 3 only: no evolution views.
     assert_eq!(files.plots.len(), 3);
@@ -613,4 +639,51 @@ fn malformed_lines_name_file_and_line() {
     let empty = tempfile::tempdir().unwrap();
     let msg = read_run(empty.path()).unwrap_err().to_string();
     assert!(msg.contains("expected a run directory"), "{msg}");
+}
+
+#[test]
+fn routed_methods_are_labelled_by_the_allocation_that_ran() {
+    let tmp = tempfile::tempdir().unwrap();
+    full_run(tmp.path(), 0.42, 0.31, true);
+    std::fs::write(
+        tmp.path().join("run.json"),
+        r#"{"seed": 1, "train": {"group_size": 4}}"#,
+    )
+    .unwrap();
+    // Rewrite the two routed methods' update records with the strategies a run records.
+    for (method, strategy) in [
+        ("harness_s", "router_top_2x2"),
+        ("harness_s_fixed", "router_top_k"),
+    ] {
+        let path = tmp.path().join("train").join(method).join("metrics.jsonl");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| {
+                let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+                if v["kind"] == "update" {
+                    v["strategy"] = serde_json::json!(strategy);
+                }
+                v
+            })
+            .collect();
+        write_jsonl(&path, &lines);
+    }
+    let run = read_run(tmp.path()).unwrap();
+    assert_eq!(run.label("harness_s"), "Harness-S (Top-2 x 2, adaptive)");
+    assert_eq!(run.label("harness_s_fixed"), "Top-4, fixed profiles");
+    assert_eq!(run.label("grpo"), "GRPO");
+    let t1 = table1(&run);
+    let hs = t1.rows.iter().find(|r| r.method == "harness_s").unwrap();
+    assert_eq!(hs.label, "Harness-S (Top-2 x 2, adaptive)");
+    let text = render_tables(tmp.path()).unwrap();
+    assert!(!text.contains("Top-K"), "{text}");
+    assert_eq!(
+        harness_report::layout::allocation_label("router_top_3x1", None).as_deref(),
+        Some("Top-3 x 1")
+    );
+    assert_eq!(
+        harness_report::layout::allocation_label("grpo", Some(4)),
+        None
+    );
 }

@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
+use crate::features::FeatureSource;
 use crate::paired::{PairedLimits, PairedRun, PairedSettings};
 use crate::profile::Profile;
 
@@ -172,6 +173,9 @@ pub struct Calibration {
     /// How profiling went.
     #[serde(default)]
     pub profiler: ProfilerStats,
+    /// Where the profiles' and the similarity index's task features came from.
+    #[serde(default)]
+    pub features: FeatureSource,
 }
 
 impl Calibration {
@@ -224,6 +228,7 @@ impl Calibration {
             outcomes,
             profiles,
             profiler,
+            features: FeatureSource::default(),
         }
     }
 

@@ -1,10 +1,14 @@
 //! Task features: the "when" side of a profile entry and the text the similarity index reads.
 //!
-//! A task is described by its environment, its category (the app world's template, DBBench's
-//! question type, the repository of a repair task, or a `category` in the metadata), its
-//! difficulty when the metadata has one, and keywords of its instruction. Conditions are plain
-//! text so that an LLM profiler's free-text `when` and the built-in profiler's structured one are
-//! matched against tasks the same way ([`condition_match`]).
+//! By default ([`FeatureSource::Text`]) a task is described only by what a router deployed on
+//! new tasks would see: its environment and the keywords of its instruction. Its family
+//! condition is the instruction's leading keyword (`dbbench, keywords average`), so tasks asked
+//! the same way share profile entries. With [`FeatureSource::Metadata`] the generator's labels
+//! join in: the category (the app world's template, DBBench's question type, the repository of a
+//! repair task, or a `category` in the metadata) and the difficulty. Those labels can map one to
+//! one onto what a benchmark plants, which the paper's router never sees, so they are opt-in.
+//! Conditions are plain text so that an LLM profiler's free-text `when` and the built-in
+//! profiler's structured one are matched against tasks the same way ([`condition_match`]).
 
 use std::collections::BTreeSet;
 
@@ -78,14 +82,50 @@ pub fn tokens(text: &str) -> Vec<String> {
         .collect()
 }
 
+/// Where task features come from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FeatureSource {
+    /// The environment and the instruction's words only (the default).
+    #[default]
+    Text,
+    /// Also the generator's labels in the task metadata (category, difficulty).
+    Metadata,
+}
+
+impl FeatureSource {
+    /// The setting's value (`text` or `metadata`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FeatureSource::Text => "text",
+            FeatureSource::Metadata => "metadata",
+        }
+    }
+
+    /// Parse a setting's value.
+    pub fn parse(value: &str) -> Option<Self> {
+        match value {
+            "text" => Some(FeatureSource::Text),
+            "metadata" => Some(FeatureSource::Metadata),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for FeatureSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// What the router knows about a task before running it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TaskFeatures {
     /// The environment.
     pub env: String,
-    /// Template, question type, repository or `metadata.category`.
+    /// Template, question type, repository or `metadata.category` (metadata features only).
     pub category: Option<String>,
-    /// `metadata.difficulty`, when present.
+    /// `metadata.difficulty`, when present (metadata features only).
     pub difficulty: Option<u64>,
     /// Up to eight distinct instruction keywords, in order of appearance.
     pub keywords: Vec<String>,
@@ -94,14 +134,20 @@ pub struct TaskFeatures {
 const KEYWORDS: usize = 8;
 
 impl TaskFeatures {
-    /// The features of a task (test tasks included: describing a task is not learning from it).
-    pub fn of(task: &Task) -> Self {
+    /// The features of a task from `source` (test tasks included: describing a task is not
+    /// learning from it).
+    pub fn of(task: &Task, source: FeatureSource) -> Self {
         let meta = &task.metadata;
         let text = |key: &str| meta.get(key).and_then(|v| v.as_str()).map(str::to_string);
-        let category = text("template")
-            .or_else(|| text("category"))
-            .or_else(|| text("kind"))
-            .or_else(|| text("repo"));
+        let with_meta = source == FeatureSource::Metadata;
+        let category = with_meta
+            .then(|| {
+                text("template")
+                    .or_else(|| text("category"))
+                    .or_else(|| text("kind"))
+                    .or_else(|| text("repo"))
+            })
+            .flatten();
         let mut seen = BTreeSet::new();
         let keywords = tokens(&task.instruction)
             .into_iter()
@@ -112,17 +158,21 @@ impl TaskFeatures {
         TaskFeatures {
             env: task.env.clone(),
             category,
-            difficulty: meta.get("difficulty").and_then(|v| v.as_u64()),
+            difficulty: with_meta
+                .then(|| meta.get("difficulty").and_then(|v| v.as_u64()))
+                .flatten(),
             keywords,
         }
     }
 
-    /// The condition shared by tasks of the same environment and category, e.g.
-    /// `appworld, template mail_count`.
+    /// The condition shared by tasks of the same family: environment and category
+    /// (`appworld, category mail_count`) when a category is known, else environment and the
+    /// instruction's leading keyword (`dbbench, keywords average`).
     pub fn family_condition(&self) -> String {
-        match &self.category {
-            Some(c) => format!("{}, category {c}", self.env),
-            None => self.env.clone(),
+        match (&self.category, self.keywords.first()) {
+            (Some(c), _) => format!("{}, category {c}", self.env),
+            (None, Some(k)) => format!("{}, keywords {k}", self.env),
+            (None, None) => self.env.clone(),
         }
     }
 
@@ -152,10 +202,10 @@ impl TaskFeatures {
 }
 
 /// The tokens a task offers to condition matching and to the similarity index: its
-/// instruction's words and its feature tokens.
-pub fn task_tokens(task: &Task) -> Vec<String> {
+/// instruction's words and its feature tokens from `source`.
+pub fn task_tokens(task: &Task, source: FeatureSource) -> Vec<String> {
     let mut out = tokens(&task.instruction);
-    out.extend(TaskFeatures::of(task).feature_tokens());
+    out.extend(TaskFeatures::of(task, source).feature_tokens());
     out
 }
 
@@ -185,15 +235,46 @@ mod tests {
             1,
         );
         task.metadata = json!({"template": "mail_count", "difficulty": 2});
-        let f = TaskFeatures::of(&task);
+        let f = TaskFeatures::of(&task, FeatureSource::Metadata);
         assert_eq!(f.category.as_deref(), Some("mail_count"));
         assert_eq!(f.family_condition(), "appworld, category mail_count");
         assert!(f.task_condition().contains("difficulty-2"));
         assert!(f.keywords.contains(&"inbox".to_string()));
-        let have: BTreeSet<String> = task_tokens(&task).into_iter().collect();
+        let have: BTreeSet<String> = task_tokens(&task, FeatureSource::Metadata)
+            .into_iter()
+            .collect();
         assert_eq!(condition_match(&f.task_condition(), &have), 1.0);
         assert_eq!(condition_match("dbbench, category counting", &have), 0.0);
         assert_eq!(condition_match("", &have), 0.0);
         assert!((condition_match("appworld, category returns_window", &have) - 0.5).abs() < 1e-12);
+    }
+
+    #[test]
+    fn text_features_ignore_the_generators_labels() {
+        let mut task = Task::new(
+            "dbbench/validation-001",
+            "dbbench",
+            Split::Validation,
+            "What is the average price of the products with category toys?",
+            1,
+        );
+        task.metadata = json!({"kind": "aggregation-AVG", "difficulty": 2});
+        let f = TaskFeatures::of(&task, FeatureSource::Text);
+        assert_eq!(f.category, None);
+        assert_eq!(f.difficulty, None);
+        assert_eq!(f.family_condition(), "dbbench, keywords average");
+        let have: BTreeSet<String> = task_tokens(&task, FeatureSource::Text)
+            .into_iter()
+            .collect();
+        assert!(!have.iter().any(|t| t.contains("aggregation")), "{have:?}");
+        assert!(!have.contains("difficulty-2"));
+        assert_eq!(condition_match(&f.family_condition(), &have), 1.0);
+        // The label is there for whoever opts in.
+        let with_meta: BTreeSet<String> = task_tokens(&task, FeatureSource::Metadata)
+            .into_iter()
+            .collect();
+        assert!(with_meta.contains("aggregation-avg"), "{with_meta:?}");
+        assert_eq!(FeatureSource::parse("text"), Some(FeatureSource::Text));
+        assert_eq!(FeatureSource::parse("kind"), None);
     }
 }

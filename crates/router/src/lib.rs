@@ -67,7 +67,7 @@ pub use calibration::{
     calibration_file_name,
 };
 pub use error::{Error, Result};
-pub use features::TaskFeatures;
+pub use features::{FeatureSource, TaskFeatures};
 pub use llm_profiler::{LlmProfiler, LlmProfilerSettings, PROFILER_ROLE, parse_profile_answer};
 pub use llm_voter::{LlmVoter, LlmVoterSettings, VOTER_ROLE};
 pub use paired::{Environments, PairedLimits, PairedRun, PairedSettings, run_paired};

@@ -68,6 +68,8 @@ pub struct ProfileInput<'a> {
     pub sibling: &'a Harness,
     /// Every validation task with both harnesses' episodes.
     pub pairs: Vec<PairedTask<'a>>,
+    /// Where the "when" conditions' task features come from.
+    pub features: crate::features::FeatureSource,
 }
 
 /// A profiler's result for one sibling.
@@ -195,7 +197,7 @@ impl BuiltinProfiler {
         let mut prefer: Groups = BTreeMap::new();
         let mut avoid: Groups = BTreeMap::new();
         for pair in input.pairs.iter().filter(|p| p.differs()) {
-            let features = TaskFeatures::of(pair.task);
+            let features = TaskFeatures::of(pair.task, input.features);
             let groups = if pair.sibling_rate() > pair.base_rate() {
                 &mut prefer
             } else {

@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::calibration::{Calibration, CheckpointRef, ProfilerStats};
 use crate::error::{Error, Result};
+use crate::features::FeatureSource;
 use crate::paired::{
     Environments, PairedRun, PairedSettings, ensure_no_test_tasks, env_for, run_paired,
 };
@@ -54,6 +55,9 @@ pub struct CalibratorSettings {
     pub profile_concurrency: usize,
     /// Also write `trajectories-<index>.jsonl` with the paired episodes.
     pub save_trajectories: bool,
+    /// Where the profiles' and the similarity index's task features come from (recorded in
+    /// every calibration).
+    pub features: FeatureSource,
 }
 
 impl Default for CalibratorSettings {
@@ -64,6 +68,7 @@ impl Default for CalibratorSettings {
             dir: None,
             profile_concurrency: 4,
             save_trajectories: true,
+            features: FeatureSource::default(),
         }
     }
 }
@@ -148,6 +153,7 @@ impl Calibrator {
                                 base: run.of(base_id, &task.id),
                             })
                             .collect(),
+                        features: self.settings.features,
                     };
                     let outcome = self.profiler.profile(&input).await?;
                     Ok((id, outcome))
@@ -190,7 +196,7 @@ impl Calibrator {
         )
         .await?;
         let (profiles, stats) = self.profiles(&run).await?;
-        let calibration = Calibration::from_run(
+        let mut calibration = Calibration::from_run(
             point,
             checkpoint,
             &self.pool,
@@ -199,6 +205,7 @@ impl Calibrator {
             profiles,
             stats,
         );
+        calibration.features = self.settings.features;
         if let Some(dir) = &self.settings.dir {
             calibration.save(dir)?;
             if self.settings.save_trajectories {

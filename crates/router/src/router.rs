@@ -36,7 +36,7 @@ impl Evidence {
     /// Index a (validated) calibration.
     pub fn new(calibration: Calibration) -> Result<Self> {
         calibration.validate()?;
-        let index = SimilarIndex::build(&calibration.tasks)?;
+        let index = SimilarIndex::build(&calibration.tasks, calibration.features)?;
         Ok(Evidence { calibration, index })
     }
 
@@ -336,6 +336,7 @@ impl AdaptiveRouter {
             mode,
             candidates,
             similar: evidence.similar(task, self.settings.similar_tasks),
+            features: cal.features,
             ballot_len,
             seed,
             attempt: 0,

@@ -12,7 +12,7 @@ use harness_core::{Split, Task};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::features::tokens;
+use crate::features::{FeatureSource, tokens};
 
 /// Tokenises documents and queries for BM25; the index stores pre-rendered token text, so
 /// this only splits it again.
@@ -38,6 +38,7 @@ pub struct Neighbour {
 pub struct SimilarIndex {
     ids: Vec<String>,
     engine: SearchEngine<usize, u32, FeatureTokenizer>,
+    source: FeatureSource,
 }
 
 impl std::fmt::Debug for SimilarIndex {
@@ -48,13 +49,13 @@ impl std::fmt::Debug for SimilarIndex {
     }
 }
 
-fn document(task: &Task) -> String {
-    crate::features::task_tokens(task).join(" ")
+fn document(task: &Task, source: FeatureSource) -> String {
+    crate::features::task_tokens(task, source).join(" ")
 }
 
 impl SimilarIndex {
-    /// Index `tasks`; a test task is an error naming it.
-    pub fn build(tasks: &[Task]) -> Result<Self> {
+    /// Index `tasks` by their features from `source`; a test task is an error naming it.
+    pub fn build(tasks: &[Task], source: FeatureSource) -> Result<Self> {
         if let Some(t) = tasks.iter().find(|t| t.split == Split::Test) {
             return Err(Error::TestTask {
                 task: t.id.clone(),
@@ -64,7 +65,7 @@ impl SimilarIndex {
         let documents: Vec<bm25::Document<usize>> = tasks
             .iter()
             .enumerate()
-            .map(|(i, t)| bm25::Document::new(i, document(t)))
+            .map(|(i, t)| bm25::Document::new(i, document(t, source)))
             .collect();
         // Fitting BM25 to an empty corpus would divide by a zero average length.
         let engine = if documents.is_empty() {
@@ -79,6 +80,7 @@ impl SimilarIndex {
         Ok(SimilarIndex {
             ids: tasks.iter().map(|t| t.id.clone()).collect(),
             engine,
+            source,
         })
     }
 
@@ -97,7 +99,7 @@ impl SimilarIndex {
     pub fn similar(&self, task: &Task, n: usize) -> Vec<Neighbour> {
         let mut hits: Vec<(f32, &str)> = self
             .engine
-            .search(&document(task), None)
+            .search(&document(task, self.source), None)
             .into_iter()
             .filter_map(|r| {
                 let id = self.ids.get(r.document.id)?.as_str();
@@ -153,7 +155,7 @@ mod tests {
                 "mail_count",
             ),
         ];
-        let index = SimilarIndex::build(&tasks).unwrap();
+        let index = SimilarIndex::build(&tasks, FeatureSource::Metadata).unwrap();
         let query = task(
             "q",
             Split::Test,
@@ -173,12 +175,14 @@ mod tests {
                 .all(|n| n.task_id != "v1")
         );
 
-        let empty = SimilarIndex::build(&[]).unwrap();
+        let empty = SimilarIndex::build(&[], FeatureSource::Text).unwrap();
         assert!(empty.is_empty() && empty.similar(&query, 3).is_empty());
 
         let mut bad = tasks.clone();
         bad.push(task("t9", Split::Test, "x", "mail_count"));
-        let err = SimilarIndex::build(&bad).unwrap_err().to_string();
+        let err = SimilarIndex::build(&bad, FeatureSource::Text)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("`t9`"), "{err}");
     }
 }

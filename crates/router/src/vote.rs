@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::ballot::BallotError;
 use crate::error::Result;
-use crate::features::{condition_match, task_tokens};
+use crate::features::{FeatureSource, condition_match, task_tokens};
 use crate::profile::{Entry, Profile};
 
 /// What a voter knows about one candidate.
@@ -62,6 +62,9 @@ pub struct VoteRequest {
     pub candidates: Vec<Candidate>,
     /// The most similar validation tasks.
     pub similar: Vec<SimilarOutcome>,
+    /// Where the task's features come from (the calibration's choice).
+    #[serde(default)]
+    pub features: FeatureSource,
     /// Exactly how many ids the ballot must list.
     pub ballot_len: usize,
     /// The seed of this call (differs per voter and per retry).
@@ -188,7 +191,9 @@ impl BuiltinVoter {
 
     /// Every candidate's score for the request, in candidate order.
     pub fn scores(&self, request: &VoteRequest) -> Vec<(HarnessId, f64)> {
-        let have: BTreeSet<String> = task_tokens(&request.task).into_iter().collect();
+        let have: BTreeSet<String> = task_tokens(&request.task, request.features)
+            .into_iter()
+            .collect();
         let w = self.weights;
         request
             .candidates

@@ -11,7 +11,7 @@ use harness_core::{
     Counts, HarnessId, Outcome, Role, Source, Split, Termination, ToolCall, Trajectory,
     TrajectoryLabeller, TrajectoryMessage,
 };
-use harness_router::{BuiltinProfiler, Entry, PairedTask, ProfileInput, Profiler};
+use harness_router::{BuiltinProfiler, Entry, FeatureSource, PairedTask, ProfileInput, Profiler};
 use serde_json::json;
 
 fn trajectory(
@@ -155,6 +155,7 @@ async fn builtin_profiler_yields_the_expected_prefer_and_avoid_entries() {
                 base: &both,
             },
         ],
+        features: FeatureSource::Metadata,
     };
     let labeller: Arc<dyn TrajectoryLabeller> = Arc::new(ScriptedLabeller);
     let outcome = BuiltinProfiler::new([labeller])
@@ -251,6 +252,7 @@ async fn appworld_labels_give_table_7_style_entries() {
             sibling: &sibling,
             base: &base_run,
         }],
+        features: FeatureSource::Metadata,
     };
     let profiler =
         BuiltinProfiler::new(harness_envs::labels::builtin_labellers()).with_max_behaviours(6);

@@ -16,8 +16,8 @@ use harness_core::{
 };
 use harness_router::{
     AdaptiveRouter, BuiltinProfiler, BuiltinVoter, Calibration, Calibrator, CalibratorSettings,
-    EvidenceCell, RandomSelector, RankEvalSettings, ReanchorMode, RouterSettings, RuleRouter,
-    Voter, calibration_file_name, evaluate_ranks,
+    EvidenceCell, FeatureSource, RandomSelector, RankEvalSettings, ReanchorMode, RouterSettings,
+    RuleRouter, Voter, calibration_file_name, evaluate_ranks,
 };
 
 struct Setup {
@@ -45,6 +45,8 @@ fn setup(mode: ReanchorMode) -> Setup {
         CalibratorSettings {
             mode,
             dir: Some(dir.path().to_path_buf()),
+            // These tests route on the scripted tasks' `category` label.
+            features: FeatureSource::Metadata,
             ..CalibratorSettings::default()
         },
     )

@@ -5,8 +5,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use harness_core::{HarnessId, SelectionMode, Split, Task};
 use harness_router::{
-    BuiltinVoter, BuiltinVoterWeights, Candidate, Entry, Profile, SimilarOutcome, VoteRequest,
-    Voter,
+    BuiltinVoter, BuiltinVoterWeights, Candidate, Entry, FeatureSource, Profile, SimilarOutcome,
+    VoteRequest, Voter,
 };
 use serde_json::json;
 
@@ -39,6 +39,7 @@ fn request(candidates: Vec<Candidate>, similar: Vec<SimilarOutcome>, seed: u64) 
         mode: SelectionMode::Inference,
         candidates,
         similar,
+        features: FeatureSource::Metadata,
         ballot_len: 4,
         seed,
         attempt: 0,

@@ -225,10 +225,11 @@ fn editor_repair(base: &Harness, kind: &str, name: &str) -> Harness {
         evidence: Vec::new(),
         tools: Vec::new(),
     };
+    let tools = compact_tools();
     let ctx = OpCtx {
         parent: base,
         cause: &cause,
-        tools: &[],
+        tools: &tools,
     };
     let ops = (op.build)(&ctx)
         .unwrap_or_else(|| panic!("the built-in editor's `{name}` needs a tool or slot"));
@@ -391,6 +392,24 @@ mod tests {
             assert_eq!(h.lineage.parent, Some(base.id()));
             assert!(same_behaviour(name).contains(&name));
         }
+    }
+
+    #[test]
+    fn the_editors_commit_after_change_hook_is_the_demonstrated_one() {
+        // The warm start demonstrates under the hand-written commit-after-change sibling; the
+        // editor's operator for `no-commit-after-change` must write the same message for the
+        // organism's policy to recognise it.
+        let base = compact_base(&EpisodeLimits::default());
+        let sibling = rebased_siblings(&base)
+            .into_iter()
+            .find(|s| s.hooks.contains_key(COMMIT_AFTER_CHANGE_HOOK))
+            .unwrap();
+        let demonstrated = &sibling.hooks[COMMIT_AFTER_CHANGE_HOOK];
+        let edited = editor_repair(&base, "no-commit-after-change", COMMIT_AFTER_CHANGE_HOOK);
+        let hook = &edited.hooks[COMMIT_AFTER_CHANGE_HOOK];
+        assert_eq!(hook.message, demonstrated.message);
+        assert_eq!(hook.condition, demonstrated.condition);
+        assert_eq!(hook.event, demonstrated.event);
     }
 
     #[test]

@@ -8,25 +8,48 @@
 //! - rescue success over the whole run: adaptive profiles (`harness_s`) > fixed profiles
 //!   (`harness_s_fixed`) (Table 2).
 //!
-//! With several seeds a row gives the means and how many seeds the direction holds in; the
-//! verdict is on the means.
+//! A row gives the means (± sample std over seeds), how many seeds the direction holds in on
+//! its own values, and for each adjacent pair of the claim a 95% bootstrap interval of the
+//! difference: paired by test task (Avg@k, Rank-1) or by training group (EG rate, the same task
+//! at the same update) and resampled over seeds and tasks; rescue success, measured on the tasks
+//! each method rescued, gets an unpaired interval. The verdict is the intervals': a direction
+//! holds only when every interval excludes zero in the claimed direction, is "within noise" when
+//! one includes zero, and does not hold when one excludes zero the other way.
 
 use serde::{Deserialize, Serialize};
 
+use std::collections::BTreeMap;
+
 use crate::layout::{EvalMode, RankStage, Run, SeedRun};
 use crate::render::TextTable;
-use crate::stats::{Stat, mean, pct};
+use crate::stats::{
+    BootstrapSettings, Interval, Stat, mean, paired_bootstrap, pct, unpaired_bootstrap,
+};
 use crate::tables::table2::rescue_count;
 
-/// Whether a direction holds.
+/// Whether a direction holds, by its bootstrap intervals.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Verdict {
-    /// It holds (on the means).
+    /// Every interval excludes zero in the claimed direction.
     Holds,
-    /// It does not.
+    /// Some interval includes zero: the run cannot tell.
+    WithinNoise,
+    /// Some interval excludes zero the other way.
     DoesNotHold,
-    /// A compared value is missing.
+    /// A compared value, or the per-unit data for an interval, is missing.
     NotRun,
+}
+
+impl Verdict {
+    /// The report's word for it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Holds => "holds",
+            Verdict::WithinNoise => "within noise",
+            Verdict::DoesNotHold => "does not hold",
+            Verdict::NotRun => "not run",
+        }
+    }
 }
 
 /// One compared quantity.
@@ -52,7 +75,11 @@ pub struct DirectionRow {
     pub seeds_holding: usize,
     /// Seeds where every value is present.
     pub seeds_compared: usize,
-    /// On the means.
+    /// Whether the means are in the claimed order.
+    pub means_ordered: Option<bool>,
+    /// For each adjacent pair of `compared`, the interval of the first minus the second.
+    pub intervals: Vec<Option<Interval>>,
+    /// By the intervals.
     pub verdict: Verdict,
     /// Where the values came from.
     pub source: String,
@@ -64,10 +91,43 @@ fn ordered(values: &[f64], strict: bool) -> bool {
         .all(|w| if strict { w[0] > w[1] } else { w[0] >= w[1] })
 }
 
-/// Build a row from per-seed values of each compared quantity.
+/// Per seed, the units of one comparison: paired differences, or the two samples.
+enum Units {
+    /// `diffs[seed]`: one difference per paired unit.
+    Paired(Vec<Vec<f64>>),
+    /// `(a[seed], b[seed])`: each method's own units.
+    Unpaired(Vec<Vec<f64>>, Vec<Vec<f64>>),
+}
+
+impl Units {
+    fn interval(&self, settings: &BootstrapSettings) -> Option<Interval> {
+        match self {
+            Units::Paired(d) => paired_bootstrap(d, settings),
+            Units::Unpaired(a, b) => unpaired_bootstrap(a, b, settings),
+        }
+    }
+}
+
+/// The verdict of a claim's intervals.
+fn verdict_of(intervals: &[Option<Interval>]) -> Verdict {
+    let Some(all) = intervals.iter().copied().collect::<Option<Vec<Interval>>>() else {
+        return Verdict::NotRun;
+    };
+    if all.iter().any(Interval::below_zero) {
+        Verdict::DoesNotHold
+    } else if all.iter().all(Interval::above_zero) {
+        Verdict::Holds
+    } else {
+        Verdict::WithinNoise
+    }
+}
+
+/// Build a row from per-seed values of each compared quantity and, for each adjacent pair, the
+/// units its interval is drawn from.
 fn row(
     claim: String,
     series: Vec<(String, Vec<Option<f64>>)>,
+    units: Vec<Units>,
     strict: bool,
     source: String,
 ) -> DirectionRow {
@@ -89,10 +149,13 @@ fn row(
         })
         .collect();
     let means: Option<Vec<f64>> = stats.iter().map(|c| c.value.map(|s| s.mean)).collect();
-    let verdict = match means {
-        None => Verdict::NotRun,
-        Some(m) if ordered(&m, strict) => Verdict::Holds,
-        Some(_) => Verdict::DoesNotHold,
+    let means_ordered = means.as_ref().map(|m| ordered(m, strict));
+    let settings = BootstrapSettings::default();
+    let intervals: Vec<Option<Interval>> = units.iter().map(|u| u.interval(&settings)).collect();
+    let verdict = if means.is_none() {
+        Verdict::NotRun
+    } else {
+        verdict_of(&intervals)
     };
     DirectionRow {
         claim,
@@ -100,9 +163,101 @@ fn row(
         strict,
         seeds_holding: holding,
         seeds_compared: compared,
+        means_ordered,
+        intervals,
         verdict,
         source,
     }
+}
+
+/// Whether a retained group holds both a success and a failure.
+fn effective(rewards: &[f32]) -> bool {
+    rewards.iter().any(|r| *r > 0.0) && rewards.iter().any(|r| *r <= 0.0)
+}
+
+/// Per seed, 1 or 0 per training group of `a` minus the same for `b`'s group of the same task
+/// at the same update (groups only one method formed are left out).
+fn eg_units(run: &Run, a: &str, b: &str) -> Units {
+    let per_seed = run
+        .seeds
+        .iter()
+        .map(|s| {
+            let by_key = |m: &str| -> BTreeMap<(u64, String), f64> {
+                s.methods
+                    .get(m)
+                    .map(|r| {
+                        r.groups
+                            .iter()
+                            .filter(|g| g.retained)
+                            .map(|g| {
+                                let e = f64::from(u8::from(effective(&g.retained_rewards)));
+                                ((g.update, g.task_id.clone()), e)
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            };
+            let (ga, gb) = (by_key(a), by_key(b));
+            ga.iter()
+                .filter_map(|(k, va)| gb.get(k).map(|vb| va - vb))
+                .collect()
+        })
+        .collect();
+    Units::Paired(per_seed)
+}
+
+/// A test evaluation's per-task values (`pass`: solved at least once, else the success rate).
+fn per_task(seed: &SeedRun, method: &str, mode: EvalMode, pass: bool) -> BTreeMap<String, f64> {
+    seed.test_eval(method, mode)
+        .map(|t| {
+            t.per_task
+                .iter()
+                .filter(|o| o.attempts > 0)
+                .map(|o| {
+                    let v = if pass {
+                        f64::from(u8::from(o.successes > 0))
+                    } else {
+                        f64::from(o.successes) / f64::from(o.attempts)
+                    };
+                    (o.task.clone(), v)
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Per seed, `a`'s per-task value minus `b`'s on the same test task.
+fn task_units(run: &Run, a: (&str, EvalMode), b: (&str, EvalMode), pass: bool) -> Units {
+    Units::Paired(
+        run.seeds
+            .iter()
+            .map(|s| {
+                let (va, vb) = (per_task(s, a.0, a.1, pass), per_task(s, b.0, b.1, pass));
+                va.iter()
+                    .filter_map(|(t, x)| vb.get(t).map(|y| x - y))
+                    .collect()
+            })
+            .collect(),
+    )
+}
+
+/// Per seed, 1 or 0 per rescued group of a method: whether a rescue rollout succeeded.
+fn rescue_units(run: &Run, method: &str) -> Vec<Vec<f64>> {
+    run.seeds
+        .iter()
+        .map(|s| {
+            s.methods
+                .get(method)
+                .map(|r| {
+                    r.groups
+                        .iter()
+                        .filter(|g| g.rescued())
+                        .map(|g| f64::from(u8::from(g.rescue_rewards.iter().any(|x| *x > 0.0))))
+                        .collect()
+                })
+                .unwrap_or_default()
+        })
+        .collect()
 }
 
 /// Mean `eg_rate` over a method's update records in one seed.
@@ -176,8 +331,12 @@ pub fn directions(run: &Run) -> Vec<DirectionRow> {
             .iter()
             .map(|m| (l(m), per_seed(&|s| mean_eg_rate(s, m))))
             .collect(),
+        vec![
+            eg_units(run, "harness_s", "h0_rescue"),
+            eg_units(run, "h0_rescue", "grpo"),
+        ],
         true,
-        "metrics.jsonl: mean eg_rate over update records".into(),
+        "metrics.jsonl: mean eg_rate over update records; intervals paired by (update, task) in groups.jsonl".into(),
     ));
     let avg = |m: &'static str| move |s: &SeedRun| s.test_eval(m, EvalMode::H0).map(|t| t.avg_at_k);
     let k = run
@@ -193,8 +352,14 @@ pub fn directions(run: &Run) -> Vec<DirectionRow> {
             (l("harness_s"), per_seed(&avg("harness_s"))),
             (l("grpo"), per_seed(&avg("grpo"))),
         ],
+        vec![task_units(
+            run,
+            ("harness_s", EvalMode::H0),
+            ("grpo", EvalMode::H0),
+            false,
+        )],
         true,
-        "eval/test.jsonl (mode h0)".into(),
+        "eval/test.jsonl (mode h0); intervals paired by test task".into(),
     ));
     let mut source: Vec<&str> = run
         .seeds
@@ -208,12 +373,13 @@ pub fn directions(run: &Run) -> Vec<DirectionRow> {
     } else {
         source.join(", ")
     };
-    for (metric, pick) in [
+    for (metric, pick, pass) in [
         (
             format!("Pass@{k}"),
             (|p: (f64, f64)| p.0) as fn((f64, f64)) -> f64,
+            true,
         ),
-        (format!("Avg@{k}"), |p| p.1),
+        (format!("Avg@{k}"), |p| p.1, false),
     ] {
         rows.push(row(
             format!("After training, Rank-1 {metric} >= H0 {metric}"),
@@ -227,8 +393,14 @@ pub fn directions(run: &Run) -> Vec<DirectionRow> {
                     per_seed(&|s| after_training(s).map(|a| pick(a.h0))),
                 ),
             ],
+            vec![task_units(
+                run,
+                ("harness_s", EvalMode::Rank1),
+                ("harness_s", EvalMode::H0),
+                pass,
+            )],
             false,
-            source.clone(),
+            format!("{source}; intervals paired by test task in eval/test.jsonl (harness_s)"),
         ));
     }
     rows.push(row(
@@ -241,6 +413,10 @@ pub fn directions(run: &Run) -> Vec<DirectionRow> {
             .iter()
             .map(|m| (l(m), per_seed(&|s| overall_rescue_success(s, m))))
             .collect(),
+        vec![Units::Unpaired(
+            rescue_units(run, "harness_s"),
+            rescue_units(run, "harness_s_fixed"),
+        )],
         true,
         "groups.jsonl: rescued records with a successful rescue rollout / rescued records".into(),
     ));
@@ -258,28 +434,43 @@ pub fn directions_text(rows: &[DirectionRow], seeds: usize) -> TextTable {
                 .map(|c| format!("{} {}", c.label, pct(c.value.as_ref(), seeds)))
                 .collect::<Vec<_>>()
                 .join(" vs ");
-            let verdict = match r.verdict {
-                Verdict::Holds => "holds",
-                Verdict::DoesNotHold => "does not hold",
-                Verdict::NotRun => "not run",
-            };
-            let verdict = if seeds > 1 && r.verdict != Verdict::NotRun {
-                format!(
-                    "{verdict} on the means; {}/{} seeds",
-                    r.seeds_holding, r.seeds_compared
-                )
-            } else {
-                verdict.to_string()
-            };
-            vec![r.claim.clone(), values, verdict, r.source.clone()]
+            let intervals = r
+                .intervals
+                .iter()
+                .map(|i| match i {
+                    Some(i) => format!("[{:+.2}, {:+.2}]", i.low * 100.0, i.high * 100.0),
+                    None => "no per-unit data".into(),
+                })
+                .collect::<Vec<_>>()
+                .join("; ");
+            let mut verdict = r.verdict.as_str().to_string();
+            if r.verdict != Verdict::NotRun {
+                let order = if r.means_ordered == Some(true) {
+                    "in the claimed order"
+                } else {
+                    "not in the claimed order"
+                };
+                verdict.push_str(&format!("; means {order}"));
+                if seeds > 1 {
+                    verdict.push_str(&format!("; {}/{} seeds", r.seeds_holding, r.seeds_compared));
+                }
+            }
+            vec![
+                r.claim.clone(),
+                values,
+                intervals,
+                verdict,
+                r.source.clone(),
+            ]
         })
         .collect();
     let mut notes = vec![
         "The paper's claimed directions, checked on this run's files and reported whichever way they fall. Values in percent.".to_string(),
+        "Difference intervals: 95% bootstrap (4,000 replicates) of each adjacent pair's difference in points, paired by test task or training group and resampled over seeds and units (rescue success: unpaired, on each method's rescued tasks). A direction holds only when every interval excludes zero in the claimed direction; within noise when one includes zero.".to_string(),
     ];
     if seeds > 1 {
         notes.push(format!(
-            "Mean ± sample standard deviation (n - 1) over {seeds} seeds; the verdict is on the means, with the count of seeds in which the direction holds."
+            "Mean ± sample standard deviation (n - 1) over {seeds} seeds, with the count of seeds in which the direction holds on that seed's values."
         ));
     }
     TextTable {
@@ -287,6 +478,7 @@ pub fn directions_text(rows: &[DirectionRow], seeds: usize) -> TextTable {
         header: vec![
             "Direction".into(),
             "Compared values".into(),
+            "Difference, 95% interval".into(),
             "Verdict".into(),
             "Source".into(),
         ],

@@ -95,3 +95,112 @@ pub fn evolution_text(rows: &[EvolutionRow]) -> TextTable {
         }],
     }
 }
+
+/// One sibling of the pool: its repair direction and what it repairs and breaks against H0 on
+/// the validation tasks (Figure 1a).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SiblingRow {
+    /// The seed's name (or "all seeds" for a shared evolution).
+    pub seed: String,
+    /// The sibling's name.
+    pub name: String,
+    /// Its parent's name.
+    pub parent: String,
+    /// Its direction's causes, joined with `+`.
+    pub direction: String,
+    /// The components its edit touched.
+    pub components: Vec<String>,
+    /// Validation tasks solved.
+    pub solved: usize,
+    /// H0 failures it solves.
+    pub repaired: usize,
+    /// H0 successes it fails.
+    pub regressed: usize,
+}
+
+/// Every valid child of every round, with its repairs and regressions; empty without
+/// `rounds.json`.
+pub fn siblings(run: &Run) -> Vec<SiblingRow> {
+    let shared = run
+        .shared_evolve
+        .as_ref()
+        .map(|e| ("all seeds".to_string(), e));
+    let mut out = Vec::new();
+    for (seed, e) in shared.into_iter().chain(
+        run.seeds
+            .iter()
+            .filter_map(|s| Some((s.name(), s.evolve.as_ref()?))),
+    ) {
+        for c in e.rounds.iter().flatten().flat_map(|r| &r.candidates) {
+            if let harness_evolve::round::CandidateOutcome::Valid {
+                name,
+                validation_solved,
+                repaired_vs_h0,
+                regressed_vs_h0,
+                ..
+            } = &c.outcome
+            {
+                out.push(SiblingRow {
+                    seed: seed.clone(),
+                    name: name.clone(),
+                    parent: c.parent_name.clone(),
+                    direction: c.causes.join("+"),
+                    components: c.components.clone(),
+                    solved: *validation_solved,
+                    repaired: repaired_vs_h0.len(),
+                    regressed: regressed_vs_h0.len(),
+                });
+            }
+        }
+    }
+    out
+}
+
+/// The siblings as text.
+pub fn siblings_text(rows: &[SiblingRow]) -> TextTable {
+    let directions: std::collections::BTreeSet<&str> =
+        rows.iter().map(|r| r.direction.as_str()).collect();
+    let repairing = rows.iter().filter(|r| r.repaired > 0).count();
+    let mut notes = vec![
+        "Every valid child of evolution (evolve/rounds.json): the causes its direction targets, the components it edited, and on the validation tasks the H0 failures it solves (repaired) and the H0 successes it fails (regressed), Figure 1a's locality.".to_string(),
+    ];
+    if rows.is_empty() {
+        notes.push("Evolution not run: no evolve/rounds.json.".into());
+    } else {
+        notes.push(format!(
+            "{} siblings, {} distinct directions, {} repairing at least one H0 failure.",
+            rows.len(),
+            directions.len(),
+            repairing
+        ));
+    }
+    TextTable {
+        title: "Siblings: directions, repairs and regressions".into(),
+        header: vec![
+            "Seed".into(),
+            "Sibling".into(),
+            "Parent".into(),
+            "Direction".into(),
+            "Components".into(),
+            "Solved".into(),
+            "Repaired".into(),
+            "Regressed".into(),
+        ],
+        rows: rows
+            .iter()
+            .map(|r| {
+                vec![
+                    r.seed.clone(),
+                    r.name.clone(),
+                    r.parent.clone(),
+                    r.direction.clone(),
+                    r.components.join(", "),
+                    r.solved.to_string(),
+                    r.repaired.to_string(),
+                    r.regressed.to_string(),
+                ]
+            })
+            .collect(),
+        notes,
+    }
+}

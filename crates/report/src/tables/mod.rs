@@ -1,6 +1,7 @@
 //! The paper-shaped tables, each computed from a [`crate::Run`] into plain data and rendered
 //! into a [`crate::TextTable`].
 
+pub mod behaviour;
 pub mod directions;
 pub mod evolution;
 pub mod table1;
