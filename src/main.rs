@@ -115,7 +115,7 @@ struct Common {
     /// A Hugging Face checkpoint folder (or cached hub id) instead of the embedded tiny policy.
     #[arg(long)]
     model: Option<String>,
-    /// The environment: default, dbbench, appworld or swe.
+    /// The environment: default, dbbench, appworld, swe or tau-retail.
     #[arg(long)]
     env: Option<String>,
     /// An OpenAI-compatible base URL (ending in /v1) for the LLM roles.

@@ -16,14 +16,15 @@ use harness_core::{
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::{appworld, dbbench, swe};
+use crate::{appworld, dbbench, swe, tau_retail};
 
-/// The labellers of the three built-in environments.
+/// The labellers of the built-in environments.
 pub fn builtin_labellers() -> Vec<Arc<dyn TrajectoryLabeller>> {
     vec![
         Arc::new(AppWorldLabeller),
         Arc::new(DbBenchLabeller),
         Arc::new(SweLabeller),
+        Arc::new(tau_retail::labels::TauRetailLabeller),
     ]
 }
 
@@ -674,11 +675,11 @@ mod tests {
     }
 
     #[test]
-    fn builtin_labellers_cover_the_three_environments() {
+    fn builtin_labellers_cover_the_built_in_environments() {
         let envs: Vec<String> = builtin_labellers()
             .iter()
             .map(|l| l.env().to_string())
             .collect();
-        assert_eq!(envs, vec!["appworld", "dbbench", "swe"]);
+        assert_eq!(envs, vec!["appworld", "dbbench", "swe", "tau-retail"]);
     }
 }

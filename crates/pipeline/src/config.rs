@@ -117,15 +117,22 @@ impl Method {
     }
 }
 
+/// Where `env.tau_retail_data` points when unset: the shared data folder beside a checkout.
+pub const DEFAULT_TAU_RETAIL_DATA: &str = "../shared/data/tau2-retail";
+
 /// Which environment the run trains and evaluates on.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EnvConfig {
     /// `default` (the embedded model organism of harness-warmstart), or a built-in environment
-    /// with its own base harness: `dbbench`, `appworld` or `swe`.
+    /// with its own base harness: `dbbench`, `appworld`, `swe` or `tau-retail`.
     pub name: String,
     /// An AgentBench DBBench JSONL file whose tasks become the test split (`dbbench` only).
     pub dbbench_data: Option<PathBuf>,
+    /// The folder of tau2-bench's retail domain (`db.json`, `policy.md`, `tasks.json`,
+    /// `split_tasks.json`; `tau-retail` only). Unset: [`DEFAULT_TAU_RETAIL_DATA`].
+    #[serde(default)]
+    pub tau_retail_data: Option<PathBuf>,
     /// Training tasks used (the first of the split).
     pub train_tasks: usize,
     /// Validation tasks: evolution's selection, the router's calibration and the validation
@@ -380,6 +387,7 @@ impl RunConfig {
             env: EnvConfig {
                 name: "default".into(),
                 dbbench_data: None,
+                tau_retail_data: None,
                 train_tasks: if quick { 240 } else { 1000 },
                 validation_tasks: if quick { 24 } else { 60 },
                 // 64 paired test tasks resolve about 5 points of H0 Avg@3 in one seed (the
@@ -523,13 +531,21 @@ impl RunConfig {
         if self.seeds == 0 {
             return bad("seeds", "expected at least 1 seed".into());
         }
-        if !["default", "dbbench", "appworld", "swe"].contains(&self.env.name.as_str()) {
+        if !["default", "dbbench", "appworld", "swe", "tau-retail"]
+            .contains(&self.env.name.as_str())
+        {
             return bad(
                 "env.name",
                 format!(
-                    "unknown environment `{}`; expected default, dbbench, appworld or swe",
+                    "unknown environment `{}`; expected default, dbbench, appworld, swe or tau-retail",
                     self.env.name
                 ),
+            );
+        }
+        if self.env.tau_retail_data.is_some() && self.env.name != "tau-retail" {
+            return bad(
+                "env.tau_retail_data",
+                "a retail data folder needs env.name = \"tau-retail\"".into(),
             );
         }
         if self.env.dbbench_data.is_some() && self.env.name != "dbbench" {
@@ -626,6 +642,22 @@ impl RunConfig {
                     pool.display()
                 ),
             );
+        }
+        if self.env.name == "tau-retail" {
+            let dir = self.env.tau_retail_data.clone();
+            let dir = dir.unwrap_or_else(|| PathBuf::from(DEFAULT_TAU_RETAIL_DATA));
+            if let Some(missing) = ["db.json", "policy.md", "tasks.json", "split_tasks.json"]
+                .into_iter()
+                .find(|f| !dir.join(f).is_file())
+            {
+                return bad(
+                    "env.tau_retail_data",
+                    format!(
+                        "expected tau2-bench's retail domain folder, found no {missing} in {}",
+                        dir.display()
+                    ),
+                );
+            }
         }
         if let Some(data) = &self.env.dbbench_data
             && !data.is_file()
@@ -891,8 +923,9 @@ Run configuration (TOML or JSON; any subset; `preset` picks the defaults; flags 
   seeds                         seeds run one after another (seed, seed+1, ...); the report gives mean and std
   out                           the run directory
   pool                          a saved pool directory to train on instead of <out>/evolve/pool
-  env.name                      default (the embedded warm-started organism) | dbbench | appworld | swe
+  env.name                      default (the embedded warm-started organism) | dbbench | appworld | swe | tau-retail
   env.dbbench_data              an AgentBench DBBench JSONL file as the test split (env.name = dbbench)
+  env.tau_retail_data           tau2-bench's retail folder (env.name = tau-retail; default ../shared/data/tau2-retail)
   env.train_tasks               training tasks used
   env.validation_tasks          validation tasks (evolution, calibration, validation curves)
   env.test_tasks                test tasks of the final evaluation
@@ -1008,5 +1041,29 @@ mod set_tests {
                 "`{p}` is not in SETTINGS_HELP"
             );
         }
+    }
+
+    #[test]
+    fn the_retail_world_needs_its_data_folder() {
+        let mut cfg = RunConfig::preset(Preset::Quick);
+        cfg.set("env.tau_retail_data", "\"/no/such/tau2-retail\"")
+            .unwrap();
+        let e = cfg.validate(None).unwrap_err().to_string();
+        assert!(
+            e.contains("env.tau_retail_data") && e.contains("tau-retail"),
+            "{e}"
+        );
+        cfg.set("env.name", "\"tau-retail\"").unwrap();
+        let e = cfg.validate(None).unwrap_err().to_string();
+        assert!(
+            e.contains("env.tau_retail_data") && e.contains("no db.json in /no/such/tau2-retail"),
+            "{e}"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        for file in ["db.json", "policy.md", "tasks.json", "split_tasks.json"] {
+            std::fs::write(dir.path().join(file), "{}").unwrap();
+        }
+        cfg.env.tau_retail_data = Some(dir.path().to_path_buf());
+        cfg.validate(None).unwrap();
     }
 }

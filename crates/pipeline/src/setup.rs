@@ -7,7 +7,7 @@ use std::sync::Arc;
 use candle_core::{DType, Device};
 use grpo_candle::{CandlePolicy, PolicyModel, PolicyOptions};
 use harness_core::{ChatModel, Environment, Harness, Policy, Split, Task};
-use harness_envs::{appworld, dbbench, swe};
+use harness_envs::{appworld, dbbench, swe, tau_retail};
 use harness_openai::{ChatClient, ChatClientConfig, EngineKind, RemotePolicy, RemotePolicyConfig};
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
@@ -292,6 +292,15 @@ fn builtin_environment(
             swe::base_harness(),
             swe::siblings(),
         ),
+        "tau-retail" => {
+            let dir = cfg.env.tau_retail_data.clone();
+            let dir = dir.unwrap_or_else(|| PathBuf::from(crate::config::DEFAULT_TAU_RETAIL_DATA));
+            let env = tau_retail::TauRetail::load(&dir).at("tau-retail")?;
+            // H0 carries the benchmark's policy text; the siblings are edits of that H0.
+            let base = env.base_harness();
+            let siblings = tau_retail::siblings_of(&base);
+            (Arc::new(env), base, siblings)
+        }
         other => {
             return Err(Error::Config {
                 file: PathBuf::from("<run config>"),
