@@ -270,6 +270,11 @@ impl DecisionPoint {
         }
     }
 
+    /// The point named `name` (its [`as_str`](Self::as_str)).
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|p| p.as_str() == name)
+    }
+
     /// The good choice at this point and the planted bad one.
     pub fn good_and_planted(self) -> (Choice, Choice) {
         match self {
@@ -298,6 +303,21 @@ pub enum Choice {
     Other,
     /// No further tool call followed (a limit, or turns without a call).
     Ended,
+}
+
+impl Choice {
+    /// The name written in run files (the serde name).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Choice::Commit => "commit",
+            Choice::Check => "check",
+            Choice::Rerun => "rerun",
+            Choice::Repeat => "repeat",
+            Choice::QuotedRetry => "quoted_retry",
+            Choice::Other => "other",
+            Choice::Ended => "ended",
+        }
+    }
 }
 
 /// One decision of an episode.
@@ -644,6 +664,13 @@ mod tests {
             AfterChange.good_and_planted(),
             (Choice::Commit, Choice::Check)
         );
+        for point in DecisionPoint::ALL {
+            assert_eq!(DecisionPoint::parse(point.as_str()), Some(point));
+            assert_eq!(serde_json::to_value(point).unwrap(), point.as_str());
+        }
+        for choice in [Commit, Check, Rerun, Repeat, QuotedRetry, Other, Ended] {
+            assert_eq!(serde_json::to_value(choice).unwrap(), choice.as_str());
+        }
     }
 
     #[test]

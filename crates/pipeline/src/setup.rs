@@ -131,11 +131,9 @@ impl Workbench {
         {
             return f.as_str().to_string();
         }
-        ["kind", "template", "category", "repo"]
-            .iter()
-            .find_map(|k| task.metadata.get(*k).and_then(|v| v.as_str()))
-            .unwrap_or("all")
-            .to_string()
+        harness_router::TaskFeatures::of(task, harness_router::FeatureSource::Metadata)
+            .category
+            .unwrap_or_else(|| "all".into())
     }
 
     /// Set up one seed's run: environment and splits, H0, the initial checkpoint (warm-started

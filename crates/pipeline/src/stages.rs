@@ -789,10 +789,7 @@ fn behaviour_record(
         let family = wb.family_of(task);
         *record.episodes.entry(family.clone()).or_default() += per_attempt.len();
         for decision in per_attempt.iter().flatten() {
-            let choice = serde_json::to_value(decision.choice)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_string))
-                .unwrap_or_default();
+            let choice = decision.choice.as_str().to_string();
             *record
                 .choices
                 .entry(family.clone())

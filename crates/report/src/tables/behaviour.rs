@@ -14,14 +14,11 @@ use serde::{Deserialize, Serialize};
 use crate::layout::{RankStage, Run};
 use crate::render::TextTable;
 
-/// The good and the planted choice at a decision point (`None` for an unknown point).
+/// The good and the planted choice at a decision point, as harness-envs defines them (`None`
+/// for an unknown point).
 pub fn good_and_planted(point: &str) -> Option<(&'static str, &'static str)> {
-    match point {
-        "after_change" => Some(("commit", "check")),
-        "after_result" => Some(("commit", "rerun")),
-        "after_name_error" => Some(("quoted_retry", "repeat")),
-        _ => None,
-    }
+    let (good, planted) = harness_envs::labels::DecisionPoint::parse(point)?.good_and_planted();
+    Some((good.as_str(), planted.as_str()))
 }
 
 /// One method's counts at one (family, point).
