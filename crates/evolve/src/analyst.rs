@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
 use async_trait::async_trait;
-use harness_core::{Harness, Termination, ToolCall, Trajectory, canonical_json};
+use harness_core::{Harness, Source, Termination, ToolCall, Trajectory, canonical_json};
 use regex::Regex;
 use serde_json::Value;
 
@@ -387,22 +387,62 @@ fn unknown_schema_name(ctx: &Ctx<'_>) -> Option<Finding> {
         &RE,
         r"(?i)no such (column|table)|unknown column|table `[^`]*` doesn't exist",
     );
-    let step = ctx.steps.iter().find(|s| {
-        s.error
-            && s.observation
-                .as_deref()
-                .is_some_and(|o| pattern.is_match(o))
+    let (step, evidence) = ctx.steps.iter().find_map(|s| {
+        if !s.error {
+            return None;
+        }
+        let observation = s.observation.as_deref()?;
+        if pattern.is_match(observation) {
+            return Some((s, format!("failed: {}", cut(observation, 120))));
+        }
+        unquoted_name(ctx.trajectory, s).map(|name| {
+            (
+                s,
+                format!(
+                    "wrote the name `{name}` without quotes: {}",
+                    cut(observation, 120)
+                ),
+            )
+        })
     })?;
     finding(
         "unknown-schema-name",
         step.message,
-        format!(
-            "{} failed: {}",
-            cut(&step.call.canonical(), 120),
-            cut(step.observation.as_deref().unwrap_or_default(), 120)
-        ),
+        format!("{} {evidence}", cut(&step.call.canonical(), 120)),
         vec![step.call.name.clone()],
     )
+}
+
+/// The name with spaces that `step`'s statement wrote unquoted, read from a syntax error
+/// `near "X"` where the statement has `W X` and `W X` is a name an earlier message of the
+/// episode (the task, its schema, an observation) gives. A table called `League Table`
+/// written bare reads as the table `League` followed by a stray word.
+fn unquoted_name(trajectory: &Trajectory, step: &Step) -> Option<String> {
+    static NEAR: OnceLock<Regex> = OnceLock::new();
+    let near = re(&NEAR, r#"(?i)near "([^"]+)": syntax error"#);
+    let token = near
+        .captures(step.observation.as_deref()?)?
+        .get(1)?
+        .as_str();
+    let statement: Vec<&str> = step
+        .call
+        .arguments
+        .as_object()?
+        .values()
+        .filter_map(Value::as_str)
+        .collect();
+    let preceding = Regex::new(&format!(r"([\w]+)\s+{}\b", regex::escape(token))).ok()?;
+    let given: Vec<&str> = trajectory.messages[..step.message]
+        .iter()
+        .filter(|m| m.source != Source::Policy)
+        .map(|m| m.content.as_str())
+        .collect();
+    statement.iter().find_map(|text| {
+        preceding.captures_iter(text).find_map(|c| {
+            let name = format!("{} {token}", c.get(1)?.as_str());
+            given.iter().any(|g| g.contains(&name)).then_some(name)
+        })
+    })
 }
 
 fn is_lookup(name: &str) -> bool {

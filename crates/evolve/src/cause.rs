@@ -68,7 +68,7 @@ pub const CAUSE_KINDS: &[CauseInfo] = &[
     CauseInfo {
         kind: "unknown-schema-name",
         family: Family::Recovery,
-        description: "queried a column or table that does not exist",
+        description: "queried a column or table that does not exist, or wrote a name with spaces without quotes",
     },
     CauseInfo {
         kind: "call-without-docs",

@@ -25,8 +25,11 @@ pub const LOW_BUDGET_MESSAGE: &str = "Only a few actions are left. Finish only t
 /// Message of the low-call-budget hook.
 pub const LOW_CALL_BUDGET_MESSAGE: &str = "Only a few replies are left: keep one action for the completion call and submit now if the work is done.";
 /// Message of the unknown-name hook.
-pub const UNKNOWN_NAME_MESSAGE: &str =
-    "That table or column does not exist. Look up the schema and retry with an existing name.";
+pub const UNKNOWN_NAME_MESSAGE: &str = "That table or column name is not one the schema has as written. Use the exact names the schema gives, put names with spaces in backticks, and retry.";
+/// The unknown-name hook's pattern: an unknown table or column, or a syntax error next to a
+/// word (what a name with spaces written without quotes gives).
+pub const UNKNOWN_NAME_PATTERN: &str =
+    r#"(?i)no such (column|table)|unknown column|doesn't exist|near "[^"]+": syntax error"#;
 /// Message of the repeated-failure hook.
 pub const REPEATED_FAILURE_MESSAGE: &str = "You repeated a call that failed. Do not repeat it: read the error, then change the arguments or the approach.";
 
@@ -383,7 +386,7 @@ pub fn operators(kind: &str) -> &'static [Operator] {
                             "observation_matches",
                             "on_error",
                             UNKNOWN_NAME_MESSAGE,
-                            json!({"pattern": "(?i)no such (column|table)|doesn't exist"}),
+                            json!({"pattern": UNKNOWN_NAME_PATTERN}),
                         ))
                     },
                 },

@@ -211,6 +211,52 @@ async fn dbbench_failure_modes() {
     let t = episode(&env, &h0, question, &policy).await;
     assert_eq!(kind_of(&t), "unknown-schema-name", "{}", t.transcript());
 
+    // A table name with spaces written without quotes: SQLite reports a syntax error next to
+    // the name's second word, and the analyst reads it as a name the schema gives, unquoted.
+    let generated = dbbench::DbBench::generated(&dbbench::GeneratorConfig {
+        seed: 5,
+        train: 40,
+        validation: 0,
+        test: 0,
+    });
+    let (spaced, bare) = generated
+        .tasks(Split::Train)
+        .unwrap()
+        .into_iter()
+        .find_map(|t| {
+            let db = dbbench::db_task(&t).unwrap();
+            let gold = db.gold_sql.clone()?;
+            let bare = gold.replace('`', "");
+            let name = &db.tables[0].name;
+            (!db.is_modification() && name.contains(' ') && bare.contains(&format!("FROM {name} ")))
+                .then_some((t, bare))
+        })
+        .expect("a generated question on a table whose name has a space");
+    let policy = scripted(vec![
+        say(call("execute_sql", json!({ "query": bare }))),
+        say(call("commit_final_answer", json!({"answers": ["a guess"]}))),
+    ]);
+    let t = episode(&generated, &h0, &spaced, &policy).await;
+    let finding = diagnose(&t).unwrap();
+    assert_eq!(finding.kind, "unknown-schema-name", "{}", t.transcript());
+    assert!(
+        finding.evidence.contains("without quotes"),
+        "{}",
+        finding.evidence
+    );
+    // A syntax error that is not about a name is not this cause.
+    let policy = scripted(vec![
+        say(call("execute_sql", json!({"query": "SELEC 1"}))),
+        say(call("commit_final_answer", json!({"answers": ["a guess"]}))),
+    ]);
+    let t = episode(&generated, &h0, &spaced, &policy).await;
+    assert_ne!(
+        diagnose(&t).map(|f| f.kind),
+        Some("unknown-schema-name"),
+        "{}",
+        t.transcript()
+    );
+
     // The label plus rows that do not meet every condition.
     let mut answers = db.label.clone();
     answers.push("an extra row".into());

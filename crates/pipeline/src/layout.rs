@@ -9,6 +9,7 @@
 //! <out>/eval/test.jsonl          test Pass@k / Avg@k per method under H0, and Rank-1
 //! <out>/eval/rank.jsonl          Table 5: router ranks before and after training
 //! <out>/eval/behaviour.jsonl     decision-point choices of the H0 test episodes per method (Table 3)
+//!                                 and the decision-point probe (Table 3b)
 //! <out>/eval/routing.jsonl       the router's Rank-1 harness per test task and its family
 //! <out>/report.md, report.html, plots/
 //! ```

@@ -100,6 +100,11 @@ pub struct BehaviourRecord {
     /// `family -> decision point -> choice -> episodes` (an episode counts once per point it
     /// reached).
     pub choices: BTreeMap<String, BTreeMap<String, ChoiceCounts>>,
+    /// The checkpoint's probability of each planted family's good decision under H0, on the
+    /// demonstration script's fixed contexts (`harness_warmstart::probe`; embedded default
+    /// only, empty elsewhere).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub probe: BTreeMap<String, harness_warmstart::FamilyProbe>,
 }
 
 /// One line of `eval/routing.jsonl`: the router's Rank-1 harness for one test task.
@@ -784,6 +789,7 @@ fn behaviour_record(
         mode: "h0".into(),
         episodes: BTreeMap::new(),
         choices: BTreeMap::new(),
+        probe: BTreeMap::new(),
     };
     for (task, per_attempt) in wb.test.iter().zip(&episodes.decisions) {
         let family = wb.family_of(task);
@@ -865,7 +871,19 @@ pub async fn evaluate(
     let policy: Arc<dyn Policy> = local.clone();
     let started = Instant::now();
     let h0 = test_episodes(wb, policy.as_ref(), pool, &BTreeMap::new(), name).await?;
-    let behaviour = behaviour_record(wb, name, &label, &h0);
+    let mut behaviour = behaviour_record(wb, name, &label, &h0);
+    if wb.cfg.env.name == "default" {
+        let bar = wb.progress.spinner("decision-point probe under H0");
+        behaviour.probe = harness_warmstart::probe_decisions(
+            &local,
+            &wb.base,
+            &wb.test,
+            wb.cfg.seed ^ TEST_SEED_SALT,
+        )
+        .await
+        .at("evaluate")?;
+        bar.finish_and_clear();
+    }
     let mut records = vec![record(
         wb,
         name,

@@ -8,6 +8,7 @@
 //! With `HARNESS_SLOW_RUN_DIR=<dir>` the test runs (or, where its files are complete, only
 //! re-reads) the job in that directory instead of a temporary one, so a finished
 //! `full_pipeline -- --seeds 3 --out <dir>` run can be checked without running it again.
+//! Cargo runs the test in `crates/pipeline`: give an absolute path.
 //!
 //! What it asserts is the pool and the routing, not the training outcome, which the run
 //! measures and reports whichever way it falls:

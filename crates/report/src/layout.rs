@@ -58,6 +58,28 @@ pub struct BehaviourLine {
     pub episodes: BTreeMap<String, usize>,
     /// `family -> decision point -> choice -> episodes`.
     pub choices: BTreeMap<String, BTreeMap<String, BTreeMap<String, usize>>>,
+    /// The decision-point probe per family (absent where the environment has none).
+    #[serde(default)]
+    pub probe: BTreeMap<String, ProbeCell>,
+}
+
+/// One family's decision-point probe in `eval/behaviour.jsonl`: the checkpoint's probability
+/// of the good decision on the demonstration script's fixed contexts.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProbeCell {
+    /// Test tasks probed.
+    pub tasks: usize,
+    /// Mean two-way probability of the good token where the good and planted turns part.
+    pub p_good: f64,
+    /// Mean probability of the good token itself.
+    #[serde(default)]
+    pub p_good_token: f64,
+    /// Mean log-ratio good / planted there (nats).
+    #[serde(default)]
+    pub log_ratio: f64,
+    /// Each probed task's two-way probability.
+    #[serde(default)]
+    pub per_task: BTreeMap<String, f64>,
 }
 
 /// One line of `eval/routing.jsonl`: the router's Rank-1 harness for one test task.

@@ -13,6 +13,8 @@
 //!   Rank-1 choices by task family ([`tables::behaviour::routing_by_family`]).
 //! - Table 3 ([`tables::behaviour::table3`]): the good and the planted choice at each decision
 //!   point of the H0 test episodes, before and after training.
+//! - Table 3b ([`tables::behaviour::table3b`]): the probability of the good decision at each
+//!   decision point under H0, read from each checkpoint on fixed contexts.
 //! - Table 9 ([`tables::table9`]): training rollouts and seconds beside H0 test Avg@k.
 //! - The claimed directions ([`tables::directions`]), reported whichever way they fall.
 //! - Figure 3's panels ([`plots::figure3`]) and the evolution's diversity views, as SVG
@@ -57,7 +59,8 @@ pub use plots::{Figure, Figure3, Series, figure3};
 pub use render::TextTable;
 pub use stats::Stat;
 pub use tables::behaviour::{
-    FamilyRouting, Nonstationarity, Table3, nonstationarity, routing_by_family, table3,
+    FamilyRouting, Nonstationarity, ProbeRow, Table3, Table3b, nonstationarity, routing_by_family,
+    table3, table3b,
 };
 pub use tables::directions::{DirectionRow, Verdict, directions};
 pub use tables::evolution::{EvolutionRow, SiblingRow, evolution, siblings};
@@ -90,6 +93,8 @@ pub struct Tables {
     pub evolution: Vec<EvolutionRow>,
     /// Table 3: behaviour at the decision points under H0.
     pub table3: Table3,
+    /// Table 3b: probability of the good decision at the decision points under H0.
+    pub table3b: Table3b,
     /// The router's Rank-1 choices by task family.
     pub routing: Vec<FamilyRouting>,
     /// The pool's siblings with their directions, repairs and regressions.
@@ -108,6 +113,7 @@ pub fn tables(run: &Run) -> Tables {
         directions: directions(run),
         evolution: evolution(run),
         table3: table3(run),
+        table3b: table3b(run),
         routing: routing_by_family(run),
         siblings: siblings(run),
         nonstationarity: nonstationarity(run),
@@ -125,6 +131,7 @@ impl Tables {
         }
         out.push(tables::behaviour::routing_text(&self.routing));
         out.push(self.table3.to_text());
+        out.push(self.table3b.to_text());
         out.extend(tables::behaviour::nonstationarity_text(
             &self.nonstationarity,
         ));

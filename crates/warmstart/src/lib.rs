@@ -55,7 +55,9 @@
 //! (names, numbers) from the question and the observations into SQL and answers, which caps
 //! every family's success, the prompted repairs of the recheck and quoting families included.
 //! Whether rescue training then moves the prompted behaviours into H0 is what the main job
-//! measures; nothing here assumes it.
+//! measures; nothing here assumes it. Besides counting what sampled H0 episodes do, it reads
+//! each checkpoint's probability of every planted family's good decision on the script's fixed
+//! contexts ([`probe`]), which moves before a sampled choice flips.
 //!
 //! # Use
 //! ```no_run
@@ -85,6 +87,7 @@
 pub mod demo;
 pub mod environment;
 pub mod error;
+pub mod probe;
 pub mod settings;
 pub mod shipped;
 pub mod tokenizer;
@@ -96,6 +99,7 @@ pub use environment::{
     default_environment, editor_repairs, rebased_siblings, task_splits,
 };
 pub use error::{Error, Result};
+pub use probe::{FamilyProbe, probe_decisions};
 pub use settings::{ModelShape, WarmStartSettings};
 pub use shipped::{SHIPPED, ShippedCheckpoint, shipped_for};
 pub use tokenizer::fit_tokenizer;

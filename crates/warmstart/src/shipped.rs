@@ -41,15 +41,15 @@ macro_rules! shipped_file {
 
 /// The checkpoints shipped with this version of the crate.
 pub const SHIPPED: &[ShippedCheckpoint] = &[ShippedCheckpoint {
-    name: "warmstart-e0a63eb12501d40d",
+    name: "warmstart-c8268783bbcab9a3",
     seed: 42,
     files: &[
-        shipped_file!("warmstart-e0a63eb12501d40d", "config.json"),
-        shipped_file!("warmstart-e0a63eb12501d40d", "generation_config.json"),
-        shipped_file!("warmstart-e0a63eb12501d40d", "model.safetensors"),
-        shipped_file!("warmstart-e0a63eb12501d40d", "tokenizer.json"),
-        shipped_file!("warmstart-e0a63eb12501d40d", "tokenizer_config.json"),
-        shipped_file!("warmstart-e0a63eb12501d40d", "warmstart.json"),
+        shipped_file!("warmstart-c8268783bbcab9a3", "config.json"),
+        shipped_file!("warmstart-c8268783bbcab9a3", "generation_config.json"),
+        shipped_file!("warmstart-c8268783bbcab9a3", "model.safetensors"),
+        shipped_file!("warmstart-c8268783bbcab9a3", "tokenizer.json"),
+        shipped_file!("warmstart-c8268783bbcab9a3", "tokenizer_config.json"),
+        shipped_file!("warmstart-c8268783bbcab9a3", "warmstart.json"),
     ],
 }];
 

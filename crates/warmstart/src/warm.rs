@@ -21,7 +21,7 @@ use crate::settings::WarmStartSettings;
 use crate::tokenizer::fit_tokenizer;
 
 /// Bumped whenever the warm start's procedure changes, so old caches are not reused.
-pub const CACHE_VERSION: u32 = 4;
+pub const CACHE_VERSION: u32 = 5;
 
 /// The file in a warm-start folder that describes it.
 pub const REPORT_FILE: &str = "warmstart.json";
@@ -338,7 +338,7 @@ pub fn tools_block(harness: &Harness) -> String {
 }
 
 /// The demonstration environment: DBBench sessions for any generated task.
-fn demo_env() -> CompactDbBench {
+pub(crate) fn demo_env() -> CompactDbBench {
     CompactDbBench::new(DbBench::generated(&GeneratorConfig {
         seed: 0,
         train: 0,

@@ -4,6 +4,9 @@
 //! - Table 3's shape: for each task family and decision point, how often each checkpoint's H0
 //!   test episodes took the good choice and the planted one there (an episode counts once per
 //!   point it reached), pooled over seeds, with the counts;
+//! - Table 3b: each checkpoint's probability of the good decision at each family's decision
+//!   point, on fixed contexts (the `probe` of `eval/behaviour.jsonl`), mean +- std over seeds
+//!   and its change from the initial policy;
 //! - the router's Rank-1 choices by task family before and after training: which harnesses it
 //!   picks for which kind of task, and how often H0.
 
@@ -13,6 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::layout::{RankStage, Run};
 use crate::render::TextTable;
+use crate::stats::Stat;
 
 /// The good and the planted choice at a decision point, as harness-envs defines them (`None`
 /// for an unknown point).
@@ -164,6 +168,153 @@ impl Table3 {
         }
         TextTable {
             title: "Table 3. Behaviour at the decision points under H0, before and after training"
+                .into(),
+            header,
+            rows,
+            notes,
+        }
+    }
+}
+
+/// One family's row of Table 3b: per method, the probe's `p_good` over seeds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProbeRow {
+    /// The task family.
+    pub family: String,
+    /// Test tasks probed per seed (the first seed's count).
+    pub tasks: usize,
+    /// Per method, in the table's method order: `p_good` over seeds (`None`: not probed).
+    pub p_good: Vec<Option<Stat>>,
+    /// Per method: the mean over seeds of `p_good` minus the initial policy's on the same seed
+    /// (`None` where either is missing).
+    pub change: Vec<Option<Stat>>,
+}
+
+/// Table 3b of a run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Table3b {
+    /// Methods (file names) in display order.
+    pub methods: Vec<String>,
+    /// Their labels.
+    pub labels: Vec<String>,
+    /// One row per probed family.
+    pub rows: Vec<ProbeRow>,
+}
+
+/// Compute Table 3b from every seed's probe (no rows: not probed).
+pub fn table3b(run: &Run) -> Table3b {
+    let mut methods: Vec<String> = run
+        .seeds
+        .iter()
+        .flat_map(|s| s.behaviour.iter().flatten())
+        .filter(|b| !b.probe.is_empty())
+        .map(|b| b.method.clone())
+        .collect();
+    methods.sort_by_key(|m| crate::layout::method_rank(m));
+    methods.dedup();
+    let families: std::collections::BTreeSet<&String> = run
+        .seeds
+        .iter()
+        .flat_map(|s| s.behaviour.iter().flatten())
+        .flat_map(|b| b.probe.keys())
+        .collect();
+    fn probe<'a>(
+        seed: &'a crate::layout::SeedRun,
+        method: &str,
+        family: &str,
+    ) -> Option<&'a crate::layout::ProbeCell> {
+        seed.behaviour
+            .iter()
+            .flatten()
+            .find(|b| b.method == method)
+            .and_then(|b| b.probe.get(family))
+    }
+    let rows = families
+        .into_iter()
+        .map(|family| {
+            let tasks = run
+                .seeds
+                .iter()
+                .find_map(|s| methods.iter().find_map(|m| probe(s, m, family)))
+                .map_or(0, |c| c.tasks);
+            let p_good = methods
+                .iter()
+                .map(|m| {
+                    Stat::of_present(
+                        run.seeds
+                            .iter()
+                            .map(|s| probe(s, m, family).map(|c| c.p_good)),
+                    )
+                })
+                .collect();
+            let change = methods
+                .iter()
+                .map(|m| {
+                    Stat::of_present(run.seeds.iter().map(|s| {
+                        let after = probe(s, m, family)?.p_good;
+                        let before = probe(s, "initial", family)?.p_good;
+                        Some(after - before)
+                    }))
+                })
+                .collect();
+            ProbeRow {
+                family: family.clone(),
+                tasks,
+                p_good,
+                change,
+            }
+        })
+        .collect();
+    Table3b {
+        labels: methods.iter().map(|m| run.label(m)).collect(),
+        methods,
+        rows,
+    }
+}
+
+impl Table3b {
+    /// As text.
+    pub fn to_text(&self) -> TextTable {
+        let mut header = vec!["Family".to_string(), "Tasks".into()];
+        header.extend(self.labels.iter().cloned());
+        let fmt = |s: &Option<Stat>, signed: bool| match s {
+            None => "—".to_string(),
+            Some(s) => {
+                let mut out = if signed {
+                    format!("{:+.3}", s.mean)
+                } else {
+                    format!("{:.3}", s.mean)
+                };
+                if let Some(sd) = s.std {
+                    out.push_str(&format!(" ± {sd:.3}"));
+                }
+                out
+            }
+        };
+        let rows = self
+            .rows
+            .iter()
+            .map(|r| {
+                let mut cells = vec![r.family.clone(), r.tasks.to_string()];
+                cells.extend(self.methods.iter().enumerate().map(|(i, m)| {
+                    let p = fmt(&r.p_good[i], false);
+                    if m == "initial" || r.change[i].is_none() {
+                        p
+                    } else {
+                        format!("{p} ({})", fmt(&r.change[i], true))
+                    }
+                }));
+                cells
+            })
+            .collect();
+        let mut notes = vec![
+            "Each cell: the checkpoint's two-way probability of the good decision at the family's decision point under H0, sigmoid(log p(good) - log p(planted)) at the first token where the good and the planted turn part, on the demonstration script's fixed contexts over the test tasks; mean ± std over seeds, and in brackets the change from the initial policy on the same seed (eval/behaviour.jsonl, probe). change: commit / check the table; recheck: commit / run the query again; quoting: quote the names / repeat the failed statement.".to_string(),
+        ];
+        if self.rows.is_empty() {
+            notes.push("Not run: no probe in eval/behaviour.jsonl (the probe reads the embedded default's planted families).".into());
+        }
+        TextTable {
+            title: "Table 3b. Probability of the good decision at the decision points under H0"
                 .into(),
             header,
             rows,
@@ -429,7 +580,58 @@ mod tests {
             mode: "h0".into(),
             episodes: BTreeMap::from([("change".to_string(), commit + check + other)]),
             choices,
+            probe: BTreeMap::new(),
         }
+    }
+
+    fn probed(method: &str, p_good: f64) -> BehaviourLine {
+        let mut l = line(method, 0, 0, 0);
+        l.probe.insert(
+            "change".into(),
+            crate::layout::ProbeCell {
+                tasks: 5,
+                p_good,
+                ..Default::default()
+            },
+        );
+        l
+    }
+
+    #[test]
+    fn probe_table_gives_mean_std_over_seeds_and_the_paired_change_from_initial() {
+        let run = Run {
+            dir: "r".into(),
+            seeds: vec![
+                seed(vec![probed("initial", 0.2), probed("grpo", 0.3)], vec![]),
+                seed(vec![probed("initial", 0.4), probed("grpo", 0.7)], vec![]),
+            ],
+            shared_evolve: None,
+        };
+        let t = table3b(&run);
+        assert_eq!(t.methods, ["initial", "grpo"]);
+        assert_eq!(t.rows.len(), 1);
+        let r = &t.rows[0];
+        assert_eq!(r.tasks, 5);
+        let grpo = r.p_good[1].unwrap();
+        assert!((grpo.mean - 0.5).abs() < 1e-12);
+        // Paired changes +0.1 and +0.3: mean +0.2, sample std sqrt(0.02).
+        let change = r.change[1].unwrap();
+        assert!((change.mean - 0.2).abs() < 1e-12);
+        assert!((change.std.unwrap() - 0.02f64.sqrt()).abs() < 1e-12);
+        let text = t.to_text().to_markdown();
+        assert!(
+            text.contains("| change | 5 | 0.300 ± 0.141 | 0.500 ± 0.283 (+0.200 ± 0.141) |"),
+            "{text}"
+        );
+        assert!(
+            table3b(&Run {
+                dir: "r".into(),
+                seeds: vec![seed(vec![line("initial", 1, 1, 0)], vec![])],
+                shared_evolve: None,
+            })
+            .rows
+            .is_empty()
+        );
     }
 
     fn route(stage: RankStage, family: &str, name: &str) -> RoutingLine {

@@ -6,7 +6,12 @@
 //! - after training, Rank-1 >= H0 in Pass@k and in Avg@k (Table 5's "after" report of
 //!   `eval/rank.jsonl`, or Harness-S's `rank1` and `h0` test lines without one);
 //! - rescue success over the whole run: adaptive profiles (`harness_s`) > fixed profiles
-//!   (`harness_s_fixed`) (Table 2).
+//!   (`harness_s_fixed`) (Table 2);
+//! - per planted family, the good choice at its decision point under H0 after training:
+//!   Harness-S > GRPO, both as the share of test episodes that took it (Table 3; intervals
+//!   unpaired over episodes) and as the probe's probability of it on fixed contexts (Table 3b;
+//!   intervals paired by test task). Both methods start from the same checkpoint, so a higher
+//!   value after training is the behaviour moving more.
 //!
 //! A row gives the means (± sample std over seeds), how many seeds the direction holds in on
 //! its own values, and for each adjacent pair of the claim a 95% bootstrap interval of the
@@ -420,6 +425,109 @@ pub fn directions(run: &Run) -> Vec<DirectionRow> {
         true,
         "groups.jsonl: rescued records with a successful rescue rollout / rescued records".into(),
     ));
+    rows.extend(behaviour_rows(run, "harness_s", "grpo"));
+    rows
+}
+
+/// Per seed, 1 or 0 per H0 test episode of `method` that reached `point` in `family`: whether
+/// it took the good choice.
+fn choice_units(run: &Run, method: &str, family: &str, point: &str, good: &str) -> Vec<Vec<f64>> {
+    run.seeds
+        .iter()
+        .map(|s| {
+            let Some(choices) = s
+                .behaviour
+                .iter()
+                .flatten()
+                .find(|b| b.method == method)
+                .and_then(|b| b.choices.get(family)?.get(point))
+            else {
+                return Vec::new();
+            };
+            choices
+                .iter()
+                .flat_map(|(choice, n)| {
+                    std::iter::repeat_n(f64::from(u8::from(choice == good)), *n)
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// The probe's per-task `p_good` of `method` in `family`, per seed.
+fn probe_of(seed: &SeedRun, method: &str, family: &str) -> Option<BTreeMap<String, f64>> {
+    seed.behaviour
+        .iter()
+        .flatten()
+        .find(|b| b.method == method)
+        .and_then(|b| b.probe.get(family))
+        .map(|c| c.per_task.clone())
+}
+
+/// The good choice at each planted decision point: `a` > `b` in episode shares and in the
+/// probe's probability.
+fn behaviour_rows(run: &Run, a: &str, b: &str) -> Vec<DirectionRow> {
+    let l = |m: &str| run.label(m);
+    let mut points: std::collections::BTreeSet<(String, String)> = Default::default();
+    let mut families: std::collections::BTreeSet<String> = Default::default();
+    for line in run.seeds.iter().flat_map(|s| s.behaviour.iter().flatten()) {
+        for (family, by_point) in &line.choices {
+            points.extend(by_point.keys().map(|p| (family.clone(), p.clone())));
+        }
+        families.extend(line.probe.keys().cloned());
+    }
+    let mut rows = Vec::new();
+    for (family, point) in points {
+        let Some((good, _)) = crate::tables::behaviour::good_and_planted(&point) else {
+            continue;
+        };
+        let (ua, ub) = (
+            choice_units(run, a, &family, &point, good),
+            choice_units(run, b, &family, &point, good),
+        );
+        let rate = |units: &[Vec<f64>]| -> Vec<Option<f64>> {
+            units.iter().map(|u| mean(u.iter().copied())).collect()
+        };
+        rows.push(row(
+            format!("H0 test episodes choosing `{good}` at {point} ({family}): {} > {}", l(a), l(b)),
+            vec![(l(a), rate(&ua)), (l(b), rate(&ub))],
+            vec![Units::Unpaired(ua, ub)],
+            true,
+            "eval/behaviour.jsonl choices; intervals unpaired over the episodes that reached the point".into(),
+        ));
+    }
+    for family in families {
+        let per_seed = |m: &str| -> Vec<Option<f64>> {
+            run.seeds
+                .iter()
+                .map(|s| probe_of(s, m, &family).and_then(|t| mean(t.values().copied())))
+                .collect()
+        };
+        let diffs = run
+            .seeds
+            .iter()
+            .map(
+                |s| match (probe_of(s, a, &family), probe_of(s, b, &family)) {
+                    (Some(x), Some(y)) => x
+                        .iter()
+                        .filter_map(|(t, v)| y.get(t).map(|w| v - w))
+                        .collect(),
+                    _ => Vec::new(),
+                },
+            )
+            .collect();
+        rows.push(row(
+            format!(
+                "Probability of the good decision ({family}, probe): {} > {}",
+                l(a),
+                l(b)
+            ),
+            vec![(l(a), per_seed(a)), (l(b), per_seed(b))],
+            vec![Units::Paired(diffs)],
+            true,
+            "eval/behaviour.jsonl probe; intervals paired by test task".into(),
+        ));
+    }
     rows
 }
 
@@ -484,5 +592,94 @@ pub fn directions_text(rows: &[DirectionRow], seeds: usize) -> TextTable {
         ],
         rows: text_rows,
         notes,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::{BehaviourLine, ProbeCell};
+
+    fn line(method: &str, commit: usize, check: usize, probe: &[(&str, f64)]) -> BehaviourLine {
+        BehaviourLine {
+            method: method.into(),
+            label: None,
+            mode: "h0".into(),
+            episodes: BTreeMap::from([("change".to_string(), commit + check)]),
+            choices: BTreeMap::from([(
+                "change".to_string(),
+                BTreeMap::from([(
+                    "after_change".to_string(),
+                    BTreeMap::from([("commit".to_string(), commit), ("check".to_string(), check)]),
+                )]),
+            )]),
+            probe: BTreeMap::from([(
+                "change".to_string(),
+                ProbeCell {
+                    tasks: probe.len(),
+                    per_task: probe.iter().map(|(t, p)| (t.to_string(), *p)).collect(),
+                    ..ProbeCell::default()
+                },
+            )]),
+        }
+    }
+
+    fn run(lines: Vec<BehaviourLine>) -> Run {
+        Run {
+            dir: "r".into(),
+            seeds: vec![SeedRun {
+                dir: "s".into(),
+                seed: Some(1),
+                config: None,
+                methods: BTreeMap::new(),
+                test: None,
+                rank: None,
+                behaviour: Some(lines),
+                routing: None,
+                first_calibration: Vec::new(),
+                evolve: None,
+            }],
+            shared_evolve: None,
+        }
+    }
+
+    #[test]
+    fn behaviour_rows_compare_episode_shares_and_the_probe_per_family() {
+        let r = run(vec![
+            line("harness_s", 18, 2, &[("t1", 0.9), ("t2", 0.8), ("t3", 0.7)]),
+            line("grpo", 2, 18, &[("t1", 0.2), ("t2", 0.3), ("t3", 0.1)]),
+        ]);
+        let rows = behaviour_rows(&r, "harness_s", "grpo");
+        assert_eq!(rows.len(), 2);
+        let shares = &rows[0];
+        assert!(
+            shares.claim.contains("`commit` at after_change (change)"),
+            "{}",
+            shares.claim
+        );
+        let values: Vec<f64> = shares
+            .compared
+            .iter()
+            .map(|c| c.value.unwrap().mean)
+            .collect();
+        assert_eq!(values, [0.9, 0.1]);
+        assert_eq!(shares.intervals[0].unwrap().units, 40);
+        assert_eq!(shares.verdict, Verdict::Holds);
+        let probe = &rows[1];
+        assert!(probe.claim.contains("(change, probe)"), "{}", probe.claim);
+        let diff = probe.intervals[0].unwrap();
+        // Paired by task: differences 0.7, 0.5, 0.6; the interval lies within their range.
+        assert_eq!(diff.units, 3);
+        assert!(
+            diff.low >= 0.5 - 1e-12 && diff.high <= 0.7 + 1e-12,
+            "{diff:?}"
+        );
+        assert_eq!(probe.verdict, Verdict::Holds);
+
+        // The other way round the shares do not hold.
+        let rows = behaviour_rows(&r, "grpo", "harness_s");
+        assert_eq!(rows[0].verdict, Verdict::DoesNotHold);
+        // Without behaviour lines there is nothing to compare.
+        assert!(behaviour_rows(&run(Vec::new()), "harness_s", "grpo").is_empty());
     }
 }

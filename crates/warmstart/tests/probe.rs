@@ -1,0 +1,90 @@
+//! The decision-point probe reads the policy's preference at each planted family's decision:
+//! it covers the families that have a decision point, and fine-tuning on good decisions of one
+//! family raises that family's probability of the good decision.
+
+use std::sync::Arc;
+
+use grpo_candle::sft::{SftConfig, SftTrainer, sft_sequences};
+use grpo_candle::{CandlePolicy, PolicyOptions, TeacherForcedPolicy};
+use harness_core::{Environment, EpisodeOptions, Split, run_episode_with};
+use harness_envs::dbbench::{DbBench, GeneratorConfig};
+use harness_warmstart::demo::{DemoScript, hook_messages};
+use harness_warmstart::environment::{CompactDbBench, compact_base};
+use harness_warmstart::{Family, WarmStartSettings, demonstrations, probe_decisions};
+
+#[tokio::test]
+async fn the_probe_covers_planted_families_and_follows_fine_tuning_on_good_decisions() {
+    // A tokenizer fitted on more demonstrations than the tiny preset's, so that statements fit
+    // the episode's output limit in the student's tokens.
+    let settings = WarmStartSettings {
+        demo_tasks: 88,
+        vocab_size: 1200,
+        ..WarmStartSettings::tiny()
+    };
+    let (model, _) = demonstrations(&settings, &mut |_| {}).await.unwrap();
+    let student = Arc::new(CandlePolicy::new(model, PolicyOptions::default()));
+    let h0 = compact_base(&settings.limits);
+    let env = CompactDbBench::new(DbBench::generated(&GeneratorConfig {
+        seed: 3,
+        train: 66,
+        validation: 0,
+        test: 22,
+    }));
+    let test = env.tasks(Split::Test).unwrap();
+
+    let before = probe_decisions(&student, &h0, &test, 1).await.unwrap();
+    // Every family with a decision point is probed on each of its tasks that reach it.
+    let count = |f: Family| {
+        test.iter()
+            .filter(|t| Family::of_task(t) == Some(f))
+            .count()
+    };
+    assert_eq!(before["change"].tasks, count(Family::Change));
+    assert_eq!(before["recheck"].tasks, count(Family::Recheck));
+    assert!(!before.contains_key("plain"));
+    for (family, p) in &before {
+        assert!(p.tasks > 0, "{family}");
+        assert!(p.p_good > 0.0 && p.p_good < 1.0, "{family}: {p:?}");
+    }
+    assert_eq!(
+        before,
+        probe_decisions(&student, &h0, &test, 1).await.unwrap(),
+        "the probe is deterministic"
+    );
+
+    // Fine-tune on the good decision of the change family only (commit after the change),
+    // recorded in the student's own tokens on training tasks.
+    let hooks = hook_messages(std::slice::from_ref(&h0));
+    let mut good = Vec::new();
+    for (i, task) in env.tasks(Split::Train).unwrap().iter().enumerate() {
+        if Family::of_task(task) != Some(Family::Change) {
+            continue;
+        }
+        let script = DemoScript::new(task, Arc::clone(&hooks), true).unwrap();
+        let forced = TeacherForcedPolicy::new(Arc::new(script), Arc::clone(&student));
+        let t = run_episode_with(
+            &forced,
+            &h0,
+            &env,
+            task,
+            i as u64,
+            &EpisodeOptions::default(),
+        )
+        .await
+        .unwrap();
+        assert!(t.is_success(), "{}", t.transcript());
+        good.push(t);
+    }
+    let seqs = sft_sequences(&good, true).unwrap();
+    let mut sft = SftTrainer::new(student.model(), SftConfig::default()).unwrap();
+    sft.fit_policy(&student, &seqs, 30).unwrap();
+
+    let after = probe_decisions(&student, &h0, &test, 1).await.unwrap();
+    assert!(
+        after["change"].p_good > before["change"].p_good + 0.1,
+        "change: {:?} -> {:?}",
+        before["change"],
+        after["change"]
+    );
+    assert!(after["change"].log_ratio > before["change"].log_ratio);
+}
