@@ -30,6 +30,7 @@ use grpo_candle::{CandlePolicy, PolicyModel, PolicyOptions, TinySpec};
 use harness_core::{ChatModel, Environment, Harness, Policy, Split};
 use harness_envs::{appworld, dbbench, swe};
 use harness_openai::{ChatClient, ChatClientConfig};
+use harness_pipeline::keys;
 use harness_pool::SiblingPool;
 use harness_rollout::{METRICS_FILE, RescueConfig, TrainingSetup, run_training};
 use harness_router::{
@@ -74,9 +75,14 @@ struct Args {
     /// The model asked at `--llm`.
     #[arg(long, requires = "llm")]
     llm_model: Option<String>,
-    /// The environment variable holding the `--llm` API key (unset: no auth header).
+    /// The environment variable holding the `--llm` API key (unset: no auth header); its
+    /// name must end in `_API_KEY`.
     #[arg(long, default_value = "OPENAI_API_KEY")]
     llm_key_env: String,
+    /// Send that key over plain http:// to a host other than this machine (unsafe: it goes
+    /// unencrypted); without it the key goes only over https or to a loopback host.
+    #[arg(long)]
+    allow_insecure_http: bool,
     /// Training tasks used (the first of the split).
     #[arg(long, default_value_t = 16)]
     tasks: usize,
@@ -145,7 +151,12 @@ fn roles(args: &Args, seed: u64, tokens: &TokenCounter) -> anyhow::Result<Roles>
         });
     };
     let mut config = ChatClientConfig::new(url, model);
+    let endpoint = keys::Endpoint::parse(url).map_err(|e| anyhow::anyhow!("--llm: {e}"))?;
+    keys::check_key_env(&args.llm_key_env).map_err(|e| anyhow::anyhow!("--llm-key-env: {e}"))?;
     if let Ok(key) = std::env::var(&args.llm_key_env) {
+        endpoint
+            .check_key_transport(args.allow_insecure_http)
+            .map_err(|e| anyhow::anyhow!("--llm: {e}"))?;
         config.endpoint = config.endpoint.with_api_key(key);
     }
     let chat: Arc<dyn ChatModel> = Arc::new(ChatClient::new(config)?);

@@ -553,6 +553,35 @@ fn attach_extensions_and_pragmas_are_refused() {
     assert!(run(&s, "PRAGMA table_info(`People List`)").contains("Name"));
 }
 
+/// The temp schema is a second database beside the capped main one: filling a TEMP table
+/// statement by statement would grow memory past the page cap, so temp DDL is refused (a
+/// trigger's body needs a `;`, which the one-statement rule already refuses).
+#[test]
+fn temporary_tables_views_and_triggers_are_refused() {
+    let s = session();
+    for sql in [
+        "CREATE TEMP TABLE t (x TEXT)",
+        "CREATE TEMPORARY TABLE t AS SELECT * FROM `People List`",
+        "CREATE TABLE temp.t (x TEXT)",
+        "CREATE TEMP VIEW v AS SELECT Name FROM `People List`",
+    ] {
+        let message = fails(&s, sql);
+        assert!(
+            message.contains("not authorized") && message.contains("temporary tables"),
+            "{sql}: {message}"
+        );
+    }
+    fails(&s, "PRAGMA temp.max_page_count = 1000000");
+    let message = fails(&s, "PRAGMA foreign_keys");
+    assert!(
+        message.contains("PRAGMA foreign_keys is disabled"),
+        "{message}"
+    );
+    // Regular tables still work, under the main database's page cap.
+    run(&s, "CREATE TABLE t (x TEXT)");
+    assert_eq!(run(&s, "SELECT COUNT(*) FROM `People List`"), "[(4,)]");
+}
+
 #[test]
 fn a_runaway_statement_is_stopped() {
     let s = session_with(DbLimits {

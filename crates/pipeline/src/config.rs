@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::error::{Error, Result};
+use crate::keys;
 
 /// Which defaults a document starts from.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -182,8 +183,13 @@ pub struct RolesConfig {
     pub llm: Option<String>,
     /// The model asked at `llm`.
     pub llm_model: String,
-    /// The environment variable the binary reads the API key from.
+    /// The environment variable the binary reads the API key from (its name must end in
+    /// `_API_KEY`).
     pub llm_key_env: String,
+    /// Send the API key to `llm` over plain `http://` to a host other than this machine
+    /// (unencrypted: anyone on the path reads it). Off by default.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub allow_insecure_http: bool,
     /// Voters on the router's panel (paper: 4).
     pub voters: usize,
     /// Cap on the tokens of every role answer; `None` keeps each role's own (voters 512,
@@ -202,6 +208,12 @@ pub struct RolesConfig {
 
 /// The roles an LLM can play.
 pub const LLM_ROLES: [&str; 4] = ["analyst", "editor", "profiler", "voters"];
+
+/// Settings that are off stay out of `run.json`, so a run saved before they existed still
+/// matches its configuration.
+fn is_false(value: &bool) -> bool {
+    !*value
+}
 
 fn default_role_timeout_s() -> u64 {
     120
@@ -239,6 +251,10 @@ pub struct RolloutConfig {
     pub engine: RolloutEngine,
     /// The engine's server root (`http://127.0.0.1:8000`), for `vllm` and `sglang`.
     pub engine_url: Option<String>,
+    /// Send the engine's API key over plain `http://` to a host other than this machine
+    /// (unencrypted: anyone on the path reads it). Off by default.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub allow_insecure_http: bool,
     /// The model name the engine serves (vLLM's `--served-model-name`).
     pub served_model: Option<String>,
     /// The folder the trained weights are written to for the engine to reload (vLLM reloads
@@ -407,6 +423,7 @@ impl RunConfig {
                 llm: None,
                 llm_model: "gpt-4o-mini".into(),
                 llm_key_env: "OPENAI_API_KEY".into(),
+                allow_insecure_http: false,
                 voters: 4,
                 max_tokens: None,
                 timeout_s: default_role_timeout_s(),
@@ -415,6 +432,7 @@ impl RunConfig {
             rollout: RolloutConfig {
                 engine: RolloutEngine::Local,
                 engine_url: None,
+                allow_insecure_http: false,
                 served_model: None,
                 weights_dir: None,
                 temperature: 1.0,
@@ -589,6 +607,19 @@ impl RunConfig {
                 format!("unknown role `{bad_role}`; expected some of {LLM_ROLES:?}"),
             );
         }
+        if let Err(message) = keys::check_key_env(&self.roles.llm_key_env) {
+            return bad("roles.llm_key_env", message);
+        }
+        for (field, url) in [
+            ("roles.llm", &self.roles.llm),
+            ("rollout.engine_url", &self.rollout.engine_url),
+        ] {
+            if let Some(url) = url
+                && let Err(message) = keys::Endpoint::parse(url)
+            {
+                return bad(field, message);
+            }
+        }
         if self.train.updates == 0 {
             return bad("train.updates", "expected at least 1, found 0".into());
         }
@@ -669,6 +700,39 @@ impl RunConfig {
                     data.display()
                 ),
             );
+        }
+        Ok(())
+    }
+
+    /// Whether the API keys the binary found may go to their endpoints: over https, or over
+    /// plain http to the loopback host, unless the section's `allow_insecure_http` is set.
+    /// `llm_key` and `engine_key` say which keys are set.
+    pub fn check_key_transport(&self, llm_key: bool, engine_key: bool) -> Result<()> {
+        let endpoints = [
+            (
+                llm_key,
+                "roles.llm",
+                &self.roles.llm,
+                self.roles.allow_insecure_http,
+            ),
+            (
+                engine_key && self.rollout.engine != RolloutEngine::Local,
+                "rollout.engine_url",
+                &self.rollout.engine_url,
+                self.rollout.allow_insecure_http,
+            ),
+        ];
+        for (key, field, url, allowed) in endpoints {
+            let (true, Some(url)) = (key, url) else {
+                continue;
+            };
+            keys::Endpoint::parse(url)
+                .and_then(|endpoint| endpoint.check_key_transport(allowed))
+                .map_err(|message| Error::Config {
+                    file: PathBuf::from("<run config>"),
+                    field: field.to_string(),
+                    message,
+                })?;
         }
         Ok(())
     }
@@ -785,6 +849,90 @@ mod tests {
 
     fn parse(text: &str, name: &str) -> Result<RunConfig> {
         RunConfig::parse(text, Path::new(name))
+    }
+
+    #[test]
+    fn the_key_variable_must_end_in_api_key() {
+        let cfg = parse("[roles]\nllm_key_env = \"HOME\"", "run.toml").unwrap();
+        let e = cfg
+            .validate(Some(Path::new("run.toml")))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("run.toml")
+                && e.contains("roles.llm_key_env")
+                && e.contains("_API_KEY")
+                && e.contains("`HOME`"),
+            "{e}"
+        );
+        let cfg = parse("[roles]\nllm_key_env = \"GROQ_API_KEY\"", "run.toml").unwrap();
+        cfg.validate(Some(Path::new("run.toml"))).unwrap();
+    }
+
+    #[test]
+    fn urls_with_credentials_are_refused_without_being_repeated() {
+        for (field, text) in [
+            (
+                "roles.llm",
+                "[roles]\nllm = \"https://me:hunter2@api.example.com/v1\"",
+            ),
+            (
+                "rollout.engine_url",
+                "[rollout]\nengine = \"vllm\"\nengine_url = \"http://me:hunter2@127.0.0.1:8000\"",
+            ),
+        ] {
+            let cfg = parse(text, "run.toml").unwrap();
+            let e = cfg
+                .validate(Some(Path::new("run.toml")))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("run.toml") && e.contains(field) && e.contains("credentials"),
+                "{e}"
+            );
+            assert!(!e.contains("hunter2"), "{e}");
+        }
+    }
+
+    #[test]
+    fn keys_go_over_plain_http_only_to_loopback_unless_allowed() {
+        let mut cfg = RunConfig::default();
+        cfg.roles.llm = Some("http://api.example.com/v1".into());
+        cfg.validate(None).unwrap();
+        // Without a key nothing secret travels.
+        cfg.check_key_transport(false, false).unwrap();
+        let e = cfg
+            .check_key_transport(true, false)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("roles.llm") && e.contains("allow_insecure_http"),
+            "{e}"
+        );
+        cfg.set("roles.allow_insecure_http", "true").unwrap();
+        cfg.check_key_transport(true, false).unwrap();
+        for url in ["http://127.0.0.1:8000/v1", "https://api.example.com/v1"] {
+            cfg.roles.llm = Some(url.into());
+            cfg.roles.allow_insecure_http = false;
+            cfg.check_key_transport(true, false).unwrap();
+        }
+
+        cfg.rollout.engine = RolloutEngine::Vllm;
+        cfg.rollout.engine_url = Some("http://gpu-box:8000".into());
+        let e = cfg
+            .check_key_transport(false, true)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("rollout.engine_url"), "{e}");
+        cfg.rollout.allow_insecure_http = true;
+        cfg.check_key_transport(false, true).unwrap();
+    }
+
+    #[test]
+    fn an_insecure_http_setting_that_is_off_stays_out_of_run_json() {
+        let value = serde_json::to_value(RunConfig::default()).unwrap();
+        assert!(value["roles"].get("allow_insecure_http").is_none());
+        assert!(value["rollout"].get("allow_insecure_http").is_none());
     }
 
     #[test]
@@ -934,15 +1082,17 @@ Run configuration (TOML or JSON; any subset; `preset` picks the defaults; flags 
   policy.warm_start_preset      default | tiny (seconds, for tests; its policy is not useful)
   policy.warm_start             harness-warmstart settings over the preset (demo_tasks, sft_steps, model, limits, ...); seed: default the run's (every seed of --seeds trains from that one checkpoint)
   policy.learning_rate          peak learning rate of the GRPO updates
-  roles.llm                     OpenAI-compatible base URL (ending in /v1) for analyst, editor, profiler, voters (unset: built-in)
+  roles.llm                     OpenAI-compatible base URL (ending in /v1) for analyst, editor, profiler, voters (unset: built-in; no user:password@ in it)
   roles.llm_model               the model asked at roles.llm
-  roles.llm_key_env             the environment variable holding its API key
+  roles.llm_key_env             the environment variable holding its API key (a name ending in _API_KEY)
+  roles.allow_insecure_http     send that key over plain http:// to a host other than this machine (unsafe; default false: https or loopback only)
   roles.voters                  voters on the router's panel (paper: 4)
   roles.max_tokens              cap on each role answer's tokens (unset: voters 512, profiler 2048, analyst and editor 4096)
   roles.timeout_s               seconds one role request may take before it is retried (default 120)
   roles.llm_roles               the roles that ask roles.llm, of analyst, editor, profiler, voters (default: all four)
   rollout.engine                local | vllm | sglang
-  rollout.engine_url            the engine's server root (http://host:port)
+  rollout.engine_url            the engine's server root (http://host:port; no user:password@ in it)
+  rollout.allow_insecure_http   send HARNESS_S_ENGINE_API_KEY over plain http:// to a host other than this machine (unsafe; default false)
   rollout.served_model          the model name the engine serves
   rollout.weights_dir           where trained weights are written for the engine to reload
   rollout.temperature           sampling temperature of training, validation and test rollouts

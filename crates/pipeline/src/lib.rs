@@ -33,6 +33,7 @@
 
 pub mod config;
 pub mod error;
+pub mod keys;
 pub mod layout;
 pub mod organism;
 pub mod serve;

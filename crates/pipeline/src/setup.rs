@@ -82,13 +82,23 @@ impl Progress {
 }
 
 /// What the binary hands the library besides the configuration (only binaries read the
-/// process environment).
-#[derive(Debug, Clone, Default)]
+/// process environment). Its `Debug` says which keys are set, never what they are.
+#[derive(Clone, Default)]
 pub struct Secrets {
     /// The API key of the LLM roles' endpoint (read from `roles.llm_key_env`).
     pub llm_api_key: Option<String>,
     /// The API key of the rollout engine, if it wants one.
     pub engine_api_key: Option<String>,
+}
+
+impl std::fmt::Debug for Secrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let redacted = |key: &Option<String>| key.as_ref().map(|_| "<redacted>");
+        f.debug_struct("Secrets")
+            .field("llm_api_key", &redacted(&self.llm_api_key))
+            .field("engine_api_key", &redacted(&self.engine_api_key))
+            .finish()
+    }
 }
 
 /// The shared state of one seed's run.
@@ -140,6 +150,10 @@ impl Workbench {
     /// and cached for the embedded default), the LLM roles.
     pub fn new(cfg: RunConfig, secrets: Secrets, progress: Progress) -> Result<Self> {
         cfg.validate(None)?;
+        cfg.check_key_transport(
+            secrets.llm_api_key.is_some(),
+            secrets.engine_api_key.is_some(),
+        )?;
         let layout = Layout::new(&cfg.out);
         let (env, base, builtin_siblings, checkpoint) = match cfg.env.name.as_str() {
             "default" => {
@@ -340,4 +354,24 @@ pub fn load_model(dir: &Path) -> Result<PolicyModel> {
             format!("expected a Hugging Face checkpoint folder: {e}"),
         )
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_debug_says_which_keys_are_set_but_not_what_they_are() {
+        let secrets = Secrets {
+            llm_api_key: Some("sk-hunter2".into()),
+            engine_api_key: None,
+        };
+        let text = format!("{secrets:?} {secrets:#?}");
+        assert!(!text.contains("hunter2"), "{text}");
+        assert!(
+            text.contains("llm_api_key: Some(\"<redacted>\")")
+                && text.contains("engine_api_key: None"),
+            "{text}"
+        );
+    }
 }

@@ -475,7 +475,9 @@ pub fn voter_summary(s: &harness_router::RouterStats) -> String {
 }
 
 /// Rescue-train `method` from the initial checkpoint into `train/<method>/`; `resume`
-/// continues a killed run from its latest checkpoint.
+/// continues a killed run from its latest checkpoint. The run folder is locked (its `.lock`
+/// file) for the whole stage: a second training run on the same folder, a concurrent
+/// `--resume` say, is refused at once instead of interleaving checkpoints and run files.
 pub async fn train(
     wb: &Workbench,
     pool: &SiblingPool,
@@ -484,6 +486,7 @@ pub async fn train(
 ) -> Result<Trained> {
     let cfg = &wb.cfg;
     let run_dir = wb.layout.train(method);
+    let _lock = harness_core::fsutil::DirLock::acquire(&run_dir).at("train")?;
     let rescue = rescue_config(wb, pool, method);
     rescue.validate(pool).at("train")?;
     if let Strategy::Router {

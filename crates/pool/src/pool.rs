@@ -236,6 +236,21 @@ impl SiblingPool {
                 format!("at `format`: expected {POOL_FORMAT}, found {}", file.format),
             ));
         }
+        // Ids become file names (`harnesses/<id>.json`): one that is not an id's form could
+        // name a file outside the pool (`../../x`).
+        for (field, id) in std::iter::once(("base", &file.base))
+            .chain(file.members.iter().map(|id| ("members", id)))
+        {
+            if !id.is_well_formed() {
+                return Err(invalid(
+                    &index_path,
+                    format!(
+                        "at `{field}`: `{id}` is not a harness id; expected {} lower-case hex digits",
+                        HarnessId::LEN
+                    ),
+                ));
+            }
+        }
         let mut seen: BTreeMap<&HarnessId, usize> = BTreeMap::new();
         for (i, id) in file.members.iter().enumerate() {
             if let Some(first) = seen.insert(id, i) {

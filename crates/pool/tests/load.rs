@@ -103,6 +103,45 @@ fn duplicate_id_is_rejected() {
     );
 }
 
+/// Ids become file names: one that is not 16 hex digits (`../x`) is refused before any file
+/// is opened, naming pool.json and the field, so an index cannot read outside its pool.
+#[test]
+fn ids_that_escape_the_pool_are_refused() {
+    let (dir, pool) = saved();
+    // A harness outside the pool directory that `../` ids would reach.
+    let outside = dir.path().join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    let pool_dir = outside.join("pool");
+    pool.save(&pool_dir).unwrap();
+    std::fs::write(
+        outside.join("escape.json"),
+        pool.members()[1].to_json_pretty(),
+    )
+    .unwrap();
+    for (field, edit) in [
+        ("members", "../../escape"),
+        ("members", "..\\..\\escape"),
+        ("members", "ABCDEF0123456789"),
+        ("base", "../../escape"),
+    ] {
+        edit_index(&pool_dir, |v| {
+            if field == "base" {
+                v["base"] = serde_json::json!(edit);
+            } else {
+                v["members"][1] = serde_json::json!(edit);
+            }
+        });
+        let msg = load_err(&pool_dir);
+        assert!(
+            msg.contains(POOL_FILE)
+                && msg.contains(&format!("at `{field}`"))
+                && msg.contains("not a harness id"),
+            "{edit}: {msg}"
+        );
+        pool.save(&pool_dir).unwrap();
+    }
+}
+
 #[test]
 fn base_not_a_member_is_rejected() {
     let (dir, _) = saved();

@@ -465,20 +465,36 @@ fn from_value<T: DeserializeOwned>(
 }
 
 /// The non-blank lines of a JSONL file as JSON values, with their 1-based line numbers.
+///
+/// A last line that a crash cut off (no newline after it, and it does not parse) is skipped
+/// with a warning, so a killed run still reports every record it finished; a line that does
+/// not parse anywhere else is an error naming the file and the line.
 fn jsonl_values(path: &Path, text: &str) -> Result<Vec<(usize, Value)>> {
+    let last = text.lines().count();
+    let cut_off = !text.ends_with('\n');
     let mut out = Vec::new();
     for (i, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
             continue;
         }
-        let value: Value = serde_json::from_str(line).map_err(|e| {
-            Error::parse(
-                path,
-                i + 1,
-                format!("expected one JSON object per line: {e}"),
-            )
-        })?;
-        out.push((i + 1, value));
+        match serde_json::from_str(line) {
+            Ok(value) => out.push((i + 1, value)),
+            Err(e) if cut_off && i + 1 == last => {
+                tracing::warn!(
+                    file = %path.display(),
+                    line = i + 1,
+                    "skipping the last line, cut off before its end (a run stopped while \
+                     writing it): {e}"
+                );
+            }
+            Err(e) => {
+                return Err(Error::parse(
+                    path,
+                    i + 1,
+                    format!("expected one JSON object per line: {e}"),
+                ));
+            }
+        }
     }
     Ok(out)
 }
@@ -800,4 +816,40 @@ pub fn read_run(out: &Path) -> Result<Run> {
         seeds,
         shared_evolve,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, serde::Deserialize, PartialEq)]
+    struct Line {
+        n: u32,
+    }
+
+    fn write(text: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("groups.jsonl");
+        std::fs::write(&path, text).unwrap();
+        (dir, path)
+    }
+
+    #[test]
+    fn a_cut_off_last_line_is_skipped() {
+        let (_dir, path) = write("{\"n\": 1}\n{\"n\": 2}\n{\"n\": 3, \"gro");
+        let lines: Vec<(usize, Line)> = read_jsonl(&path, "a line").unwrap().unwrap();
+        assert_eq!(lines, [(1, Line { n: 1 }), (2, Line { n: 2 })]);
+    }
+
+    #[test]
+    fn a_bad_line_elsewhere_is_an_error_naming_file_and_line() {
+        // In the middle.
+        let (_dir, path) = write("{\"n\": 1}\n{\"n\": 2, \"gro\n{\"n\": 3}\n");
+        let err = read_jsonl::<Line>(&path, "a line").unwrap_err().to_string();
+        assert!(err.contains("groups.jsonl:2:"), "{err}");
+        // Last, but complete (a newline after it): not a crash's cut.
+        let (_dir, path) = write("{\"n\": 1}\n{\"n\": 2, \"gro\n");
+        let err = read_jsonl::<Line>(&path, "a line").unwrap_err().to_string();
+        assert!(err.contains("groups.jsonl:2:"), "{err}");
+    }
 }

@@ -584,9 +584,11 @@ fn malformed_lines_name_file_and_line() {
         "{msg}"
     );
 
+    // A line cut off in the middle of the file is an error; the same cut as the last line
+    // (a crash while writing it, no newline after it) is skipped with a warning.
     std::fs::write(
         &metrics,
-        format!("{good}\n{{\"kind\": \"update\", \"update\""),
+        format!("{good}\n{{\"kind\": \"update\", \"update\"\n{good}\n"),
     )
     .unwrap();
     let msg = read_run(tmp.path()).unwrap_err().to_string();
@@ -594,6 +596,13 @@ fn malformed_lines_name_file_and_line() {
         msg.contains("metrics.jsonl:2: expected one JSON object per line"),
         "{msg}"
     );
+    std::fs::write(
+        &metrics,
+        format!("{good}\n{{\"kind\": \"update\", \"update\""),
+    )
+    .unwrap();
+    let run = read_run(tmp.path()).unwrap();
+    assert_eq!(run.seeds[0].methods["grpo"].updates.len(), 1);
 
     std::fs::write(&metrics, format!("{good}\n{{\"kind\": \"checkpoint\"}}\n")).unwrap();
     let msg = read_run(tmp.path()).unwrap_err().to_string();

@@ -168,10 +168,28 @@ fn prune(root: &Path, keep: usize) -> Result<()> {
 /// else the newest complete folder. `None` when there is none.
 pub fn latest_checkpoint(run_dir: &Path) -> Result<Option<(PathBuf, CheckpointState)>> {
     let root = run_dir.join(CHECKPOINT_DIR);
-    let named = std::fs::read_to_string(root.join(LATEST_FILE))
-        .ok()
-        .map(|n| root.join(n.trim()))
-        .filter(|p| p.join(STATE_FILE).is_file());
+    let pointer = root.join(LATEST_FILE);
+    let named = match std::fs::read_to_string(&pointer) {
+        Ok(text) => {
+            let name = text.trim();
+            // The pointer names a folder beside it; anything else (`../x`, `/x`) would load
+            // a checkpoint from outside the run.
+            let plain = name != "." && name != ".." && !name.contains(['/', '\\', '\0']);
+            if !plain {
+                return Err(Error::run_dir(
+                    &pointer,
+                    format!(
+                        "expected the name of a checkpoint folder beside it (no `/`, `\\` or \
+                         `..`), found `{}`",
+                        name.escape_debug()
+                    ),
+                ));
+            }
+            // An empty pointer dangles like one naming a removed folder.
+            Some(root.join(name)).filter(|p| !name.is_empty() && p.join(STATE_FILE).is_file())
+        }
+        Err(_) => None,
+    };
     let dir = match named {
         Some(dir) => dir,
         None => match complete(&root)?.pop() {
@@ -259,6 +277,36 @@ mod tests {
         again.finished = true;
         write_checkpoint(dir.path(), &again, &Tiny, 2).unwrap();
         assert!(latest_checkpoint(dir.path()).unwrap().unwrap().1.finished);
+    }
+
+    /// The pointer names a folder beside it: one that leads out of the checkpoints (`../x`,
+    /// an absolute path) is an error naming the pointer, never loaded.
+    #[test]
+    fn a_latest_pointer_that_escapes_the_checkpoints_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = dir.path().join("run");
+        write_checkpoint(&run, &state(1), &Tiny, 2).unwrap();
+        // A complete checkpoint outside the run that an escaping pointer would reach.
+        let elsewhere = dir.path().join("elsewhere");
+        write_checkpoint(&elsewhere, &state(9), &Tiny, 2).unwrap();
+        let target = elsewhere.join(CHECKPOINT_DIR).join("update-00000009");
+        let pointer = run.join(CHECKPOINT_DIR).join(LATEST_FILE);
+        for name in [
+            "../../elsewhere/checkpoints/update-00000009".to_string(),
+            target.display().to_string(),
+            "..".to_string(),
+            "..\\..\\elsewhere".to_string(),
+        ] {
+            std::fs::write(&pointer, &name).unwrap();
+            let err = latest_checkpoint(&run).unwrap_err().to_string();
+            assert!(
+                err.contains(&pointer.display().to_string())
+                    && err.contains("checkpoint folder beside it"),
+                "{name}: {err}"
+            );
+        }
+        std::fs::write(&pointer, "update-00000001\n").unwrap();
+        assert_eq!(latest_checkpoint(&run).unwrap().unwrap().1.update, 1);
     }
 
     #[test]

@@ -40,8 +40,14 @@ pub struct DbLimits {
     pub max_value_bytes: i32,
     /// Largest SQL text, in bytes.
     pub max_sql_bytes: i32,
-    /// Largest database, in 4 KiB pages.
+    /// Largest database, in 4 KiB pages (the temp schema gets the same cap, although the
+    /// authorizer refuses creating anything in it).
     pub max_pages: u32,
+    /// SQLite's hard heap limit, in bytes: a statement that needs more memory (a huge sort, a
+    /// materialised subquery) fails with an error observation instead of growing the process.
+    /// SQLite has no per-connection heap limit, so this one is shared by every database of
+    /// the process, and it can only be lowered: the lowest any database asked for holds.
+    pub process_heap_bytes: i64,
 }
 
 impl Default for DbLimits {
@@ -54,6 +60,7 @@ impl Default for DbLimits {
             max_value_bytes: 1 << 20,
             max_sql_bytes: 100_000,
             max_pages: 8_192,
+            process_heap_bytes: 1 << 30,
         }
     }
 }
@@ -83,13 +90,15 @@ impl SqlOutcome {
     }
 }
 
-/// The running statement's budget, shared with the progress handler.
+/// The running statement's budget, shared with the progress handler and the authorizer.
 #[derive(Debug, Default)]
 struct Budget {
     started: Mutex<Option<Instant>>,
     ops: AtomicU64,
     stopped_by_time: AtomicBool,
     stopped_by_ops: AtomicBool,
+    /// Why the authorizer refused the statement being prepared, if it did.
+    refused: Mutex<Option<String>>,
 }
 
 /// An in-memory SQLite database set up for one DBBench episode.
@@ -125,6 +134,10 @@ impl Database {
         // Settings first: the authorizer installed below refuses pragmas.
         conn.pragma_update(None, "temp_store", "MEMORY")?;
         conn.pragma_update(None, "max_page_count", limits.max_pages)?;
+        conn.pragma_update(Some("temp"), "max_page_count", limits.max_pages)?;
+        // Sorts, DISTINCT and materialised subqueries keep their temporary b-trees in memory
+        // (temp_store above) with no page cap of their own; only the heap limit bounds them.
+        conn.pragma_update(None, "hard_heap_limit", limits.process_heap_bytes)?;
         conn.pragma_update(None, "trusted_schema", "OFF")?;
         // Loading extensions is off by default (the C API is never enabled), and the
         // authorizer refuses the `load_extension` SQL function as well.
@@ -180,8 +193,20 @@ impl Database {
             tx.commit()?;
         }
 
-        conn.authorizer(Some(authorize));
         let budget = Arc::new(Budget::default());
+        let authorizer_budget = Arc::clone(&budget);
+        conn.authorizer(Some(move |context: AuthContext<'_>| {
+            match refusal(&context) {
+                Some(reason) => {
+                    *authorizer_budget
+                        .refused
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner()) = Some(reason);
+                    Authorization::Deny
+                }
+                None => Authorization::Allow,
+            }
+        }));
         let handler_budget = Arc::clone(&budget);
         conn.progress_handler(
             PROGRESS_PERIOD as i32,
@@ -340,6 +365,13 @@ impl Database {
                         "the statement was stopped after {} million steps; it does too much work",
                         self.limits.statement_ops / 1_000_000
                     ))
+                } else if let Some(reason) = self.budget.refusal() {
+                    SqlOutcome::error(format!("not authorized: {reason}"))
+                } else if is_out_of_memory(&e) {
+                    SqlOutcome::error(format!(
+                        "the statement was stopped: it needs more memory than the {} MiB allowed",
+                        self.limits.process_heap_bytes >> 20
+                    ))
                 } else {
                     SqlOutcome::error(describe_error(&e))
                 }
@@ -451,6 +483,14 @@ impl Budget {
         self.ops.store(0, AtomicOrdering::Relaxed);
         self.stopped_by_time.store(false, AtomicOrdering::Relaxed);
         self.stopped_by_ops.store(false, AtomicOrdering::Relaxed);
+        *self.refused.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    fn refusal(&self) -> Option<String> {
+        self.refused
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     fn should_stop(&self, limits: DbLimits) -> bool {
@@ -468,32 +508,64 @@ impl Budget {
     }
 }
 
-/// The authorizer: everything a query needs, nothing that reaches outside the database.
-fn authorize(context: AuthContext<'_>) -> Authorization {
+const TEMP_REFUSAL: &str =
+    "temporary tables, views, triggers and indexes are disabled; create a regular one";
+
+/// The authorizer: everything a query needs, nothing that reaches outside the database or
+/// grows outside its page cap. Returns why an action is refused, `None` to allow it.
+fn refusal(context: &AuthContext<'_>) -> Option<String> {
+    // `CREATE TABLE temp.t` is reported as a plain CREATE TABLE in the temp database.
+    let in_temp = context
+        .database_name
+        .is_some_and(|name| name.eq_ignore_ascii_case("temp"));
     match context.action {
-        AuthAction::Attach { .. }
-        | AuthAction::Detach { .. }
-        | AuthAction::CreateVtable { .. }
-        | AuthAction::DropVtable { .. }
-        | AuthAction::Unknown { .. } => Authorization::Deny,
+        AuthAction::CreateTable { .. }
+        | AuthAction::CreateView { .. }
+        | AuthAction::CreateTrigger { .. }
+        | AuthAction::CreateIndex { .. }
+            if in_temp =>
+        {
+            Some(TEMP_REFUSAL.into())
+        }
+        AuthAction::Attach { .. } | AuthAction::Detach { .. } => {
+            Some("ATTACH and DETACH are disabled".into())
+        }
+        AuthAction::CreateVtable { .. } | AuthAction::DropVtable { .. } => {
+            Some("virtual tables are disabled".into())
+        }
+        // The temp schema is a second database beside the capped main one; a TEMP table
+        // filled statement by statement would grow memory past the page cap.
+        AuthAction::CreateTempTable { .. }
+        | AuthAction::CreateTempView { .. }
+        | AuthAction::CreateTempTrigger { .. }
+        | AuthAction::CreateTempIndex { .. } => Some(TEMP_REFUSAL.into()),
         AuthAction::Pragma { pragma_name, .. } => {
             const READ_ONLY: &[&str] = &["table_info", "table_xinfo", "index_list", "index_info"];
-            if READ_ONLY.contains(&pragma_name.to_ascii_lowercase().as_str()) {
-                Authorization::Allow
-            } else {
-                Authorization::Deny
-            }
+            (!READ_ONLY.contains(&pragma_name.to_ascii_lowercase().as_str())).then(|| {
+                format!(
+                    "PRAGMA {pragma_name} is disabled; only {} are allowed",
+                    READ_ONLY.join(", ")
+                )
+            })
         }
         AuthAction::Function { function_name } => {
             const REFUSED: &[&str] = &["load_extension", "fts3_tokenizer", "readfile", "writefile"];
-            if REFUSED.contains(&function_name.to_ascii_lowercase().as_str()) {
-                Authorization::Deny
-            } else {
-                Authorization::Allow
-            }
+            REFUSED
+                .contains(&function_name.to_ascii_lowercase().as_str())
+                .then(|| format!("the function {function_name} is disabled"))
         }
-        _ => Authorization::Allow,
+        AuthAction::Unknown { .. } => Some("this statement is disabled".into()),
+        _ => None,
     }
+}
+
+/// Whether SQLite failed for lack of memory (the hard heap limit).
+fn is_out_of_memory(error: &rusqlite::Error) -> bool {
+    matches!(
+        error,
+        rusqlite::Error::SqliteFailure(e, _) | rusqlite::Error::SqlInputError { error: e, .. }
+            if e.code == rusqlite::ErrorCode::OutOfMemory
+    )
 }
 
 /// An SQLite error as the policy sees it: the message only, never the translated SQL (which

@@ -63,13 +63,17 @@
 //!   bytes, reached at 171 rows), as AgentBench's MySQL would.
 //!
 //! ## Safety
-//! `ATTACH`, virtual tables, extension loading and every `PRAGMA` except the read-only
-//! `table_info`-style ones are refused (authorizer, `SQLITE_LIMIT_ATTACHED = 0`); temporary
-//! storage stays in memory, so nothing touches files. Each statement runs under a time limit
-//! and an instruction budget (progress handler), strings are capped at 1 MiB, the database at
-//! 32 MiB and the rows read at 10,000; a statement that runs away (a recursive CTE) is stopped
-//! and reported as an error observation. This is a guard against accidents and runaway
-//! queries, not a hardened sandbox.
+//! `ATTACH`, virtual tables, extension loading, temporary tables, views, triggers and indexes
+//! (`CREATE TEMP ...`, which would grow a second database beside the capped one) and every
+//! `PRAGMA` except the read-only `table_info`-style ones are refused (authorizer,
+//! `SQLITE_LIMIT_ATTACHED = 0`), each with an error observation saying what is disabled;
+//! temporary storage stays in memory, so nothing touches files. Each statement runs under a
+//! time limit and an instruction budget (progress handler), strings are capped at 1 MiB, the
+//! database at 32 MiB and the rows read at 10,000; SQLite's hard heap limit (1 GiB by default,
+//! process-wide since SQLite has no per-connection one) bounds what a sort or a materialised
+//! subquery may hold. A statement that runs away (a recursive CTE, a sort of huge rows) is
+//! stopped and reported as an error observation, and the session goes on. This is a guard
+//! against accidents and runaway queries, not a hardened sandbox.
 
 pub mod answer;
 pub mod data;

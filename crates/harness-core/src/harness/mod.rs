@@ -29,6 +29,21 @@ pub use template::{BUILTIN_PLACEHOLDERS, TemplateVars, render_template};
 #[serde(transparent)]
 pub struct HarnessId(pub String);
 
+impl HarnessId {
+    /// Digits in an id: the first 8 bytes of the SHA-256, in lower-case hex.
+    pub const LEN: usize = 16;
+
+    /// Whether this has an id's form (16 lower-case hex digits), which is what makes it safe
+    /// to use as a file name (`harnesses/<id>.json`): no separator, no `..`.
+    pub fn is_well_formed(&self) -> bool {
+        self.0.len() == Self::LEN
+            && self
+                .0
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    }
+}
+
 impl std::fmt::Display for HarnessId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.0)
