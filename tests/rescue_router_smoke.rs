@@ -187,7 +187,7 @@ async fn rescue_router_trains_with_llm_voters_on_a_local_openai_compatible_serve
         MODEL.to_string(),
         // No key in this variable: the client sends no auth header.
         "--llm-key-env".to_string(),
-        "HARNESS_S_SMOKE_NO_SUCH_KEY".to_string(),
+        "HARNESS_S_SMOKE_NO_SUCH_API_KEY".to_string(),
     ];
     let (stdout, run_dir) =
         tokio::task::spawn_blocking(move || run_example("rescue_router_llm", &extra))
