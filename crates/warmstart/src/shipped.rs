@@ -65,7 +65,7 @@ impl ShippedCheckpoint {
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
         for (file, bytes) in self.files {
             let path = dir.join(file);
-            std::fs::write(&path, bytes).map_err(|e| Error::io(&path, e))?;
+            harness_core::fsutil::write_atomic(&path, bytes).map_err(|e| Error::io(&path, e))?;
         }
         Ok(())
     }

@@ -240,7 +240,9 @@ fn run(
         report: report.clone(),
     };
     let json = serde_json::to_string_pretty(&stored).map_err(|e| Error::io(&tmp, e))?;
-    std::fs::write(tmp.join(REPORT_FILE), json).map_err(|e| Error::io(&tmp, e))?;
+    let report_path = tmp.join(REPORT_FILE);
+    harness_core::fsutil::write_atomic(&report_path, json.as_bytes())
+        .map_err(|e| Error::io(&report_path, e))?;
     move_in(&tmp, &dir, settings)?;
     progress(WarmStartProgress::Saved(dir.clone()));
     Ok(WarmStarted {
@@ -256,18 +258,29 @@ fn run(
     })
 }
 
-/// An empty temporary folder under `cache_root` for the cache folder `name`.
+/// A new empty temporary folder under `cache_root` for the cache folder `name`, this call's
+/// own (process id and a per-process counter; created exclusively), so two warm starts of the
+/// same settings, in two processes or two threads, never write into one folder.
 fn fresh_tmp(cache_root: &Path, name: &str) -> Result<PathBuf> {
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     std::fs::create_dir_all(cache_root).map_err(|e| Error::io(cache_root, e))?;
-    let tmp = cache_root.join(format!(".{name}.tmp-{}", std::process::id()));
-    if tmp.exists() {
-        std::fs::remove_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
+    loop {
+        let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = cache_root.join(format!(".{name}.tmp-{}-{call}", std::process::id()));
+        match std::fs::create_dir(&tmp) {
+            Ok(()) => return Ok(tmp),
+            // Left behind by a killed process that had the same id: clear it and take the next.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                std::fs::remove_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
+            }
+            Err(e) => return Err(Error::io(&tmp, e)),
+        }
     }
-    Ok(tmp)
 }
 
 /// Rename the finished temporary folder `tmp` to `dir`.
 fn move_in(tmp: &Path, dir: &Path, settings: &WarmStartSettings) -> Result<()> {
+    harness_core::fsutil::sync_dir(tmp).map_err(|e| Error::io(tmp, e))?;
     if let Err(e) = std::fs::rename(tmp, dir) {
         // Another process may have finished the same warm start first: use its folder.
         let _ = std::fs::remove_dir_all(tmp);
@@ -277,6 +290,9 @@ fn move_in(tmp: &Path, dir: &Path, settings: &WarmStartSettings) -> Result<()> {
                 format!("cannot move the checkpoint in: {e}"),
             ));
         }
+    }
+    if let Some(parent) = dir.parent() {
+        harness_core::fsutil::sync_dir(parent).map_err(|e| Error::io(parent, e))?;
     }
     Ok(())
 }
@@ -506,4 +522,26 @@ async fn train(
         "warm start trained"
     );
     Ok((model, report))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fresh_tmp;
+
+    #[test]
+    fn every_call_gets_its_own_empty_temporary_folder() {
+        let root = tempfile::tempdir().unwrap();
+        let folders: Vec<_> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..4)
+                .map(|_| s.spawn(|| fresh_tmp(root.path(), "warmstart-x").unwrap()))
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let distinct: std::collections::BTreeSet<_> = folders.iter().collect();
+        assert_eq!(distinct.len(), folders.len(), "{folders:?}");
+        for f in &folders {
+            assert!(f.is_dir(), "{}", f.display());
+            assert_eq!(std::fs::read_dir(f).unwrap().count(), 0);
+        }
+    }
 }
