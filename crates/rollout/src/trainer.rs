@@ -785,13 +785,16 @@ fn differing_field(saved: &serde_json::Value, now: &serde_json::Value) -> Option
 }
 
 /// Run a whole training: a fresh run, or with `resume` the continuation of the one in
-/// `run_dir`.
+/// `run_dir`. The folder is locked (`harness_core::fsutil::DirLock`) for the whole training,
+/// so a second training on it, a concurrent `--resume` say, is refused at once, naming it.
 pub async fn run_training(
     cfg: RescueConfig,
     setup: TrainingSetup,
     run_dir: impl AsRef<Path>,
     resume: bool,
 ) -> Result<Cost> {
+    let run_dir = run_dir.as_ref();
+    let _lock = harness_core::fsutil::DirLock::acquire(run_dir)?;
     let mut trainer = if resume {
         RescueTrainer::resume(cfg, setup, run_dir)?
     } else {

@@ -10,6 +10,7 @@ use harness_core::{GroupOrigin, HarnessId, SelectionMode, Source};
 use harness_pool::SiblingPool;
 use harness_rollout::{
     GroupRecord, RandomSelector, RescueConfig, RescueTrainer, TrainingSetup, UpdateRecord,
+    run_training,
 };
 
 struct Fixture {
@@ -222,6 +223,36 @@ async fn each_rollout_starts_from_a_fresh_session_and_rescue_never_reuses_a_base
         assert_eq!(g.retained_harnesses, vec![f.pool.base_id().clone(); 4]);
     }
     assert!(groups.iter().any(|g| g.rescued()));
+}
+
+#[tokio::test]
+async fn run_training_refuses_a_folder_another_run_holds_and_runs_once_it_is_free() {
+    let f = fixture(r#"{"kind": "grpo"}"#, 1);
+    let held = harness_core::fsutil::DirLock::acquire(f.dir.path()).unwrap();
+    let err = run_training(
+        f.cfg.clone(),
+        f.setup(mixed_policy(), None),
+        f.dir.path(),
+        false,
+    )
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("another run holds this folder"), "{err}");
+    assert!(
+        f.metrics().is_empty(),
+        "nothing is written while the folder is held"
+    );
+    drop(held);
+    let cost = run_training(
+        f.cfg.clone(),
+        f.setup(mixed_policy(), None),
+        f.dir.path(),
+        false,
+    )
+    .await
+    .unwrap();
+    assert_eq!(cost.training_rollouts.total, 3 * 4);
 }
 
 #[tokio::test]
