@@ -345,3 +345,90 @@ fn an_unsupported_tensor_type_is_an_error_naming_file_and_type() {
     let err = error_of(&junk);
     assert!(err.contains("junk.gguf"), "{err}");
 }
+
+/// Mutations of a valid file: cut at many lengths, single bit flips at many offsets, and
+/// header fields set to hostile values (alignment 0, a zero or huge dimension, a huge tensor
+/// offset). Loading each must return (an error naming the file, or a model), never panic.
+#[test]
+fn mutated_files_are_errors_never_panics() {
+    let tok = tokenizer::tiny_tokenizer(16).unwrap();
+    let model = Qwen::new_random(&tiny_config(Arch::Qwen3), 7, DType::F32, &Device::Cpu).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("good.gguf");
+    write_gguf(&good, &model, &tok, GgmlDType::F32, |_| {});
+    let bytes = std::fs::read(&good).unwrap();
+    let file = dir.path().join("mutated.gguf");
+    let load = |mutated: &[u8], what: &str| {
+        std::fs::write(&file, mutated).unwrap();
+        let outcome = std::panic::catch_unwind(|| {
+            PolicyModel::load_gguf(&file, DType::F32, &Device::Cpu).map(|_| ())
+        });
+        match outcome {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => assert!(
+                e.to_string().contains("mutated.gguf"),
+                "{what}: the error does not name the file: {e}"
+            ),
+            Err(_) => panic!("{what}: loading panicked"),
+        }
+    };
+    // Truncations: every length in the header region, then a spread over the data.
+    let header_end = 4096.min(bytes.len());
+    for len in (0..header_end)
+        .step_by(7)
+        .chain((header_end..bytes.len()).step_by(997))
+    {
+        load(&bytes[..len], &format!("cut at {len}"));
+    }
+    // Bit flips, deterministic offsets over the whole file (denser in the header).
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    for i in 0..400 {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let span = if i % 2 == 0 { header_end } else { bytes.len() };
+        let at = (state >> 33) as usize % span;
+        let bit = (state >> 20) as u8 % 8;
+        let mut m = bytes.clone();
+        m[at] ^= 1 << bit;
+        load(&m, &format!("bit {bit} flipped at {at}"));
+    }
+    // A tensor whose first dimension claims 2^40 elements: refused before any read, by the
+    // extents check.
+    let name = b"token_embd.weight";
+    let at = bytes
+        .windows(name.len())
+        .position(|w| w == name)
+        .expect("the embedding's tensor info")
+        + name.len();
+    let mut huge = bytes.clone();
+    // After the name: u32 dimension count, then u64 dimensions.
+    huge[at + 4..at + 12].copy_from_slice(&(1u64 << 40).to_le_bytes());
+    std::fs::write(&file, &huge).unwrap();
+    let err = PolicyModel::load_gguf(&file, DType::F32, &Device::Cpu)
+        .err()
+        .expect("a 2^40-element tensor is refused")
+        .to_string();
+    assert!(err.contains("does not fit in the file"), "{err}");
+    assert!(err.contains("token_embd.weight"), "{err}");
+
+    // Hostile header values written by the same writer.
+    let hostile: Vec<(&str, Gv)> = vec![
+        ("general.alignment", Gv::U32(0)),
+        ("general.alignment", Gv::U32(3)),
+        ("qwen3.embedding_length", Gv::U32(0)),
+        ("qwen3.block_count", Gv::U32(0)),
+        ("qwen3.attention.head_count", Gv::U32(0)),
+        ("qwen3.embedding_length", Gv::U32(u32::MAX)),
+        ("qwen3.context_length", Gv::U32(0)),
+    ];
+    for (key, value) in hostile {
+        let path = dir.path().join("mutated.gguf");
+        write_gguf(&path, &model, &tok, GgmlDType::F32, |meta| {
+            meta.retain(|(k, _)| k != key);
+            meta.push((key.to_string(), value.clone()));
+        });
+        let m = std::fs::read(&path).unwrap();
+        load(&m, &format!("{key} = {value:?}"));
+    }
+}

@@ -275,8 +275,13 @@ impl GgufImport {
     /// Read and dequantise a GGUF file.
     pub fn read(path: &Path) -> Result<Self> {
         let file = File::open(path).map_err(|e| Error::io(path, e))?;
+        let file_len = file.metadata().map_err(|e| Error::io(path, e))?.len();
         let mut reader = BufReader::new(file);
-        let content = Content::read(&mut reader).map_err(|e| read_error(path, e))?;
+        // candle's reader divides by the header's alignment unchecked (alignment 0 panics):
+        // a panic inside it is a malformed file, not a crash.
+        let content = guarded(path, "the header", || Content::read(&mut reader))?
+            .map_err(|e| read_error(path, e))?;
+        check_extents(path, &content, file_len)?;
         let meta = Meta {
             source: path,
             map: &content.metadata,
@@ -325,11 +330,11 @@ impl GgufImport {
                 name: gguf_name.clone(),
                 message,
             };
-            let q = content
-                .tensor(&mut reader, gguf_name, &Device::Cpu)
-                .map_err(|e| weights_error(format!("cannot read: {e}")))?;
-            let mut t = q
-                .dequantize(&Device::Cpu)
+            let q = guarded(path, gguf_name, || {
+                content.tensor(&mut reader, gguf_name, &Device::Cpu)
+            })?
+            .map_err(|e| weights_error(format!("cannot read: {e}")))?;
+            let mut t = guarded(path, gguf_name, || q.dequantize(&Device::Cpu))?
                 .map_err(|e| weights_error(format!("cannot dequantise {:?}: {e}", q.dtype())))?;
             if arch == Arch::Llama {
                 let heads = if hf_name.contains(".q_proj.") {
@@ -386,6 +391,72 @@ impl GgufImport {
             &self.source,
         )
     }
+}
+
+/// Run one step of candle's GGUF reader on `path`, turning a panic inside it (a division by a
+/// zero alignment, say) into an error naming the file and what was being read.
+fn guarded<T>(path: &Path, what: &str, step: impl FnOnce() -> T) -> Result<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(step)).map_err(|panic| {
+        let why = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic".into());
+        Error::config(
+            path,
+            "gguf",
+            format!("malformed file: reading {what} failed inside the GGUF reader ({why})"),
+        )
+    })
+}
+
+/// Every tensor's shape and data must fit the file before anything is read: no zero
+/// dimension, an element count without overflow, whole quantisation blocks, and bytes that end
+/// inside the file (so a hostile header cannot make the reader allocate more than the file
+/// holds).
+fn check_extents(path: &Path, content: &Content, file_len: u64) -> Result<()> {
+    let bad = |name: &str, message: String| Error::Weights {
+        path: path.to_path_buf(),
+        name: name.to_string(),
+        message,
+    };
+    for (name, info) in &content.tensor_infos {
+        let dims = info.shape.dims();
+        if dims.contains(&0) {
+            return Err(bad(name, format!("shape {dims:?} has a zero dimension")));
+        }
+        let elements = dims
+            .iter()
+            .try_fold(1u64, |acc, &d| acc.checked_mul(d as u64))
+            .ok_or_else(|| bad(name, format!("shape {dims:?}: the element count overflows")))?;
+        let block = info.ggml_dtype.block_size() as u64;
+        if elements % block != 0 {
+            return Err(bad(
+                name,
+                format!(
+                    "shape {dims:?}: {elements} elements are not whole {:?} blocks of {block}",
+                    info.ggml_dtype
+                ),
+            ));
+        }
+        let end = (elements / block)
+            .checked_mul(info.ggml_dtype.type_size() as u64)
+            .and_then(|bytes| bytes.checked_add(info.offset))
+            .and_then(|end| end.checked_add(content.tensor_data_offset));
+        match end {
+            Some(end) if end <= file_len => {}
+            _ => {
+                return Err(bad(
+                    name,
+                    format!(
+                        "shape {dims:?} at offset {} does not fit in the file ({file_len} bytes)",
+                        info.offset
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Name the file in reader errors, and llama.cpp's name of a tensor type candle cannot read.
