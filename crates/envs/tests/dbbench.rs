@@ -583,6 +583,24 @@ fn temporary_tables_views_and_triggers_are_refused() {
 }
 
 #[test]
+fn a_statement_reports_only_the_rows_it_changed() {
+    let s = session();
+    assert_eq!(
+        run(&s, "INSERT INTO `People List` (Name) VALUES ('A'), ('B')"),
+        "Query OK, 2 rows affected"
+    );
+    // DDL changes no row, whatever the statement before it changed.
+    assert_eq!(
+        run(&s, "CREATE TABLE t (x TEXT)"),
+        "Query OK, 0 rows affected"
+    );
+    assert_eq!(
+        run(&s, "DELETE FROM `People List` WHERE Name = 'A'"),
+        "Query OK, 1 row affected"
+    );
+}
+
+#[test]
 fn a_runaway_statement_is_stopped() {
     let s = session_with(DbLimits {
         statement_time: Duration::from_millis(300),

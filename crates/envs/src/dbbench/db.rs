@@ -382,7 +382,12 @@ impl Database {
     fn run_inner(&self, text: &str) -> rusqlite::Result<SqlOutcome> {
         let mut stmt = self.conn.prepare(text)?;
         if stmt.column_count() == 0 {
-            let changed = stmt.execute([])?;
+            // Rows this statement changed: SQLite's per-statement count keeps the last change's
+            // value across DDL (a CREATE TABLE after an INSERT would report that INSERT's rows),
+            // the running total does not move for it.
+            let before = self.conn.total_changes();
+            stmt.execute([])?;
+            let changed = self.conn.total_changes() - before;
             let plural = if changed == 1 { "" } else { "s" };
             return Ok(SqlOutcome::ok(format!(
                 "Query OK, {changed} row{plural} affected"
