@@ -38,8 +38,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, State};
-use axum::http::StatusCode;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use harness_core::{FinishReason, OutputFormat, SamplingParams};
@@ -67,6 +68,41 @@ pub trait WeightLoader: Send + Sync {
     async fn load(&self, dir: &Path) -> harness_core::Result<()>;
 }
 
+/// A secret clients must send as `Authorization: Bearer <key>`; its `Debug` hides it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ApiKey(String);
+
+impl ApiKey {
+    /// A key; an empty one is refused (it would let a request with an empty bearer through).
+    pub fn new(key: impl Into<String>) -> Option<Self> {
+        let key = key.into();
+        (!key.is_empty()).then_some(ApiKey(key))
+    }
+
+    /// Whether `presented` is this key, in time that does not depend on where they differ.
+    pub fn matches(&self, presented: &str) -> bool {
+        constant_time_eq(self.0.as_bytes(), presented.as_bytes())
+    }
+}
+
+impl std::fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ApiKey(<redacted>)")
+    }
+}
+
+/// Byte equality that reads every byte of the longer input whatever the contents, so the
+/// answer's timing does not tell a caller how long a prefix of the key it guessed.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = a.len() ^ b.len();
+    for i in 0..a.len().max(b.len()) {
+        let x = a.get(i).copied().unwrap_or(0);
+        let y = b.get(i).copied().unwrap_or(0);
+        diff |= usize::from(x ^ y);
+    }
+    std::hint::black_box(diff) == 0
+}
+
 /// What the server serves and its limits.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
@@ -83,6 +119,10 @@ pub struct ServerConfig {
     pub max_choices: usize,
     /// The checkpoint directory being served (vLLM-style `reload_weights` reloads it).
     pub model_dir: Option<PathBuf>,
+    /// When set, every route (`/health` included) answers 401 unless the request carries
+    /// `Authorization: Bearer <key>`. The binary fills it from `--api-key` or an environment
+    /// variable; this crate reads neither.
+    pub api_key: Option<ApiKey>,
 }
 
 impl ServerConfig {
@@ -95,6 +135,7 @@ impl ServerConfig {
             max_prompts_per_request: 64,
             max_choices: 64,
             model_dir: None,
+            api_key: None,
         }
     }
 }
@@ -933,6 +974,37 @@ async fn not_found() -> Response {
     .into_response()
 }
 
+/// Refuse a request without the configured bearer key (OpenAI's 401 body).
+async fn authorize(
+    State(state): State<Arc<ServerState>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let Some(key) = &state.config.api_key else {
+        return next.run(request).await;
+    };
+    let presented = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    match presented {
+        Some(p) if key.matches(p) => next.run(request).await,
+        presented => ApiError {
+            status: StatusCode::UNAUTHORIZED,
+            kind: "invalid_request_error",
+            param: None,
+            message: match presented {
+                None => "You didn't provide an API key: send `Authorization: Bearer <key>`.",
+                Some(_) => "Incorrect API key provided.",
+            }
+            .into(),
+        }
+        .into_response(),
+    }
+}
+
 /// The server's routes on `state`.
 pub fn router(state: Arc<ServerState>) -> Router {
     Router::new()
@@ -947,6 +1019,8 @@ pub fn router(state: Arc<ServerState>) -> Router {
         .fallback(not_found)
         // Long token-id prompts (65k tokens) are about 0.5 MB of JSON.
         .layer(DefaultBodyLimit::max(32 << 20))
+        // Outermost, so the fallback and the body limit are behind the key too.
+        .layer(middleware::from_fn_with_state(state.clone(), authorize))
         .with_state(state)
 }
 
