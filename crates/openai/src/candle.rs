@@ -190,18 +190,20 @@ impl CandleGenerator {
         }
     }
 
-    /// Copy the weights of the checkpoint in `dir` into the served model (sampling pauses: the
+    /// Replace the served weights by those of the checkpoint in `dir` (sampling pauses: the
     /// running batch finishes first, and requests arriving meanwhile wait).
+    ///
+    /// The checkpoint is loaded and checked whole first (every served tensor present, with its
+    /// shape, converted to its dtype) before any served tensor is written, so a checkpoint that
+    /// fails half-way leaves the old weights served, never a mix.
     pub fn reload(&self, dir: &Path) -> harness_core::Result<()> {
         let model = &self.shared.model;
         let fresh = PolicyModel::load_dir(dir, DType::F32, model.model.device()).map_err(core)?;
-        self.shared.pending_reloads.fetch_add(1, Ordering::AcqRel);
-        let result = (|| {
-            let _write = self
-                .shared
-                .weights
-                .write()
-                .unwrap_or_else(|e| e.into_inner());
+        let refuse = |message: String| harness_core::Error::Policy {
+            policy: "candle".into(),
+            message: format!("{}: {message}", dir.display()),
+        };
+        let staged = {
             let new = fresh
                 .model
                 .varmap()
@@ -214,24 +216,38 @@ impl CandleGenerator {
                 .data()
                 .lock()
                 .unwrap_or_else(|e| e.into_inner());
-            // Whatever was written, cached prompts are stale from here on.
-            model.model.mark_weights_changed();
+            let mut staged = Vec::with_capacity(old.len());
             for (name, var) in old.iter() {
                 let Some(src) = new.get(name) else {
-                    return Err(harness_core::Error::Policy {
-                        policy: "candle".into(),
-                        message: format!(
-                            "{}: the checkpoint has no tensor `{name}`",
-                            dir.display()
-                        ),
-                    });
+                    return Err(refuse(format!("the checkpoint has no tensor `{name}`")));
                 };
-                var.set(
-                    &src.as_tensor()
-                        .to_dtype(var.dtype())
-                        .map_err(|e| core(e.into()))?,
-                )
-                .map_err(|e| core(e.into()))?;
+                if src.shape() != var.shape() {
+                    return Err(refuse(format!(
+                        "tensor `{name}` has shape {:?}, the served model's has {:?}",
+                        src.shape().dims(),
+                        var.shape().dims()
+                    )));
+                }
+                let tensor = src
+                    .as_tensor()
+                    .to_dtype(var.dtype())
+                    .map_err(|e| core(e.into()))?;
+                staged.push((var.clone(), tensor));
+            }
+            staged
+        };
+        self.shared.pending_reloads.fetch_add(1, Ordering::AcqRel);
+        let result = (|| {
+            let _write = self
+                .shared
+                .weights
+                .write()
+                .unwrap_or_else(|e| e.into_inner());
+            model.model.mark_weights_changed();
+            // Names, shapes, dtypes and the device were checked above: `set` has nothing left
+            // to refuse.
+            for (var, tensor) in &staged {
+                var.set(tensor).map_err(|e| core(e.into()))?;
             }
             Ok(())
         })();

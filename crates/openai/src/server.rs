@@ -11,7 +11,10 @@
 //! - `POST /generate`: SGLang's native API with `input_ids` and `return_logprob`;
 //! - `POST /update_weights_from_disk` (SGLang), `POST /collective_rpc` with
 //!   `reload_weights` and `POST /reset_prefix_cache` (vLLM dev mode), when a [`WeightLoader`] is
-//!   given.
+//!   given. A request-named folder must lie under [`ServerConfig::reload_root`] (403 otherwise),
+//!   and one reload runs at a time: a second one meanwhile is answered 409, not queued.
+//!
+//! With [`ServerConfig::api_key`] set, every route answers 401 without that bearer key.
 //!
 //! Both OpenAI routes serve `n` choices per prompt through
 //! [`TokenGenerator::generate_choices`] (an engine prefills the prompt once for all of them;
@@ -123,6 +126,11 @@ pub struct ServerConfig {
     /// `Authorization: Bearer <key>`. The binary fills it from `--api-key` or an environment
     /// variable; this crate reads neither.
     pub api_key: Option<ApiKey>,
+    /// The folder under which `/update_weights_from_disk` may name checkpoints. Both it and the
+    /// requested path are canonicalized (so `..` and symlinks that leave it are refused with a
+    /// 403); unset, reloads from a request-named path are refused. vLLM's `reload_weights`
+    /// reloads [`Self::model_dir`], which the server chose, and needs no root.
+    pub reload_root: Option<PathBuf>,
 }
 
 impl ServerConfig {
@@ -136,6 +144,7 @@ impl ServerConfig {
             max_choices: 64,
             model_dir: None,
             api_key: None,
+            reload_root: None,
         }
     }
 }
@@ -188,6 +197,9 @@ pub struct ServerState {
     encoder: Arc<dyn PromptEncoder>,
     generator: Arc<dyn TokenGenerator>,
     loader: Option<Arc<dyn WeightLoader>>,
+    /// Held while weights load: a second reload meanwhile is answered 409 rather than queued,
+    /// so that two full copies of the weights are never being read at once.
+    reloading: tokio::sync::Mutex<()>,
     next_id: AtomicU64,
     stats: ServerStats,
 }
@@ -204,6 +216,7 @@ impl ServerState {
             encoder,
             generator,
             loader: None,
+            reloading: tokio::sync::Mutex::new(()),
             next_id: AtomicU64::new(0),
             stats: ServerStats::default(),
         }
@@ -899,12 +912,64 @@ async fn load_weights(state: &ServerState, dir: &Path) -> std::result::Result<()
             "this server was started without a weight loader",
         ));
     };
+    let Ok(_reloading) = state.reloading.try_lock() else {
+        return Err(ApiError {
+            status: StatusCode::CONFLICT,
+            kind: "invalid_request_error",
+            param: None,
+            message: "a weight reload is already in progress; retry when it has finished".into(),
+        });
+    };
     loader.load(dir).await.map_err(|e| {
         ApiError::bad(
             Some("model_path"),
             format!("cannot load `{}`: {e}", dir.display()),
         )
     })
+}
+
+/// `requested` as a canonical folder inside the configured reload root, or why not.
+fn allowed_reload_dir(
+    config: &ServerConfig,
+    requested: &str,
+) -> std::result::Result<PathBuf, ApiError> {
+    let forbidden = |message: String| ApiError {
+        status: StatusCode::FORBIDDEN,
+        kind: "invalid_request_error",
+        param: Some("model_path"),
+        message,
+    };
+    let Some(root) = &config.reload_root else {
+        return Err(forbidden(
+            "this server reloads no request-named path (its reload root is not set)".into(),
+        ));
+    };
+    let root = root.canonicalize().map_err(|e| {
+        ApiError::internal(format!(
+            "the reload root `{}` cannot be resolved: {e}",
+            root.display()
+        ))
+    })?;
+    let dir = Path::new(requested).canonicalize().map_err(|e| {
+        ApiError::bad(
+            Some("model_path"),
+            format!("cannot load `{requested}`: {e}"),
+        )
+    })?;
+    if !dir.starts_with(&root) {
+        return Err(forbidden(format!(
+            "`{requested}` resolves to `{}`, outside the reload root `{}`",
+            dir.display(),
+            root.display()
+        )));
+    }
+    if !dir.is_dir() {
+        return Err(ApiError::bad(
+            Some("model_path"),
+            format!("`{requested}` is not a folder"),
+        ));
+    }
+    Ok(dir)
 }
 
 async fn update_weights_from_disk(State(state): State<Arc<ServerState>>, body: Bytes) -> Response {
@@ -916,7 +981,12 @@ async fn update_weights_from_disk(State(state): State<Arc<ServerState>>, body: B
                 "model_path (a directory) is required",
             ));
         };
-        match load_weights(&state, Path::new(path)).await {
+        let loaded = match allowed_reload_dir(&state.config, path) {
+            // The canonical path: a symlink swapped in after the check is not followed.
+            Ok(dir) => load_weights(&state, &dir).await,
+            Err(e) => Err(e),
+        };
+        match loaded {
             Ok(()) => Ok(
                 axum::Json(json!({"success": true, "message": format!("loaded {path}")}))
                     .into_response(),

@@ -109,3 +109,142 @@ async fn with_an_api_key_every_route_refuses_a_missing_or_wrong_key_with_401() {
     assert!(ApiKey::new("").is_none());
     server.shutdown().await.unwrap();
 }
+
+/// A loader that takes its time and counts what it loaded.
+struct SlowLoader {
+    delay: Duration,
+    loaded: std::sync::Mutex<Vec<std::path::PathBuf>>,
+}
+
+#[async_trait::async_trait]
+impl harness_openai::WeightLoader for SlowLoader {
+    async fn load(&self, dir: &std::path::Path) -> harness_core::Result<()> {
+        tokio::time::sleep(self.delay).await;
+        self.loaded.lock().unwrap().push(dir.to_path_buf());
+        Ok(())
+    }
+}
+
+async fn serve_with_loader(
+    root: Option<&std::path::Path>,
+    delay: Duration,
+) -> (ServerHandle, Arc<SlowLoader>) {
+    let mut config = ServerConfig::new(MODEL, 4096);
+    config.reload_root = root.map(std::path::Path::to_path_buf);
+    config.model_dir = root.map(std::path::Path::to_path_buf);
+    let loader = Arc::new(SlowLoader {
+        delay,
+        loaded: Default::default(),
+    });
+    let state = Arc::new(
+        ServerState::new(config, Arc::new(ByteEncoder), scripted()).with_loader(loader.clone()),
+    );
+    (
+        ServerHandle::spawn(loopback(), state).await.unwrap(),
+        loader,
+    )
+}
+
+async fn reload(base: &str, path: &std::path::Path) -> (u16, Value) {
+    let body = json!({"model_path": path.to_str().unwrap()});
+    let (status, _, value) = send(
+        reqwest::Method::POST,
+        &format!("{base}/update_weights_from_disk"),
+        None,
+        Some(&body),
+    )
+    .await;
+    (status, value)
+}
+
+#[tokio::test]
+async fn weight_reloads_only_load_folders_under_the_reload_root() {
+    let work = tempfile::tempdir().unwrap();
+    let root = work.path().join("checkpoints");
+    let inside = root.join("step-1");
+    let outside = work.path().join("elsewhere");
+    std::fs::create_dir_all(&inside).unwrap();
+    std::fs::create_dir_all(&outside).unwrap();
+    let (server, loader) = serve_with_loader(Some(&root), Duration::ZERO).await;
+    let base = server.base_url();
+
+    let (status, value) = reload(&base, &inside).await;
+    assert_eq!(status, 200, "{value}");
+    // Outside, through `..`, and through a symlink that leaves the root: all 403, none loaded.
+    #[cfg(unix)]
+    std::os::unix::fs::symlink(&outside, root.join("link")).unwrap();
+    let mut attacks = vec![
+        outside.clone(),
+        root.join("step-1/../../elsewhere"),
+        std::path::PathBuf::from("/"),
+    ];
+    if cfg!(unix) {
+        attacks.push(root.join("link"));
+    }
+    for attack in attacks {
+        let (status, value) = reload(&base, &attack).await;
+        assert_eq!(status, 403, "{}: {value}", attack.display());
+        assert_eq!(value["success"], false);
+        assert!(
+            value["message"]
+                .as_str()
+                .unwrap()
+                .contains("outside the reload root"),
+            "{value}"
+        );
+    }
+    // A missing folder is a 400 naming it.
+    let (status, value) = reload(&base, &root.join("step-9")).await;
+    assert_eq!(status, 400, "{value}");
+    assert!(value["message"].as_str().unwrap().contains("step-9"));
+    assert_eq!(
+        *loader.loaded.lock().unwrap(),
+        vec![inside.canonicalize().unwrap()]
+    );
+    server.shutdown().await.unwrap();
+
+    // Without a root, no request-named path is loaded at all.
+    let (server, loader) = serve_with_loader(None, Duration::ZERO).await;
+    let (status, value) = reload(&server.base_url(), &inside).await;
+    assert_eq!(status, 403, "{value}");
+    assert!(value["message"].as_str().unwrap().contains("reload root"));
+    assert!(loader.loaded.lock().unwrap().is_empty());
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_second_reload_while_one_runs_is_answered_409() {
+    let root = tempfile::tempdir().unwrap();
+    let (server, loader) = serve_with_loader(Some(root.path()), Duration::from_millis(800)).await;
+    let base = server.base_url();
+    let first = tokio::spawn({
+        let base = base.clone();
+        let dir = root.path().to_path_buf();
+        async move { reload(&base, &dir).await }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (status, value) = reload(&base, root.path()).await;
+    assert_eq!(status, 409, "{value}");
+    assert!(
+        value["message"]
+            .as_str()
+            .unwrap()
+            .contains("already in progress")
+    );
+    // vLLM's route shares the guard.
+    let (status, _, value) = send(
+        reqwest::Method::POST,
+        &format!("{base}/collective_rpc"),
+        None,
+        Some(&json!({"method": "reload_weights"})),
+    )
+    .await;
+    assert_eq!(status, 409, "{value}");
+    let (status, value) = first.await.unwrap();
+    assert_eq!(status, 200, "{value}");
+    // Once it finished, the next reload goes through.
+    let (status, value) = reload(&base, root.path()).await;
+    assert_eq!(status, 200, "{value}");
+    assert_eq!(loader.loaded.lock().unwrap().len(), 2);
+    server.shutdown().await.unwrap();
+}
