@@ -42,7 +42,7 @@ use async_trait::async_trait;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -50,7 +50,7 @@ use harness_core::{FinishReason, OutputFormat, SamplingParams};
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
-use tokio::sync::oneshot;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::engine::{
@@ -131,6 +131,18 @@ pub struct ServerConfig {
     /// 403); unset, reloads from a request-named path are refused. vLLM's `reload_weights`
     /// reloads [`Self::model_dir`], which the server chose, and needs no root.
     pub reload_root: Option<PathBuf>,
+    /// `max_tokens` of a chat completion that does not say (instead of the rest of the
+    /// context, which one careless client could spend the decoding thread on).
+    pub default_chat_tokens: usize,
+    /// The most stop strings one request may give (OpenAI allows 4).
+    pub max_stop_strings: usize,
+    /// The longest stop string in bytes: every decoded step is matched against each of them, on
+    /// the one decoding thread every client shares.
+    pub max_stop_bytes: usize,
+    /// The most generation requests (`/v1/completions`, `/v1/chat/completions`, `/generate`)
+    /// admitted at once, decoding or waiting for the generator, streams until they end; one
+    /// more is answered 503 with `Retry-After` instead of queueing without bound.
+    pub max_queued_requests: usize,
 }
 
 impl ServerConfig {
@@ -145,6 +157,10 @@ impl ServerConfig {
             model_dir: None,
             api_key: None,
             reload_root: None,
+            default_chat_tokens: 2048,
+            max_stop_strings: 4,
+            max_stop_bytes: 256,
+            max_queued_requests: 256,
         }
     }
 }
@@ -200,6 +216,8 @@ pub struct ServerState {
     /// Held while weights load: a second reload meanwhile is answered 409 rather than queued,
     /// so that two full copies of the weights are never being read at once.
     reloading: tokio::sync::Mutex<()>,
+    /// One permit per admitted generation request ([`ServerConfig::max_queued_requests`]).
+    admission: Arc<Semaphore>,
     next_id: AtomicU64,
     stats: ServerStats,
 }
@@ -212,14 +230,37 @@ impl ServerState {
         generator: Arc<dyn TokenGenerator>,
     ) -> Self {
         ServerState {
-            config,
             encoder,
             generator,
             loader: None,
             reloading: tokio::sync::Mutex::new(()),
+            admission: Arc::new(Semaphore::new(config.max_queued_requests.max(1))),
             next_id: AtomicU64::new(0),
             stats: ServerStats::default(),
+            config,
         }
+    }
+
+    /// A place for one more generation request, or the 503 that says to come back later.
+    #[allow(clippy::result_large_err)]
+    fn admit(&self) -> std::result::Result<OwnedSemaphorePermit, Response> {
+        self.admission.clone().try_acquire_owned().map_err(|_| {
+            tracing::debug!("request queue full: answered 503");
+            let mut response = ApiError {
+                status: StatusCode::SERVICE_UNAVAILABLE,
+                kind: "server_error",
+                param: None,
+                message: format!(
+                    "the server is busy ({} requests queued); retry later",
+                    self.config.max_queued_requests
+                ),
+            }
+            .into_response();
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            response
+        })
     }
 
     /// Also serve the weight-sync endpoints with `loader`.
@@ -388,11 +429,32 @@ fn check_max_tokens(
 }
 
 fn sampling(
+    config: &ServerConfig,
     temperature: Option<f32>,
     top_p: Option<f32>,
     top_k: Option<i64>,
     stop: Vec<String>,
 ) -> std::result::Result<SamplingParams, ApiError> {
+    if stop.len() > config.max_stop_strings {
+        return Err(ApiError::bad(
+            Some("stop"),
+            format!(
+                "at most {} stop strings are allowed, got {}",
+                config.max_stop_strings,
+                stop.len()
+            ),
+        ));
+    }
+    if let Some(long) = stop.iter().find(|s| s.len() > config.max_stop_bytes) {
+        return Err(ApiError::bad(
+            Some("stop"),
+            format!(
+                "a stop string may be at most {} bytes long, got one of {} bytes",
+                config.max_stop_bytes,
+                long.len()
+            ),
+        ));
+    }
     let temperature = temperature.unwrap_or(1.0);
     if !temperature.is_finite() || temperature < 0.0 {
         return Err(ApiError::bad(
@@ -497,7 +559,11 @@ fn counted(state: &ServerState, result: ApiResult) -> Response {
 }
 
 async fn completions(State(state): State<Arc<ServerState>>, body: Bytes) -> Response {
-    let result = completions_inner(&state, &body).await;
+    let permit = match state.admit() {
+        Ok(permit) => permit,
+        Err(busy) => return busy,
+    };
+    let result = completions_inner(&state, &body, permit).await;
     counted(&state, result)
 }
 
@@ -548,7 +614,11 @@ fn output_format(
     }
 }
 
-async fn completions_inner(state: &Arc<ServerState>, body: &Bytes) -> ApiResult {
+async fn completions_inner(
+    state: &Arc<ServerState>,
+    body: &Bytes,
+    permit: OwnedSemaphorePermit,
+) -> ApiResult {
     let req: CompletionRequest = parse(body)?;
     check_model(state, &req.model)?;
     if req.echo == Some(true) {
@@ -564,6 +634,7 @@ async fn completions_inner(state: &Arc<ServerState>, body: &Bytes) -> ApiResult 
     let max_tokens = check_max_tokens("max_tokens", req.max_tokens)?
         .unwrap_or(state.config.default_completion_tokens);
     let params = sampling(
+        &state.config,
         req.temperature,
         req.top_p,
         req.top_k,
@@ -629,6 +700,7 @@ async fn completions_inner(state: &Arc<ServerState>, body: &Bytes) -> ApiResult 
             n,
             shape,
             include_usage(&req.extra),
+            permit,
         ));
     }
     let jobs = requests.into_iter().map(|r| state.run_choices(r, n, None));
@@ -741,7 +813,11 @@ fn chat_logprobs(
 }
 
 async fn chat_completions(State(state): State<Arc<ServerState>>, body: Bytes) -> Response {
-    let result = chat_inner(&state, &body).await;
+    let permit = match state.admit() {
+        Ok(permit) => permit,
+        Err(busy) => return busy,
+    };
+    let result = chat_inner(&state, &body, permit).await;
     counted(&state, result)
 }
 
@@ -772,7 +848,11 @@ fn chat_message(
     }
 }
 
-async fn chat_inner(state: &Arc<ServerState>, body: &Bytes) -> ApiResult {
+async fn chat_inner(
+    state: &Arc<ServerState>,
+    body: &Bytes,
+    permit: OwnedSemaphorePermit,
+) -> ApiResult {
     let req: ChatCompletionRequest = parse(body)?;
     check_model(state, &req.model)?;
     let n = check_n(state, req.n)?;
@@ -787,6 +867,7 @@ async fn chat_inner(state: &Arc<ServerState>, body: &Bytes) -> ApiResult {
         None => check_max_tokens("max_tokens", req.max_tokens)?,
     };
     let params = sampling(
+        &state.config,
         req.temperature,
         req.top_p,
         None,
@@ -802,7 +883,11 @@ async fn chat_inner(state: &Arc<ServerState>, body: &Bytes) -> ApiResult {
             format!("cannot render the conversation: {e}"),
         )
     })?;
-    let budget = state.check_prompt("messages", &prompt, limit.unwrap_or(usize::MAX))?;
+    let budget = state.check_prompt(
+        "messages",
+        &prompt,
+        limit.unwrap_or(state.config.default_chat_tokens),
+    )?;
     let request = TokenRequest {
         prompt: prompt.clone(),
         max_new_tokens: budget,
@@ -824,6 +909,7 @@ async fn chat_inner(state: &Arc<ServerState>, body: &Bytes) -> ApiResult {
             n,
             shape,
             include_usage(&req.extra),
+            permit,
         ));
     }
     let outs = state.run_choices(request, n, None).await?;
@@ -856,6 +942,10 @@ async fn chat_inner(state: &Arc<ServerState>, body: &Bytes) -> ApiResult {
 }
 
 async fn sglang_generate(State(state): State<Arc<ServerState>>, body: Bytes) -> Response {
+    let _permit = match state.admit() {
+        Ok(permit) => permit,
+        Err(busy) => return busy,
+    };
     let result = sglang_inner(&state, &body).await;
     counted(&state, result)
 }
@@ -869,6 +959,7 @@ async fn sglang_inner(state: &ServerState, body: &Bytes) -> ApiResult {
     let max_tokens =
         check_max_tokens("sampling_params.max_new_tokens", Some(sp.max_new_tokens))?.unwrap_or(1);
     let params = sampling(
+        &state.config,
         Some(sp.temperature),
         Some(sp.top_p),
         Some(sp.top_k),

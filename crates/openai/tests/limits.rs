@@ -248,3 +248,201 @@ async fn a_second_reload_while_one_runs_is_answered_409() {
     assert_eq!(loader.loaded.lock().unwrap().len(), 2);
     server.shutdown().await.unwrap();
 }
+
+/// Records the budget of every request and answers one letter after `delay`.
+struct Recording {
+    delay: Duration,
+    budgets: std::sync::Mutex<Vec<usize>>,
+}
+
+#[async_trait::async_trait]
+impl TokenGenerator for Recording {
+    fn vocab_size(&self) -> usize {
+        common::VOCAB
+    }
+
+    async fn generate(
+        &self,
+        request: harness_openai::TokenRequest,
+    ) -> harness_core::Result<harness_openai::TokenOutput> {
+        self.budgets.lock().unwrap().push(request.max_new_tokens);
+        tokio::time::sleep(self.delay).await;
+        Ok(harness_openai::TokenOutput {
+            tokens: vec![u32::from(b'a')],
+            logprobs: vec![-0.5],
+            finish: harness_core::FinishReason::Stop,
+        })
+    }
+}
+
+fn recording(delay: Duration) -> Arc<Recording> {
+    Arc::new(Recording {
+        delay,
+        budgets: Default::default(),
+    })
+}
+
+#[tokio::test]
+async fn stop_strings_are_capped_in_count_and_length() {
+    let generator = recording(Duration::ZERO);
+    let server = serve(ServerConfig::new(MODEL, 4096), generator.clone()).await;
+    let base = server.base_url();
+    let huge = "x".repeat(16 << 20);
+    let five: Vec<String> = (0..5).map(|i| format!("s{i}")).collect();
+    let cases = [
+        (json!([huge.clone()]), "bytes"),
+        (json!(huge), "bytes"),
+        (json!(five), "at most 4 stop strings"),
+        (json!(["y".repeat(257)]), "bytes"),
+    ];
+    for (stop, expected) in cases {
+        let bodies = [
+            (
+                "/v1/chat/completions",
+                json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stop": stop}),
+            ),
+            (
+                "/v1/completions",
+                json!({"model": MODEL, "prompt": "hi", "stop": stop}),
+            ),
+            (
+                "/generate",
+                json!({"input_ids": [97], "sampling_params": {"max_new_tokens": 4, "stop": stop}}),
+            ),
+        ];
+        for (route, body) in bodies {
+            if route == "/generate" && stop.is_string() {
+                continue; // SGLang's `stop` is a list.
+            }
+            let (status, _, value) = send(
+                reqwest::Method::POST,
+                &format!("{base}{route}"),
+                None,
+                Some(&body),
+            )
+            .await;
+            assert_eq!(
+                status,
+                400,
+                "{route}: {}",
+                &value.to_string()[..200.min(value.to_string().len())]
+            );
+            assert_eq!(value["error"]["param"], "stop");
+            let message = value["error"]["message"].as_str().unwrap();
+            assert!(message.contains(expected), "{route}: {message}");
+            assert!(message.len() < 200, "the message echoes the stop string");
+        }
+    }
+    assert!(
+        generator.budgets.lock().unwrap().is_empty(),
+        "a refused request reached the generator"
+    );
+    // Four stop strings of 256 bytes are served.
+    let stop: Vec<String> = (0..4).map(|i| format!("{i}").repeat(256)).collect();
+    let body = json!({"model": MODEL, "prompt": "hi", "max_tokens": 3, "stop": stop});
+    let (status, _, value) = send(
+        reqwest::Method::POST,
+        &format!("{base}/v1/completions"),
+        None,
+        Some(&body),
+    )
+    .await;
+    assert_eq!(status, 200, "{value}");
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_chat_without_max_tokens_gets_the_default_budget_not_the_whole_context() {
+    let generator = recording(Duration::ZERO);
+    let mut config = ServerConfig::new(MODEL, 1 << 20);
+    config.default_chat_tokens = 100;
+    let server = serve(config, generator.clone()).await;
+    let url = format!("{}/v1/chat/completions", server.base_url());
+    let messages = json!([{"role": "user", "content": "hi"}]);
+    for body in [
+        json!({"model": MODEL, "messages": messages}),
+        json!({"model": MODEL, "messages": messages, "stream": true}),
+        json!({"model": MODEL, "messages": messages, "max_tokens": 7}),
+        json!({"model": MODEL, "messages": messages, "max_completion_tokens": 5000}),
+    ] {
+        let response = reqwest::Client::new()
+            .post(&url)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status().as_u16(), 200);
+        response.bytes().await.unwrap();
+    }
+    assert_eq!(*generator.budgets.lock().unwrap(), vec![100, 100, 7, 5000]);
+    assert_eq!(ServerConfig::new(MODEL, 1 << 20).default_chat_tokens, 2048);
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_full_request_queue_answers_503_with_retry_after() {
+    let generator = recording(Duration::from_millis(1500));
+    let mut config = ServerConfig::new(MODEL, 4096);
+    config.max_queued_requests = 2;
+    let server = serve(config, generator.clone()).await;
+    let base = server.base_url();
+    let completion = json!({"model": MODEL, "prompt": "hi", "max_tokens": 2});
+    // One plain request and one stream fill the queue.
+    let plain = tokio::spawn({
+        let url = format!("{base}/v1/completions");
+        let body = completion.clone();
+        async move { send(reqwest::Method::POST, &url, None, Some(&body)).await.0 }
+    });
+    let stream = tokio::spawn({
+        let url = format!("{base}/v1/chat/completions");
+        let body = json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": true});
+        async move {
+            let response = reqwest::Client::new()
+                .post(&url)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            let status = response.status().as_u16();
+            response.bytes().await.unwrap();
+            status
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(generator.budgets.lock().unwrap().len(), 2);
+    for route in ["/v1/completions", "/v1/chat/completions", "/generate"] {
+        let body = match route {
+            "/generate" => json!({"input_ids": [97], "sampling_params": {"max_new_tokens": 2}}),
+            "/v1/chat/completions" => {
+                json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
+            }
+            _ => completion.clone(),
+        };
+        let (status, headers, value) = send(
+            reqwest::Method::POST,
+            &format!("{base}{route}"),
+            None,
+            Some(&body),
+        )
+        .await;
+        assert_eq!(status, 503, "{route}: {value}");
+        assert_eq!(headers.get("retry-after").unwrap(), "1");
+        assert_eq!(value["error"]["type"], "server_error");
+    }
+    // Other routes still answer.
+    let (status, _, _) = send(reqwest::Method::GET, &format!("{base}/health"), None, None).await;
+    assert_eq!(status, 200);
+    assert_eq!(plain.await.unwrap(), 200);
+    assert_eq!(stream.await.unwrap(), 200);
+    // Their places are free again.
+    let (status, _, value) = send(
+        reqwest::Method::POST,
+        &format!("{base}/v1/completions"),
+        None,
+        Some(&completion),
+    )
+    .await;
+    assert_eq!(status, 200, "{value}");
+    assert_eq!(generator.budgets.lock().unwrap().len(), 3);
+    server.shutdown().await.unwrap();
+}

@@ -28,6 +28,7 @@ use axum::response::{IntoResponse, Response};
 use futures::channel::mpsc;
 use futures::{SinkExt, StreamExt};
 use serde_json::{Value, json};
+use tokio::sync::OwnedSemaphorePermit;
 
 use super::{ApiError, ServerState, decode, finish_str, now};
 use crate::engine::{StreamedToken, TokenOutput, TokenRequest};
@@ -83,9 +84,14 @@ pub(crate) fn respond(
     n: usize,
     shape: Shape,
     include_usage: bool,
+    permit: OwnedSemaphorePermit,
 ) -> Response {
     let (body, events) = mpsc::channel::<Bytes>(64);
-    tokio::spawn(drive(state, requests, n, shape, include_usage, body));
+    tokio::spawn(async move {
+        // The stream holds its place in the request queue until its last chunk.
+        let _permit = permit;
+        drive(state, requests, n, shape, include_usage, body).await;
+    });
     let stream = events.map(Ok::<_, Infallible>);
     (
         StatusCode::OK,
