@@ -524,8 +524,17 @@ impl ServerState {
     }
 }
 
-async fn health() -> Response {
-    axum::Json(json!({"status": "ok"})).into_response()
+/// `ok`, or 503 with the reason when the generator cannot answer (its decoding thread died), so
+/// that a supervisor restarts the server instead of routing requests to it.
+async fn health(State(state): State<Arc<ServerState>>) -> Response {
+    match state.generator.health() {
+        Ok(()) => axum::Json(json!({"status": "ok"})).into_response(),
+        Err(reason) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(json!({"status": "unhealthy", "reason": reason})),
+        )
+            .into_response(),
+    }
 }
 
 async fn models(State(state): State<Arc<ServerState>>) -> Response {

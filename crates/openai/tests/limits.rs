@@ -446,3 +446,48 @@ async fn a_full_request_queue_answers_503_with_retry_after() {
     assert_eq!(generator.budgets.lock().unwrap().len(), 3);
     server.shutdown().await.unwrap();
 }
+
+/// A generator whose decoding thread has died.
+struct Dead;
+
+#[async_trait::async_trait]
+impl TokenGenerator for Dead {
+    fn vocab_size(&self) -> usize {
+        common::VOCAB
+    }
+
+    fn health(&self) -> Result<(), String> {
+        Err("the decoding thread has stopped".into())
+    }
+
+    async fn generate(
+        &self,
+        _: harness_openai::TokenRequest,
+    ) -> harness_core::Result<harness_openai::TokenOutput> {
+        Err(harness_core::Error::Policy {
+            policy: "dead".into(),
+            message: "the decoding thread stopped".into(),
+        })
+    }
+}
+
+#[tokio::test]
+async fn health_is_503_when_the_generator_cannot_answer() {
+    let server = serve(ServerConfig::new(MODEL, 4096), Arc::new(Dead)).await;
+    let url = format!("{}/health", server.base_url());
+    let (status, _, value) = send(reqwest::Method::GET, &url, None, None).await;
+    assert_eq!(status, 503, "{value}");
+    assert_eq!(value["status"], "unhealthy");
+    assert!(
+        value["reason"]
+            .as_str()
+            .unwrap()
+            .contains("decoding thread")
+    );
+    server.shutdown().await.unwrap();
+    let server = serve(ServerConfig::new(MODEL, 4096), scripted()).await;
+    let url = format!("{}/health", server.base_url());
+    let (status, _, value) = send(reqwest::Method::GET, &url, None, None).await;
+    assert_eq!((status, value["status"].as_str()), (200, Some("ok")));
+    server.shutdown().await.unwrap();
+}
