@@ -491,3 +491,101 @@ async fn health_is_503_when_the_generator_cannot_answer() {
     assert_eq!((status, value["status"].as_str()), (200, Some("ok")));
     server.shutdown().await.unwrap();
 }
+
+/// [`common::ByteEncoder`] that counts the tokens it decodes.
+#[derive(Default)]
+struct CountingEncoder(std::sync::atomic::AtomicUsize);
+
+impl harness_openai::PromptEncoder for CountingEncoder {
+    fn encode(
+        &self,
+        messages: &[harness_core::ChatMessage],
+        tools: &[harness_core::ToolSpec],
+    ) -> harness_core::Result<Vec<u32>> {
+        ByteEncoder.encode(messages, tools)
+    }
+
+    fn decode(&self, tokens: &[u32]) -> harness_core::Result<String> {
+        self.0
+            .fetch_add(tokens.len(), std::sync::atomic::Ordering::SeqCst);
+        ByteEncoder.decode(tokens)
+    }
+}
+
+/// Answers the bytes of a text with two- and three-byte characters, cut at the limit.
+struct Multibyte;
+
+#[async_trait::async_trait]
+impl TokenGenerator for Multibyte {
+    fn vocab_size(&self) -> usize {
+        common::VOCAB
+    }
+
+    async fn generate(
+        &self,
+        request: harness_openai::TokenRequest,
+    ) -> harness_core::Result<harness_openai::TokenOutput> {
+        let tokens: Vec<u32> = "héllo 日本語 wörld "
+            .bytes()
+            .cycle()
+            .take(request.max_new_tokens)
+            .map(u32::from)
+            .collect();
+        Ok(harness_openai::TokenOutput {
+            logprobs: vec![-1.0; tokens.len()],
+            tokens,
+            finish: harness_core::FinishReason::Length,
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_stream_decodes_a_window_of_recent_tokens_not_the_whole_text_per_token() {
+    let encoder = Arc::new(CountingEncoder::default());
+    let state = Arc::new(ServerState::new(
+        ServerConfig::new(MODEL, 1 << 16),
+        encoder.clone(),
+        Arc::new(Multibyte),
+    ));
+    let server = ServerHandle::spawn(loopback(), state).await.unwrap();
+    let url = format!("{}/v1/completions", server.base_url());
+    let tokens = 2001; // ends inside a character
+    let whole = json!({"model": MODEL, "prompt": [97], "max_tokens": tokens});
+    let (status, _, value) = send(reqwest::Method::POST, &url, None, Some(&whole)).await;
+    assert_eq!(status, 200);
+    let want = value["choices"][0]["text"].as_str().unwrap().to_string();
+    assert!(
+        want.contains("日本語") && want.ends_with('\u{FFFD}'),
+        "{want}"
+    );
+    let count = |e: &CountingEncoder| e.0.load(std::sync::atomic::Ordering::SeqCst);
+    let before = count(&encoder);
+    let mut streamed = whole.clone();
+    streamed["stream"] = json!(true);
+    let body = reqwest::Client::new()
+        .post(&url)
+        .json(&streamed)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let mut text = String::new();
+    for event in common::sse_events(&body) {
+        if event == "[DONE]" {
+            continue;
+        }
+        let chunk: Value = serde_json::from_str(&event).unwrap();
+        text.push_str(chunk["choices"][0]["text"].as_str().unwrap_or_default());
+    }
+    assert_eq!(text, want, "the chunks do not add up to the answer");
+    // Whole-text decoding reads about tokens² / 2 = 2 million tokens; a window, a few per token
+    // (and the final answer once).
+    let decoded = count(&encoder) - before;
+    assert!(
+        decoded <= 40 * tokens,
+        "decoded {decoded} tokens for a {tokens}-token stream"
+    );
+    server.shutdown().await.unwrap();
+}
