@@ -652,21 +652,15 @@ async fn completions_inner(
     let prompts: Vec<Vec<u32>> = match &req.prompt {
         PromptField::Tokens(t) => vec![t.clone()],
         PromptField::TokenBatch(b) => b.clone(),
-        PromptField::Text(t) => vec![encode_text(state, t)?],
-        PromptField::Texts(ts) => ts
-            .iter()
-            .map(|t| encode_text(state, t))
-            .collect::<std::result::Result<_, _>>()?,
+        PromptField::Text(t) => encode_texts(state, vec![t.clone()]).await?,
+        // Counted before any is tokenized.
+        PromptField::Texts(ts) if ts.len() > state.config.max_prompts_per_request => {
+            return Err(too_many_prompts(state, ts.len()));
+        }
+        PromptField::Texts(ts) => encode_texts(state, ts.clone()).await?,
     };
     if prompts.is_empty() || prompts.len() > state.config.max_prompts_per_request {
-        return Err(ApiError::bad(
-            Some("prompt"),
-            format!(
-                "expected 1 to {} prompts, got {}",
-                state.config.max_prompts_per_request,
-                prompts.len()
-            ),
-        ));
+        return Err(too_many_prompts(state, prompts.len()));
     }
     if prompts.len() * n
         > state
@@ -748,11 +742,39 @@ async fn completions_inner(
     .into_response())
 }
 
-fn encode_text(state: &ServerState, text: &str) -> std::result::Result<Vec<u32>, ApiError> {
-    state
-        .encoder
-        .encode_text(text)
-        .map_err(|e| ApiError::bad(Some("prompt"), format!("cannot tokenize the prompt: {e}")))
+fn too_many_prompts(state: &ServerState, got: usize) -> ApiError {
+    ApiError::bad(
+        Some("prompt"),
+        format!(
+            "expected 1 to {} prompts, got {got}",
+            state.config.max_prompts_per_request
+        ),
+    )
+}
+
+/// Run tokenizer work (a chat template, a long prompt) on tokio's blocking pool: on the async
+/// runtime it would stall every other connection, `/health` included, while it runs.
+async fn off_runtime<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> std::result::Result<T, ApiError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| ApiError::internal(format!("the tokenizer task failed: {e}")))
+}
+
+async fn encode_texts(
+    state: &ServerState,
+    texts: Vec<String>,
+) -> std::result::Result<Vec<Vec<u32>>, ApiError> {
+    let encoder = state.encoder.clone();
+    off_runtime(move || {
+        texts
+            .iter()
+            .map(|t| encoder.encode_text(t))
+            .collect::<harness_core::Result<Vec<_>>>()
+    })
+    .await?
+    .map_err(|e| ApiError::bad(Some("prompt"), format!("cannot tokenize the prompt: {e}")))
 }
 
 fn decode(state: &ServerState, tokens: &[u32]) -> std::result::Result<String, ApiError> {
@@ -886,12 +908,16 @@ async fn chat_inner(
     let messages =
         from_wire_messages(&req.messages).map_err(|m| ApiError::bad(Some("messages"), m))?;
     let tools: Vec<_> = req.tools.iter().map(|t| t.to_spec()).collect();
-    let prompt = state.encoder.encode(&messages, &tools).map_err(|e| {
-        ApiError::bad(
-            Some("messages"),
-            format!("cannot render the conversation: {e}"),
-        )
-    })?;
+    let encoder = state.encoder.clone();
+    let specs = tools.clone();
+    let prompt = off_runtime(move || encoder.encode(&messages, &specs))
+        .await?
+        .map_err(|e| {
+            ApiError::bad(
+                Some("messages"),
+                format!("cannot render the conversation: {e}"),
+            )
+        })?;
     let budget = state.check_prompt(
         "messages",
         &prompt,

@@ -589,3 +589,50 @@ async fn a_stream_decodes_a_window_of_recent_tokens_not_the_whole_text_per_token
     );
     server.shutdown().await.unwrap();
 }
+
+/// [`common::ByteEncoder`] whose chat template takes a while, like a long prompt's.
+struct SlowEncoder;
+
+impl harness_openai::PromptEncoder for SlowEncoder {
+    fn encode(
+        &self,
+        messages: &[harness_core::ChatMessage],
+        tools: &[harness_core::ToolSpec],
+    ) -> harness_core::Result<Vec<u32>> {
+        std::thread::sleep(Duration::from_millis(1500));
+        ByteEncoder.encode(messages, tools)
+    }
+
+    fn decode(&self, tokens: &[u32]) -> harness_core::Result<String> {
+        ByteEncoder.decode(tokens)
+    }
+}
+
+// One runtime thread, as `#[tokio::test]` has: tokenizing on it would stall every connection.
+#[tokio::test]
+async fn tokenizing_a_prompt_does_not_stall_other_requests() {
+    let state = Arc::new(ServerState::new(
+        ServerConfig::new(MODEL, 4096),
+        Arc::new(SlowEncoder),
+        scripted(),
+    ));
+    let server = ServerHandle::spawn(loopback(), state).await.unwrap();
+    let base = server.base_url();
+    let chat = tokio::spawn({
+        let url = format!("{base}/v1/chat/completions");
+        let body = json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4});
+        async move { send(reqwest::Method::POST, &url, None, Some(&body)).await.0 }
+    });
+    // Measured from before the pause: a runtime blocked by the tokenizer would wake late.
+    let started = std::time::Instant::now();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (status, _, _) = send(reqwest::Method::GET, &format!("{base}/health"), None, None).await;
+    let waited = started.elapsed();
+    assert_eq!(status, 200);
+    assert!(
+        waited < Duration::from_millis(900),
+        "/health waited {waited:?} for a tokenizer"
+    );
+    assert_eq!(chat.await.unwrap(), 200);
+    server.shutdown().await.unwrap();
+}
