@@ -88,6 +88,18 @@ enum Command {
         /// Port (0 picks a free one).
         #[arg(long, default_value_t = 8000)]
         port: u16,
+        /// The environment variable (a name ending in _API_KEY) holding the bearer key every
+        /// route then asks for.
+        #[arg(long, value_name = "NAME", conflicts_with = "api_key")]
+        api_key_env: Option<String>,
+        /// The bearer key itself (visible to other users in the process list: prefer
+        /// --api-key-env).
+        #[arg(long, value_name = "KEY")]
+        api_key: Option<String>,
+        /// The folder under which /update_weights_from_disk may load checkpoints (default:
+        /// none, only the served checkpoint is reloaded).
+        #[arg(long, value_name = "DIR")]
+        reload_root: Option<PathBuf>,
     },
 }
 
@@ -218,6 +230,31 @@ impl Common {
     }
 }
 
+/// The `serve` command's bearer key: from the variable `--api-key-env` names (an `*_API_KEY`
+/// one, set and not empty) or `--api-key`.
+fn serve_key(
+    env: Option<&str>,
+    flag: Option<String>,
+) -> Result<Option<harness_pipeline::serve::ApiKey>> {
+    let key = match env {
+        Some(name) => {
+            harness_pipeline::keys::check_key_env(name)
+                .map_err(|m| anyhow::anyhow!("--api-key-env: {m}"))?;
+            Some(
+                std::env::var(name)
+                    .with_context(|| format!("--api-key-env {name}: the variable is not set"))?,
+            )
+        }
+        None => flag,
+    };
+    match key {
+        None => Ok(None),
+        Some(key) => harness_pipeline::serve::ApiKey::new(key)
+            .map(Some)
+            .context("the API key is empty"),
+    }
+}
+
 fn toml_string(s: &str) -> String {
     toml::Value::String(s.to_string()).to_string()
 }
@@ -321,7 +358,17 @@ async fn main() -> Result<()> {
             method: name,
             host,
             port,
+            api_key_env,
+            api_key,
+            reload_root,
         } => {
+            let api_key = serve_key(api_key_env.as_deref(), api_key)?;
+            if api_key.is_none() && !host.is_loopback() {
+                eprintln!(
+                    "warning: serving on {host} without an API key: anyone who reaches the \
+                     port may use the model (give --api-key-env)"
+                );
+            }
             let cfg = common.config()?;
             let wb = Workbench::new(cfg.clone(), common.secrets(&cfg), common.progress())?;
             let dir = match name.as_deref() {
@@ -335,6 +382,8 @@ async fn main() -> Result<()> {
                     addr: SocketAddr::new(host, port),
                     served_model: served.clone(),
                     max_batch: 32,
+                    api_key,
+                    reload_root,
                 },
             )
             .await?;

@@ -220,3 +220,34 @@ fn train_resume_continues_a_killed_run() {
     assert_eq!(updates, vec![1, 2, 3], "each update exactly once");
     assert!(run_dir.join("final/config.json").is_file());
 }
+
+#[test]
+fn serve_reads_its_api_key_only_from_an_api_key_variable() {
+    let help = harness_s()
+        .args(["serve", "--help"])
+        .output()
+        .expect("runs");
+    let help = String::from_utf8_lossy(&help.stdout);
+    for flag in ["--api-key-env", "--api-key", "--reload-root"] {
+        assert!(help.contains(flag), "`serve --help` lacks {flag}:\n{help}");
+    }
+    let cases: [(&[&str], &str); 3] = [
+        (&["--api-key-env", "HOME"], "_API_KEY"),
+        (
+            &["--api-key-env", "HARNESS_S_SURELY_UNSET_API_KEY"],
+            "not set",
+        ),
+        (&["--api-key", ""], "empty"),
+    ];
+    for (args, expected) in cases {
+        let out = harness_s()
+            .arg("serve")
+            .args(args)
+            .env_remove("HARNESS_S_SURELY_UNSET_API_KEY")
+            .output()
+            .expect("runs");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} was accepted");
+        assert!(err.contains(expected), "{args:?}: {err}");
+    }
+}

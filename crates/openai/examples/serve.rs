@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
-use harness_openai::{ServerConfig, ServerHandle, ServerState};
+use harness_openai::{ApiKey, ServerConfig, ServerHandle, ServerState};
 
 #[derive(Parser, Debug)]
 #[command(about = "Serve a candle policy over an OpenAI-compatible HTTP API")]
@@ -41,6 +41,12 @@ struct Args {
     /// Context length (default: the model's max_position_embeddings).
     #[arg(long)]
     max_model_len: Option<usize>,
+    /// The environment variable holding the bearer key every route then asks for.
+    #[arg(long, value_name = "NAME")]
+    api_key_env: Option<String>,
+    /// The folder under which /update_weights_from_disk may load checkpoints.
+    #[arg(long, value_name = "DIR")]
+    reload_root: Option<std::path::PathBuf>,
 }
 
 #[tokio::main]
@@ -65,6 +71,12 @@ async fn main() -> anyhow::Result<()> {
     if !args.model.starts_with("tiny") {
         config.model_dir = Some(args.model.clone().into());
     }
+    if let Some(var) = &args.api_key_env {
+        let key = std::env::var(var).with_context(|| format!("--api-key-env {var}: not set"))?;
+        config.api_key =
+            Some(ApiKey::new(key).with_context(|| format!("--api-key-env {var}: empty"))?);
+    }
+    config.reload_root = args.reload_root.clone();
     let generator = Arc::new(candle::CandleGenerator::new(model.clone(), args.max_batch));
     let state = ServerState::new(
         config,

@@ -4,6 +4,7 @@
 //! reloading as a [`WeightLoader`] (so the local server can stand in for an engine).
 
 use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
@@ -115,6 +116,11 @@ struct Shared {
     /// Rows dropped because their client went away.
     cancelled: AtomicU64,
     prefix: Mutex<PrefixCacheStats>,
+    /// Batches that panicked (their requests failed; the thread went on).
+    panics: AtomicU64,
+    /// Test-only faults: 1 panics inside the next batch, 2 ends the thread after it.
+    #[cfg(test)]
+    fault: std::sync::atomic::AtomicU8,
 }
 
 /// grpo-candle's sampler on one decoding thread with continuous batching, like `CandlePolicy`:
@@ -138,6 +144,8 @@ pub struct GeneratorStats {
     pub cancelled_rows: u64,
     /// The prefix cache's counters (prefill tokens computed, reused, shared within a batch).
     pub prefix: PrefixCacheStats,
+    /// Decoding batches that panicked: their requests failed, the thread went on.
+    pub panicked_batches: u64,
 }
 
 impl CandleGenerator {
@@ -161,18 +169,14 @@ impl CandleGenerator {
             decoded: AtomicU64::new(0),
             cancelled: AtomicU64::new(0),
             prefix: Mutex::new(PrefixCacheStats::default()),
+            panics: AtomicU64::new(0),
+            #[cfg(test)]
+            fault: std::sync::atomic::AtomicU8::new(0),
         });
         let worker_shared = shared.clone();
         let worker = std::thread::Builder::new()
             .name("candle-generator".into())
-            .spawn(move || {
-                worker_loop(
-                    &worker_shared,
-                    &rx,
-                    max_batch.max(1),
-                    PrefixCache::new(prefix),
-                )
-            })
+            .spawn(move || worker_loop(&worker_shared, &rx, max_batch.max(1), prefix))
             .unwrap_or_else(|e| panic!("cannot spawn the decoding thread: {e}"));
         CandleGenerator {
             shared,
@@ -187,21 +191,24 @@ impl CandleGenerator {
             decoded_tokens: self.shared.decoded.load(Ordering::SeqCst),
             cancelled_rows: self.shared.cancelled.load(Ordering::SeqCst),
             prefix: *self.shared.prefix.lock().unwrap_or_else(|e| e.into_inner()),
+            panicked_batches: self.shared.panics.load(Ordering::SeqCst),
         }
     }
 
-    /// Copy the weights of the checkpoint in `dir` into the served model (sampling pauses: the
+    /// Replace the served weights by those of the checkpoint in `dir` (sampling pauses: the
     /// running batch finishes first, and requests arriving meanwhile wait).
+    ///
+    /// The checkpoint is loaded and checked whole first (every served tensor present, with its
+    /// shape, converted to its dtype) before any served tensor is written, so a checkpoint that
+    /// fails half-way leaves the old weights served, never a mix.
     pub fn reload(&self, dir: &Path) -> harness_core::Result<()> {
         let model = &self.shared.model;
         let fresh = PolicyModel::load_dir(dir, DType::F32, model.model.device()).map_err(core)?;
-        self.shared.pending_reloads.fetch_add(1, Ordering::AcqRel);
-        let result = (|| {
-            let _write = self
-                .shared
-                .weights
-                .write()
-                .unwrap_or_else(|e| e.into_inner());
+        let refuse = |message: String| harness_core::Error::Policy {
+            policy: "candle".into(),
+            message: format!("{}: {message}", dir.display()),
+        };
+        let staged = {
             let new = fresh
                 .model
                 .varmap()
@@ -214,24 +221,38 @@ impl CandleGenerator {
                 .data()
                 .lock()
                 .unwrap_or_else(|e| e.into_inner());
-            // Whatever was written, cached prompts are stale from here on.
-            model.model.mark_weights_changed();
+            let mut staged = Vec::with_capacity(old.len());
             for (name, var) in old.iter() {
                 let Some(src) = new.get(name) else {
-                    return Err(harness_core::Error::Policy {
-                        policy: "candle".into(),
-                        message: format!(
-                            "{}: the checkpoint has no tensor `{name}`",
-                            dir.display()
-                        ),
-                    });
+                    return Err(refuse(format!("the checkpoint has no tensor `{name}`")));
                 };
-                var.set(
-                    &src.as_tensor()
-                        .to_dtype(var.dtype())
-                        .map_err(|e| core(e.into()))?,
-                )
-                .map_err(|e| core(e.into()))?;
+                if src.shape() != var.shape() {
+                    return Err(refuse(format!(
+                        "tensor `{name}` has shape {:?}, the served model's has {:?}",
+                        src.shape().dims(),
+                        var.shape().dims()
+                    )));
+                }
+                let tensor = src
+                    .as_tensor()
+                    .to_dtype(var.dtype())
+                    .map_err(|e| core(e.into()))?;
+                staged.push((var.clone(), tensor));
+            }
+            staged
+        };
+        self.shared.pending_reloads.fetch_add(1, Ordering::AcqRel);
+        let result = (|| {
+            let _write = self
+                .shared
+                .weights
+                .write()
+                .unwrap_or_else(|e| e.into_inner());
+            model.model.mark_weights_changed();
+            // Names, shapes, dtypes and the device were checked above: `set` has nothing left
+            // to refuse.
+            for (var, tensor) in &staged {
+                var.set(tensor).map_err(|e| core(e.into()))?;
             }
             Ok(())
         })();
@@ -257,114 +278,148 @@ fn worker_loop(
     shared: &Shared,
     rx: &mpsc::Receiver<Job>,
     max_batch: usize,
-    mut prefix: PrefixCache,
+    prefix_config: PrefixCacheConfig,
 ) {
+    let mut prefix = PrefixCache::new(prefix_config);
     let model = &shared.model.model;
     let tokenizer = &shared.model.tokenizer;
     let mut next_id = 0u64;
     // The token bytes of JSON-mode rows, built by the first batch that has one and kept.
     let mut json_vocab = None;
     while let Ok(first) = rx.recv() {
-        // Held while rows decode: a reload waits for the batch to drain.
-        let _read = shared.weights.read().unwrap_or_else(|e| e.into_inner());
-        let mut batch: DecodeBatch<'_, (u64, usize)> =
-            DecodeBatch::new(model).with_json_vocab(json_vocab.clone());
-        let mut jobs: HashMap<u64, Running> = HashMap::new();
-        let mut incoming = vec![first];
-        loop {
-            if shared.pending_reloads.load(Ordering::Acquire) == 0 {
-                let rows = |v: &[Job]| v.iter().map(|j| j.requests.len()).sum::<usize>();
-                while batch.len() + rows(&incoming) < max_batch {
-                    match rx.try_recv() {
-                        Ok(job) => incoming.push(job),
-                        Err(_) => break,
-                    }
-                }
-            }
-            let mut admitted = Vec::new();
-            for job in incoming.drain(..) {
-                if let Some(e) = job
-                    .requests
-                    .iter()
-                    .find_map(|r| sampler::validate_request(model, r).err())
-                {
-                    let _ = job.reply.send(Err(e));
-                    continue;
-                }
-                let id = next_id;
-                next_id += 1;
-                let n = job.requests.len();
-                admitted.extend(
-                    job.requests
-                        .into_iter()
-                        .enumerate()
-                        .map(|(i, r)| ((id, i), r)),
-                );
-                jobs.insert(
-                    id,
-                    Running {
-                        sink: job.sink,
-                        reply: job.reply,
-                        samples: vec![None; n],
-                        gone: false,
-                    },
-                );
-            }
-            if !admitted.is_empty() {
-                let ids: Vec<u64> = admitted.iter().map(|((id, _), _)| *id).collect();
-                match batch.add_cached(admitted, &mut prefix) {
-                    Ok(done) => finish(shared, &mut jobs, done),
-                    Err(e) => {
-                        // The batch is unchanged; the new jobs fail.
-                        for id in ids {
-                            if let Some(job) = jobs.remove(&id) {
-                                let _ = job.reply.send(Err(grpo_candle::Error::Msg(e.to_string())));
-                            }
+        // One batch's panic (a bug in the sampler, a tensor op that asserts) must not take the
+        // decoding thread down with it: the batch's jobs are dropped (their callers get an
+        // error), the prefix cache is rebuilt (it may hold a half-written entry), and the
+        // thread serves the next job.
+        let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            // Held while rows decode: a reload waits for the batch to drain.
+            let _read = shared.weights.read().unwrap_or_else(|e| e.into_inner());
+            let mut batch: DecodeBatch<'_, (u64, usize)> =
+                DecodeBatch::new(model).with_json_vocab(json_vocab.clone());
+            let mut jobs: HashMap<u64, Running> = HashMap::new();
+            let mut incoming = vec![first];
+            loop {
+                if shared.pending_reloads.load(Ordering::Acquire) == 0 {
+                    let rows = |v: &[Job]| v.iter().map(|j| j.requests.len()).sum::<usize>();
+                    while batch.len() + rows(&incoming) < max_batch {
+                        match rx.try_recv() {
+                            Ok(job) => incoming.push(job),
+                            Err(_) => break,
                         }
                     }
                 }
-                *shared.prefix.lock().unwrap_or_else(|e| e.into_inner()) = prefix.stats();
-            }
-            if batch.is_empty() {
-                break;
-            }
-            let step = batch.step_observed(tokenizer, |&(id, choice), sample| {
-                shared.decoded.fetch_add(1, Ordering::Relaxed);
-                let Some(job) = jobs.get_mut(&id) else {
-                    return false;
-                };
-                if job.reply.is_closed() {
-                    job.gone = true;
-                }
-                if let Some(sink) = &job.sink {
-                    let (token, logprob) = (
-                        *sample.tokens.last().expect("a new token"),
-                        *sample.logprobs.last().expect("a new log-prob"),
-                    );
-                    if sink
-                        .send(StreamedToken {
-                            choice,
-                            token,
-                            logprob,
-                        })
-                        .is_err()
+                let mut admitted = Vec::new();
+                for job in incoming.drain(..) {
+                    #[cfg(test)]
+                    if shared
+                        .fault
+                        .compare_exchange(1, 0, Ordering::SeqCst, Ordering::SeqCst)
+                        .is_ok()
                     {
-                        job.gone = true;
+                        panic!("an injected panic inside a batch");
                     }
+                    if let Some(e) = job
+                        .requests
+                        .iter()
+                        .find_map(|r| sampler::validate_request(model, r).err())
+                    {
+                        let _ = job.reply.send(Err(e));
+                        continue;
+                    }
+                    let id = next_id;
+                    next_id += 1;
+                    let n = job.requests.len();
+                    admitted.extend(
+                        job.requests
+                            .into_iter()
+                            .enumerate()
+                            .map(|(i, r)| ((id, i), r)),
+                    );
+                    jobs.insert(
+                        id,
+                        Running {
+                            sink: job.sink,
+                            reply: job.reply,
+                            samples: vec![None; n],
+                            gone: false,
+                        },
+                    );
                 }
-                !job.gone
-            });
-            match step {
-                Ok(done) => finish(shared, &mut jobs, done),
-                Err(e) => {
-                    for (_, job) in jobs.drain() {
-                        let _ = job.reply.send(Err(grpo_candle::Error::Msg(e.to_string())));
+                if !admitted.is_empty() {
+                    let ids: Vec<u64> = admitted.iter().map(|((id, _), _)| *id).collect();
+                    match batch.add_cached(admitted, &mut prefix) {
+                        Ok(done) => finish(shared, &mut jobs, done),
+                        Err(e) => {
+                            // The batch is unchanged; the new jobs fail.
+                            for id in ids {
+                                if let Some(job) = jobs.remove(&id) {
+                                    let _ =
+                                        job.reply.send(Err(grpo_candle::Error::Msg(e.to_string())));
+                                }
+                            }
+                        }
                     }
+                    *shared.prefix.lock().unwrap_or_else(|e| e.into_inner()) = prefix.stats();
+                }
+                if batch.is_empty() {
                     break;
                 }
+                let step = batch.step_observed(tokenizer, |&(id, choice), sample| {
+                    shared.decoded.fetch_add(1, Ordering::Relaxed);
+                    let Some(job) = jobs.get_mut(&id) else {
+                        return false;
+                    };
+                    if job.reply.is_closed() {
+                        job.gone = true;
+                    }
+                    if let Some(sink) = &job.sink {
+                        let (token, logprob) = (
+                            *sample.tokens.last().expect("a new token"),
+                            *sample.logprobs.last().expect("a new log-prob"),
+                        );
+                        if sink
+                            .send(StreamedToken {
+                                choice,
+                                token,
+                                logprob,
+                            })
+                            .is_err()
+                        {
+                            job.gone = true;
+                        }
+                    }
+                    !job.gone
+                });
+                match step {
+                    Ok(done) => finish(shared, &mut jobs, done),
+                    Err(e) => {
+                        for (_, job) in jobs.drain() {
+                            let _ = job.reply.send(Err(grpo_candle::Error::Msg(e.to_string())));
+                        }
+                        break;
+                    }
+                }
             }
+            json_vocab = batch.json_vocab().cloned();
+        }));
+        if let Err(panic) = outcome {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic".into());
+            tracing::error!(panic = %what, "a decoding batch panicked; its requests fail");
+            shared.panics.fetch_add(1, Ordering::SeqCst);
+            prefix = PrefixCache::new(prefix_config);
         }
-        json_vocab = batch.json_vocab().cloned();
+        #[cfg(test)]
+        if shared
+            .fault
+            .compare_exchange(2, 0, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+        {
+            panic!("an injected panic that ends the decoding thread");
+        }
     }
 }
 
@@ -402,6 +457,19 @@ impl TokenGenerator for CandleGenerator {
         self.shared.model.model.config().vocab_size
     }
 
+    fn health(&self) -> std::result::Result<(), String> {
+        match self
+            .worker
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
+            Some(worker) if !worker.is_finished() => Ok(()),
+            Some(_) => Err("the decoding thread has stopped".into()),
+            None => Err("the generator is shut down".into()),
+        }
+    }
+
     async fn generate(&self, request: TokenRequest) -> harness_core::Result<TokenOutput> {
         let mut out = self.generate_choices(request, 1, None).await?;
         Ok(out.remove(0))
@@ -437,7 +505,8 @@ impl TokenGenerator for CandleGenerator {
             .await
             .map_err(|_| {
                 core(grpo_candle::Error::Msg(
-                    "the decoding thread stopped".into(),
+                    "the decoding batch failed (it panicked, or the decoding thread stopped)"
+                        .into(),
                 ))
             })?
             .map_err(core)?;
@@ -466,5 +535,73 @@ impl WeightLoader for CandleLoader {
                 policy: "candle".into(),
                 message: format!("reload task failed: {e}"),
             })?
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+    use grpo_candle::TinySpec;
+    use harness_core::{OutputFormat, SamplingParams};
+
+    fn generator() -> CandleGenerator {
+        let spec = TinySpec {
+            num_merges: 64,
+            hidden_size: 32,
+            intermediate_size: 64,
+            head_dim: 8,
+            ..TinySpec::default()
+        };
+        CandleGenerator::new(
+            PolicyModel::tiny(&spec, DType::F32, &Device::Cpu).unwrap(),
+            4,
+        )
+    }
+
+    fn request() -> TokenRequest {
+        TokenRequest {
+            prompt: vec![5, 6, 7],
+            max_new_tokens: 4,
+            sampling: SamplingParams::default(),
+            seed: 1,
+            format: OutputFormat::Text,
+        }
+    }
+
+    async fn wait_until(mut done: impl FnMut() -> bool) {
+        for _ in 0..200 {
+            if done() {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_panicking_batch_fails_its_requests_and_the_thread_serves_the_next() {
+        let generator = generator();
+        let want = generator.generate(request()).await.unwrap();
+        generator.shared.fault.store(1, Ordering::SeqCst);
+        let err = generator.generate(request()).await.unwrap_err().to_string();
+        assert!(err.contains("panicked"), "{err}");
+        wait_until(|| generator.stats().panicked_batches == 1).await;
+        assert_eq!(generator.stats().panicked_batches, 1);
+        assert_eq!(generator.health(), Ok(()));
+        let got = generator.generate(request()).await.unwrap();
+        assert_eq!(got.tokens, want.tokens);
+    }
+
+    #[tokio::test]
+    async fn a_dead_decoding_thread_is_reported_unhealthy() {
+        let generator = generator();
+        assert_eq!(generator.health(), Ok(()));
+        generator.shared.fault.store(2, Ordering::SeqCst);
+        // The fault fires after this request's batch.
+        generator.generate(request()).await.unwrap();
+        wait_until(|| generator.health().is_err()).await;
+        let reason = generator.health().unwrap_err();
+        assert!(reason.contains("decoding thread has stopped"), "{reason}");
+        assert!(generator.generate(request()).await.is_err());
     }
 }

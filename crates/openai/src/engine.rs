@@ -125,6 +125,12 @@ pub trait TokenGenerator: Send + Sync {
     /// The vocabulary size: valid token ids are `0..vocab_size()`.
     fn vocab_size(&self) -> usize;
 
+    /// Whether the generator can still answer; `Err` says why not (an engine whose decoding
+    /// thread died). The server's `/health` reports it.
+    fn health(&self) -> std::result::Result<(), String> {
+        Ok(())
+    }
+
     /// Generate from `request.prompt`.
     async fn generate(&self, request: TokenRequest) -> Result<TokenOutput>;
 
@@ -197,6 +203,10 @@ pub trait TokenGenerator: Send + Sync {
 impl<T: TokenGenerator + ?Sized> TokenGenerator for Arc<T> {
     fn vocab_size(&self) -> usize {
         (**self).vocab_size()
+    }
+
+    fn health(&self) -> std::result::Result<(), String> {
+        (**self).health()
     }
 
     async fn generate(&self, request: TokenRequest) -> Result<TokenOutput> {

@@ -54,7 +54,7 @@ pub use engine::{
 };
 pub use error::{Error, Result};
 pub use remote::{EngineKind, RemotePolicy, RemotePolicyConfig, WeightSync};
-pub use server::{ServerConfig, ServerHandle, ServerState, WeightLoader};
+pub use server::{ApiKey, ServerConfig, ServerHandle, ServerState, WeightLoader};
 pub use transport::{EndpointConfig, RetryConfig};
 pub use usage::{RoleUsage, UsageLedger};
 

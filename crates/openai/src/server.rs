@@ -11,7 +11,10 @@
 //! - `POST /generate`: SGLang's native API with `input_ids` and `return_logprob`;
 //! - `POST /update_weights_from_disk` (SGLang), `POST /collective_rpc` with
 //!   `reload_weights` and `POST /reset_prefix_cache` (vLLM dev mode), when a [`WeightLoader`] is
-//!   given.
+//!   given. A request-named folder must lie under [`ServerConfig::reload_root`] (403 otherwise),
+//!   and one reload runs at a time: a second one meanwhile is answered 409, not queued.
+//!
+//! With [`ServerConfig::api_key`] set, every route answers 401 without that bearer key.
 //!
 //! Both OpenAI routes serve `n` choices per prompt through
 //! [`TokenGenerator::generate_choices`] (an engine prefills the prompt once for all of them;
@@ -38,15 +41,16 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, State};
-use axum::http::StatusCode;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use harness_core::{FinishReason, OutputFormat, SamplingParams};
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
-use tokio::sync::oneshot;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::engine::{
@@ -67,6 +71,41 @@ pub trait WeightLoader: Send + Sync {
     async fn load(&self, dir: &Path) -> harness_core::Result<()>;
 }
 
+/// A secret clients must send as `Authorization: Bearer <key>`; its `Debug` hides it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ApiKey(String);
+
+impl ApiKey {
+    /// A key; an empty one is refused (it would let a request with an empty bearer through).
+    pub fn new(key: impl Into<String>) -> Option<Self> {
+        let key = key.into();
+        (!key.is_empty()).then_some(ApiKey(key))
+    }
+
+    /// Whether `presented` is this key, in time that does not depend on where they differ.
+    pub fn matches(&self, presented: &str) -> bool {
+        constant_time_eq(self.0.as_bytes(), presented.as_bytes())
+    }
+}
+
+impl std::fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ApiKey(<redacted>)")
+    }
+}
+
+/// Byte equality that reads every byte of the longer input whatever the contents, so the
+/// answer's timing does not tell a caller how long a prefix of the key it guessed.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = a.len() ^ b.len();
+    for i in 0..a.len().max(b.len()) {
+        let x = a.get(i).copied().unwrap_or(0);
+        let y = b.get(i).copied().unwrap_or(0);
+        diff |= usize::from(x ^ y);
+    }
+    std::hint::black_box(diff) == 0
+}
+
 /// What the server serves and its limits.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
@@ -83,6 +122,27 @@ pub struct ServerConfig {
     pub max_choices: usize,
     /// The checkpoint directory being served (vLLM-style `reload_weights` reloads it).
     pub model_dir: Option<PathBuf>,
+    /// When set, every route (`/health` included) answers 401 unless the request carries
+    /// `Authorization: Bearer <key>`. The binary fills it from `--api-key` or an environment
+    /// variable; this crate reads neither.
+    pub api_key: Option<ApiKey>,
+    /// The folder under which `/update_weights_from_disk` may name checkpoints. Both it and the
+    /// requested path are canonicalized (so `..` and symlinks that leave it are refused with a
+    /// 403); unset, reloads from a request-named path are refused. vLLM's `reload_weights`
+    /// reloads [`Self::model_dir`], which the server chose, and needs no root.
+    pub reload_root: Option<PathBuf>,
+    /// `max_tokens` of a chat completion that does not say (instead of the rest of the
+    /// context, which one careless client could spend the decoding thread on).
+    pub default_chat_tokens: usize,
+    /// The most stop strings one request may give (OpenAI allows 4).
+    pub max_stop_strings: usize,
+    /// The longest stop string in bytes: every decoded step is matched against each of them, on
+    /// the one decoding thread every client shares.
+    pub max_stop_bytes: usize,
+    /// The most generation requests (`/v1/completions`, `/v1/chat/completions`, `/generate`)
+    /// admitted at once, decoding or waiting for the generator, streams until they end; one
+    /// more is answered 503 with `Retry-After` instead of queueing without bound.
+    pub max_queued_requests: usize,
 }
 
 impl ServerConfig {
@@ -95,6 +155,12 @@ impl ServerConfig {
             max_prompts_per_request: 64,
             max_choices: 64,
             model_dir: None,
+            api_key: None,
+            reload_root: None,
+            default_chat_tokens: 2048,
+            max_stop_strings: 4,
+            max_stop_bytes: 256,
+            max_queued_requests: 256,
         }
     }
 }
@@ -147,6 +213,11 @@ pub struct ServerState {
     encoder: Arc<dyn PromptEncoder>,
     generator: Arc<dyn TokenGenerator>,
     loader: Option<Arc<dyn WeightLoader>>,
+    /// Held while weights load: a second reload meanwhile is answered 409 rather than queued,
+    /// so that two full copies of the weights are never being read at once.
+    reloading: tokio::sync::Mutex<()>,
+    /// One permit per admitted generation request ([`ServerConfig::max_queued_requests`]).
+    admission: Arc<Semaphore>,
     next_id: AtomicU64,
     stats: ServerStats,
 }
@@ -159,13 +230,37 @@ impl ServerState {
         generator: Arc<dyn TokenGenerator>,
     ) -> Self {
         ServerState {
-            config,
             encoder,
             generator,
             loader: None,
+            reloading: tokio::sync::Mutex::new(()),
+            admission: Arc::new(Semaphore::new(config.max_queued_requests.max(1))),
             next_id: AtomicU64::new(0),
             stats: ServerStats::default(),
+            config,
         }
+    }
+
+    /// A place for one more generation request, or the 503 that says to come back later.
+    #[allow(clippy::result_large_err)]
+    fn admit(&self) -> std::result::Result<OwnedSemaphorePermit, Response> {
+        self.admission.clone().try_acquire_owned().map_err(|_| {
+            tracing::debug!("request queue full: answered 503");
+            let mut response = ApiError {
+                status: StatusCode::SERVICE_UNAVAILABLE,
+                kind: "server_error",
+                param: None,
+                message: format!(
+                    "the server is busy ({} requests queued); retry later",
+                    self.config.max_queued_requests
+                ),
+            }
+            .into_response();
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            response
+        })
     }
 
     /// Also serve the weight-sync endpoints with `loader`.
@@ -334,11 +429,32 @@ fn check_max_tokens(
 }
 
 fn sampling(
+    config: &ServerConfig,
     temperature: Option<f32>,
     top_p: Option<f32>,
     top_k: Option<i64>,
     stop: Vec<String>,
 ) -> std::result::Result<SamplingParams, ApiError> {
+    if stop.len() > config.max_stop_strings {
+        return Err(ApiError::bad(
+            Some("stop"),
+            format!(
+                "at most {} stop strings are allowed, got {}",
+                config.max_stop_strings,
+                stop.len()
+            ),
+        ));
+    }
+    if let Some(long) = stop.iter().find(|s| s.len() > config.max_stop_bytes) {
+        return Err(ApiError::bad(
+            Some("stop"),
+            format!(
+                "a stop string may be at most {} bytes long, got one of {} bytes",
+                config.max_stop_bytes,
+                long.len()
+            ),
+        ));
+    }
     let temperature = temperature.unwrap_or(1.0);
     if !temperature.is_finite() || temperature < 0.0 {
         return Err(ApiError::bad(
@@ -408,8 +524,17 @@ impl ServerState {
     }
 }
 
-async fn health() -> Response {
-    axum::Json(json!({"status": "ok"})).into_response()
+/// `ok`, or 503 with the reason when the generator cannot answer (its decoding thread died), so
+/// that a supervisor restarts the server instead of routing requests to it.
+async fn health(State(state): State<Arc<ServerState>>) -> Response {
+    match state.generator.health() {
+        Ok(()) => axum::Json(json!({"status": "ok"})).into_response(),
+        Err(reason) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(json!({"status": "unhealthy", "reason": reason})),
+        )
+            .into_response(),
+    }
 }
 
 async fn models(State(state): State<Arc<ServerState>>) -> Response {
@@ -443,7 +568,11 @@ fn counted(state: &ServerState, result: ApiResult) -> Response {
 }
 
 async fn completions(State(state): State<Arc<ServerState>>, body: Bytes) -> Response {
-    let result = completions_inner(&state, &body).await;
+    let permit = match state.admit() {
+        Ok(permit) => permit,
+        Err(busy) => return busy,
+    };
+    let result = completions_inner(&state, &body, permit).await;
     counted(&state, result)
 }
 
@@ -494,7 +623,11 @@ fn output_format(
     }
 }
 
-async fn completions_inner(state: &Arc<ServerState>, body: &Bytes) -> ApiResult {
+async fn completions_inner(
+    state: &Arc<ServerState>,
+    body: &Bytes,
+    permit: OwnedSemaphorePermit,
+) -> ApiResult {
     let req: CompletionRequest = parse(body)?;
     check_model(state, &req.model)?;
     if req.echo == Some(true) {
@@ -510,6 +643,7 @@ async fn completions_inner(state: &Arc<ServerState>, body: &Bytes) -> ApiResult 
     let max_tokens = check_max_tokens("max_tokens", req.max_tokens)?
         .unwrap_or(state.config.default_completion_tokens);
     let params = sampling(
+        &state.config,
         req.temperature,
         req.top_p,
         req.top_k,
@@ -518,21 +652,15 @@ async fn completions_inner(state: &Arc<ServerState>, body: &Bytes) -> ApiResult 
     let prompts: Vec<Vec<u32>> = match &req.prompt {
         PromptField::Tokens(t) => vec![t.clone()],
         PromptField::TokenBatch(b) => b.clone(),
-        PromptField::Text(t) => vec![encode_text(state, t)?],
-        PromptField::Texts(ts) => ts
-            .iter()
-            .map(|t| encode_text(state, t))
-            .collect::<std::result::Result<_, _>>()?,
+        PromptField::Text(t) => encode_texts(state, vec![t.clone()]).await?,
+        // Counted before any is tokenized.
+        PromptField::Texts(ts) if ts.len() > state.config.max_prompts_per_request => {
+            return Err(too_many_prompts(state, ts.len()));
+        }
+        PromptField::Texts(ts) => encode_texts(state, ts.clone()).await?,
     };
     if prompts.is_empty() || prompts.len() > state.config.max_prompts_per_request {
-        return Err(ApiError::bad(
-            Some("prompt"),
-            format!(
-                "expected 1 to {} prompts, got {}",
-                state.config.max_prompts_per_request,
-                prompts.len()
-            ),
-        ));
+        return Err(too_many_prompts(state, prompts.len()));
     }
     if prompts.len() * n
         > state
@@ -575,6 +703,7 @@ async fn completions_inner(state: &Arc<ServerState>, body: &Bytes) -> ApiResult 
             n,
             shape,
             include_usage(&req.extra),
+            permit,
         ));
     }
     let jobs = requests.into_iter().map(|r| state.run_choices(r, n, None));
@@ -613,11 +742,39 @@ async fn completions_inner(state: &Arc<ServerState>, body: &Bytes) -> ApiResult 
     .into_response())
 }
 
-fn encode_text(state: &ServerState, text: &str) -> std::result::Result<Vec<u32>, ApiError> {
-    state
-        .encoder
-        .encode_text(text)
-        .map_err(|e| ApiError::bad(Some("prompt"), format!("cannot tokenize the prompt: {e}")))
+fn too_many_prompts(state: &ServerState, got: usize) -> ApiError {
+    ApiError::bad(
+        Some("prompt"),
+        format!(
+            "expected 1 to {} prompts, got {got}",
+            state.config.max_prompts_per_request
+        ),
+    )
+}
+
+/// Run tokenizer work (a chat template, a long prompt) on tokio's blocking pool: on the async
+/// runtime it would stall every other connection, `/health` included, while it runs.
+async fn off_runtime<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> std::result::Result<T, ApiError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| ApiError::internal(format!("the tokenizer task failed: {e}")))
+}
+
+async fn encode_texts(
+    state: &ServerState,
+    texts: Vec<String>,
+) -> std::result::Result<Vec<Vec<u32>>, ApiError> {
+    let encoder = state.encoder.clone();
+    off_runtime(move || {
+        texts
+            .iter()
+            .map(|t| encoder.encode_text(t))
+            .collect::<harness_core::Result<Vec<_>>>()
+    })
+    .await?
+    .map_err(|e| ApiError::bad(Some("prompt"), format!("cannot tokenize the prompt: {e}")))
 }
 
 fn decode(state: &ServerState, tokens: &[u32]) -> std::result::Result<String, ApiError> {
@@ -687,7 +844,11 @@ fn chat_logprobs(
 }
 
 async fn chat_completions(State(state): State<Arc<ServerState>>, body: Bytes) -> Response {
-    let result = chat_inner(&state, &body).await;
+    let permit = match state.admit() {
+        Ok(permit) => permit,
+        Err(busy) => return busy,
+    };
+    let result = chat_inner(&state, &body, permit).await;
     counted(&state, result)
 }
 
@@ -718,7 +879,11 @@ fn chat_message(
     }
 }
 
-async fn chat_inner(state: &Arc<ServerState>, body: &Bytes) -> ApiResult {
+async fn chat_inner(
+    state: &Arc<ServerState>,
+    body: &Bytes,
+    permit: OwnedSemaphorePermit,
+) -> ApiResult {
     let req: ChatCompletionRequest = parse(body)?;
     check_model(state, &req.model)?;
     let n = check_n(state, req.n)?;
@@ -733,6 +898,7 @@ async fn chat_inner(state: &Arc<ServerState>, body: &Bytes) -> ApiResult {
         None => check_max_tokens("max_tokens", req.max_tokens)?,
     };
     let params = sampling(
+        &state.config,
         req.temperature,
         req.top_p,
         None,
@@ -742,13 +908,21 @@ async fn chat_inner(state: &Arc<ServerState>, body: &Bytes) -> ApiResult {
     let messages =
         from_wire_messages(&req.messages).map_err(|m| ApiError::bad(Some("messages"), m))?;
     let tools: Vec<_> = req.tools.iter().map(|t| t.to_spec()).collect();
-    let prompt = state.encoder.encode(&messages, &tools).map_err(|e| {
-        ApiError::bad(
-            Some("messages"),
-            format!("cannot render the conversation: {e}"),
-        )
-    })?;
-    let budget = state.check_prompt("messages", &prompt, limit.unwrap_or(usize::MAX))?;
+    let encoder = state.encoder.clone();
+    let specs = tools.clone();
+    let prompt = off_runtime(move || encoder.encode(&messages, &specs))
+        .await?
+        .map_err(|e| {
+            ApiError::bad(
+                Some("messages"),
+                format!("cannot render the conversation: {e}"),
+            )
+        })?;
+    let budget = state.check_prompt(
+        "messages",
+        &prompt,
+        limit.unwrap_or(state.config.default_chat_tokens),
+    )?;
     let request = TokenRequest {
         prompt: prompt.clone(),
         max_new_tokens: budget,
@@ -770,6 +944,7 @@ async fn chat_inner(state: &Arc<ServerState>, body: &Bytes) -> ApiResult {
             n,
             shape,
             include_usage(&req.extra),
+            permit,
         ));
     }
     let outs = state.run_choices(request, n, None).await?;
@@ -802,6 +977,10 @@ async fn chat_inner(state: &Arc<ServerState>, body: &Bytes) -> ApiResult {
 }
 
 async fn sglang_generate(State(state): State<Arc<ServerState>>, body: Bytes) -> Response {
+    let _permit = match state.admit() {
+        Ok(permit) => permit,
+        Err(busy) => return busy,
+    };
     let result = sglang_inner(&state, &body).await;
     counted(&state, result)
 }
@@ -815,6 +994,7 @@ async fn sglang_inner(state: &ServerState, body: &Bytes) -> ApiResult {
     let max_tokens =
         check_max_tokens("sampling_params.max_new_tokens", Some(sp.max_new_tokens))?.unwrap_or(1);
     let params = sampling(
+        &state.config,
         Some(sp.temperature),
         Some(sp.top_p),
         Some(sp.top_k),
@@ -858,12 +1038,64 @@ async fn load_weights(state: &ServerState, dir: &Path) -> std::result::Result<()
             "this server was started without a weight loader",
         ));
     };
+    let Ok(_reloading) = state.reloading.try_lock() else {
+        return Err(ApiError {
+            status: StatusCode::CONFLICT,
+            kind: "invalid_request_error",
+            param: None,
+            message: "a weight reload is already in progress; retry when it has finished".into(),
+        });
+    };
     loader.load(dir).await.map_err(|e| {
         ApiError::bad(
             Some("model_path"),
             format!("cannot load `{}`: {e}", dir.display()),
         )
     })
+}
+
+/// `requested` as a canonical folder inside the configured reload root, or why not.
+fn allowed_reload_dir(
+    config: &ServerConfig,
+    requested: &str,
+) -> std::result::Result<PathBuf, ApiError> {
+    let forbidden = |message: String| ApiError {
+        status: StatusCode::FORBIDDEN,
+        kind: "invalid_request_error",
+        param: Some("model_path"),
+        message,
+    };
+    let Some(root) = &config.reload_root else {
+        return Err(forbidden(
+            "this server reloads no request-named path (its reload root is not set)".into(),
+        ));
+    };
+    let root = root.canonicalize().map_err(|e| {
+        ApiError::internal(format!(
+            "the reload root `{}` cannot be resolved: {e}",
+            root.display()
+        ))
+    })?;
+    let dir = Path::new(requested).canonicalize().map_err(|e| {
+        ApiError::bad(
+            Some("model_path"),
+            format!("cannot load `{requested}`: {e}"),
+        )
+    })?;
+    if !dir.starts_with(&root) {
+        return Err(forbidden(format!(
+            "`{requested}` resolves to `{}`, outside the reload root `{}`",
+            dir.display(),
+            root.display()
+        )));
+    }
+    if !dir.is_dir() {
+        return Err(ApiError::bad(
+            Some("model_path"),
+            format!("`{requested}` is not a folder"),
+        ));
+    }
+    Ok(dir)
 }
 
 async fn update_weights_from_disk(State(state): State<Arc<ServerState>>, body: Bytes) -> Response {
@@ -875,7 +1107,12 @@ async fn update_weights_from_disk(State(state): State<Arc<ServerState>>, body: B
                 "model_path (a directory) is required",
             ));
         };
-        match load_weights(&state, Path::new(path)).await {
+        let loaded = match allowed_reload_dir(&state.config, path) {
+            // The canonical path: a symlink swapped in after the check is not followed.
+            Ok(dir) => load_weights(&state, &dir).await,
+            Err(e) => Err(e),
+        };
+        match loaded {
             Ok(()) => Ok(
                 axum::Json(json!({"success": true, "message": format!("loaded {path}")}))
                     .into_response(),
@@ -933,6 +1170,37 @@ async fn not_found() -> Response {
     .into_response()
 }
 
+/// Refuse a request without the configured bearer key (OpenAI's 401 body).
+async fn authorize(
+    State(state): State<Arc<ServerState>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let Some(key) = &state.config.api_key else {
+        return next.run(request).await;
+    };
+    let presented = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    match presented {
+        Some(p) if key.matches(p) => next.run(request).await,
+        presented => ApiError {
+            status: StatusCode::UNAUTHORIZED,
+            kind: "invalid_request_error",
+            param: None,
+            message: match presented {
+                None => "You didn't provide an API key: send `Authorization: Bearer <key>`.",
+                Some(_) => "Incorrect API key provided.",
+            }
+            .into(),
+        }
+        .into_response(),
+    }
+}
+
 /// The server's routes on `state`.
 pub fn router(state: Arc<ServerState>) -> Router {
     Router::new()
@@ -947,6 +1215,8 @@ pub fn router(state: Arc<ServerState>) -> Router {
         .fallback(not_found)
         // Long token-id prompts (65k tokens) are about 0.5 MB of JSON.
         .layer(DefaultBodyLimit::max(32 << 20))
+        // Outermost, so the fallback and the body limit are behind the key too.
+        .layer(middleware::from_fn_with_state(state.clone(), authorize))
         .with_state(state)
 }
 

@@ -34,8 +34,11 @@ fn tiny_seeded(seed: u64) -> PolicyModel {
 
 async fn serve(model: &PolicyModel) -> ServerHandle {
     let generator = Arc::new(candle::CandleGenerator::new(model.clone(), 16));
+    let mut config = ServerConfig::new("tiny", model.model.config().max_position_embeddings);
+    // The test's checkpoints are temporary folders.
+    config.reload_root = Some(std::env::temp_dir());
     let state = ServerState::new(
-        ServerConfig::new("tiny", model.model.config().max_position_embeddings),
+        config,
         Arc::new(candle::CandleEncoder::new(model.clone())),
         generator.clone(),
     )
@@ -431,4 +434,44 @@ async fn json_object_answers_are_constrained_and_schemas_are_refused() {
         "{error}"
     );
     server.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_checkpoint_that_does_not_fit_leaves_the_served_weights_whole() {
+    use harness_openai::{TokenGenerator, TokenRequest};
+    let model = tiny();
+    let generator = candle::CandleGenerator::new(model.clone(), 4);
+    let request = TokenRequest {
+        prompt: (0..20u32).map(|i| (i * 5 + 1) % 200).collect(),
+        max_new_tokens: 8,
+        sampling: SamplingParams::default(),
+        seed: 3,
+        format: harness_core::OutputFormat::Text,
+    };
+    let before = generator.generate(request.clone()).await.unwrap();
+    // Another seed and a narrower MLP: the attention, norm and embedding tensors fit, the MLP's
+    // do not. A tensor-by-tensor copy wrote some before failing on the first MLP tensor.
+    let misfit = PolicyModel::tiny(
+        &TinySpec {
+            num_merges: 64,
+            hidden_size: 32,
+            intermediate_size: 48,
+            head_dim: 8,
+            seed: 12,
+            ..TinySpec::default()
+        },
+        DType::F32,
+        &Device::Cpu,
+    )
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    misfit.save_hf(dir.path()).unwrap();
+    let err = generator.reload(dir.path()).unwrap_err().to_string();
+    assert!(err.contains("shape"), "{err}");
+    let after = generator.generate(request).await.unwrap();
+    assert_eq!(after.tokens, before.tokens);
+    assert_eq!(
+        after.logprobs, before.logprobs,
+        "the failed reload changed weights"
+    );
 }

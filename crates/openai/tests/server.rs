@@ -365,6 +365,7 @@ async fn weight_sync_reaches_the_server_through_both_engine_protocols() {
     let loader = Arc::new(RecordingLoader(Default::default()));
     let mut config = harness_openai::ServerConfig::new(MODEL, 4096);
     config.model_dir = Some(dir.path().to_path_buf());
+    config.reload_root = Some(dir.path().to_path_buf());
     let state = Arc::new(
         harness_openai::ServerState::new(
             config,

@@ -55,6 +55,8 @@ async fn the_llm_roles_run_against_the_projects_own_server() {
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             served_model: "tiny".into(),
             max_batch: 8,
+            api_key: None,
+            reload_root: None,
         },
     )
     .await

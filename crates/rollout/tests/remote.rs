@@ -60,8 +60,12 @@ fn probe() -> PolicyRequest {
 async fn remote_rollouts_sync_weights_after_every_update_and_record_their_version() {
     let served = tiny();
     let generator = Arc::new(candle::CandleGenerator::new(served.clone(), 16));
+    let mut server_config =
+        ServerConfig::new("tiny", served.model.config().max_position_embeddings);
+    // The trainer saves its checkpoints in a temporary folder.
+    server_config.reload_root = Some(std::env::temp_dir());
     let state = ServerState::new(
-        ServerConfig::new("tiny", served.model.config().max_position_embeddings),
+        server_config,
         Arc::new(candle::CandleEncoder::new(served.clone())),
         generator.clone(),
     )

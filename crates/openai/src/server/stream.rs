@@ -8,8 +8,9 @@
 //! (and any text held back until then); `stream_options.include_usage` adds a usage chunk with
 //! no choices; `data: [DONE]` ends the stream.
 //!
-//! The text of a choice is decoded from all its tokens at every step and the new part sent,
-//! holding back a trailing partial UTF-8 character, so the chunks concatenate to the text of the
+//! The text of a choice grows by decoding a window of its recent tokens at every step (not the
+//! whole answer again) and the new part is sent, holding back a trailing partial UTF-8
+//! character, so the chunks concatenate to the text of the
 //! non-streaming answer. With tools offered, text from a `<tool_call>` on is held back and sent
 //! as `tool_calls` deltas at the end (content before the call is streamed as generated, while
 //! the non-streaming message trims it).
@@ -28,6 +29,7 @@ use axum::response::{IntoResponse, Response};
 use futures::channel::mpsc;
 use futures::{SinkExt, StreamExt};
 use serde_json::{Value, json};
+use tokio::sync::OwnedSemaphorePermit;
 
 use super::{ApiError, ServerState, decode, finish_str, now};
 use crate::engine::{StreamedToken, TokenOutput, TokenRequest};
@@ -47,10 +49,23 @@ pub(crate) enum Shape {
     Chat { logprobs: bool, tools: bool },
 }
 
+/// The most tokens decoded together for one step of a stream: the tokens not yet turned into
+/// text plus the few before them. Past it the window's text is taken as it is, so that output
+/// that never forms whole characters cannot make every step decode the whole answer again.
+const MAX_WINDOW: usize = 16;
+
 /// What has been sent of one choice.
 #[derive(Default)]
 struct Choice {
     tokens: Vec<u32>,
+    /// The text of `tokens[..read_offset]`, built a window at a time.
+    text: String,
+    /// Where the window starts: the tokens before `read_offset` that are decoded again as
+    /// context, for tokenizers whose pieces read differently at the start of a text (a leading
+    /// space, a byte of a character), as vLLM's incremental detokenizer does.
+    prefix_offset: usize,
+    /// The tokens up to here are in `text`.
+    read_offset: usize,
     /// The text sent so far.
     sent: String,
     /// Characters of the per-token pieces so far (`text_offset` of completion log-probs).
@@ -83,9 +98,14 @@ pub(crate) fn respond(
     n: usize,
     shape: Shape,
     include_usage: bool,
+    permit: OwnedSemaphorePermit,
 ) -> Response {
     let (body, events) = mpsc::channel::<Bytes>(64);
-    tokio::spawn(drive(state, requests, n, shape, include_usage, body));
+    tokio::spawn(async move {
+        // The stream holds its place in the request queue until its last chunk.
+        let _permit = permit;
+        drive(state, requests, n, shape, include_usage, body).await;
+    });
     let stream = events.map(Ok::<_, Infallible>);
     (
         StatusCode::OK,
@@ -145,9 +165,9 @@ fn token_choice(
 ) -> Result<Value, ApiError> {
     let first = choice.tokens.is_empty();
     choice.tokens.push(token.token);
-    let full = decode(state, &choice.tokens)?;
+    advance_text(state, choice)?;
     let tools = matches!(shape, Shape::Chat { tools: true, .. });
-    let now = sendable(&full, tools);
+    let now = sendable(&choice.text, tools);
     let delta = match now.strip_prefix(choice.sent.as_str()) {
         Some(rest) => rest.to_string(),
         // An earlier piece decodes differently now: wait for the end.
@@ -213,6 +233,31 @@ fn token_choice(
             c
         }
     })
+}
+
+/// Extend `choice.text` with its new tokens, decoding only a window of recent ones: the text of
+/// `tokens[prefix_offset..]` minus that of `tokens[prefix_offset..read_offset]` is what the new
+/// tokens add. It waits while the new tokens end inside a character (U+FFFD), up to
+/// [`MAX_WINDOW`] tokens.
+fn advance_text(state: &ServerState, choice: &mut Choice) -> Result<(), ApiError> {
+    let tokens = &choice.tokens;
+    let before = match choice.prefix_offset == choice.read_offset {
+        true => String::new(),
+        false => decode(state, &tokens[choice.prefix_offset..choice.read_offset])?,
+    };
+    let window = decode(state, &tokens[choice.prefix_offset..])?;
+    let full_window = tokens.len() - choice.prefix_offset >= MAX_WINDOW;
+    let added = match window.strip_prefix(before.as_str()) {
+        Some(added) if !added.ends_with('\u{FFFD}') || full_window => added,
+        // A character still open, or context that reads differently with the new tokens after
+        // it: wait for the next token.
+        _ if !full_window => return Ok(()),
+        _ => window.get(before.len()..).unwrap_or_default(),
+    };
+    choice.text.push_str(added);
+    choice.prefix_offset = choice.read_offset;
+    choice.read_offset = tokens.len();
+    Ok(())
 }
 
 /// The closing chunk choice of choice `index`: what was held back, tool calls, finish reason.
