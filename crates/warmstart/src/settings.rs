@@ -41,8 +41,9 @@ impl Default for ModelShape {
 }
 
 /// Every setting of a warm start. A JSON document may give any subset; unknown fields are
-/// errors. The defaults are this crate's own (chosen so that a release build on two CPU cores
-/// trains in a few minutes), not the paper's: the paper starts from a pretrained Qwen3.
+/// errors. The defaults are this crate's own (a release build on two CPU cores trains them in
+/// about fifteen minutes, and the result ships), not the paper's: the paper starts from a
+/// pretrained Qwen3.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct WarmStartSettings {
@@ -50,7 +51,7 @@ pub struct WarmStartSettings {
     /// corpus order, the model's initial weights and the fine-tuning batches. Default 0.
     pub seed: u64,
     /// Training tasks demonstrated (the first ones of the generator's training split), each
-    /// once, under H0 or one sibling (see `repair_share`). Default 1600.
+    /// once, under H0 or one sibling (see `repair_share`). Default 3200.
     pub demo_tasks: usize,
     /// Share of planted-family demonstrations recorded under a sibling whose hook repairs the
     /// family (so the prompted behaviour has enough examples); the others, and every plain
@@ -66,7 +67,7 @@ pub struct WarmStartSettings {
     pub model: ModelShape,
     /// The compact H0's episode limits (the siblings share them).
     pub limits: EpisodeLimits,
-    /// Fine-tuning updates. Default 1400.
+    /// Fine-tuning updates. Default 2800.
     pub sft_steps: usize,
     /// Demonstration sequences per update. Default 8.
     pub batch_sequences: usize,
@@ -82,13 +83,13 @@ impl Default for WarmStartSettings {
     fn default() -> Self {
         WarmStartSettings {
             seed: 0,
-            demo_tasks: 1600,
+            demo_tasks: 3200,
             repair_share: 0.5,
             unprompted_good_rate: 0.1,
             vocab_size: 2048,
             model: ModelShape::default(),
             limits: EpisodeLimits::default(),
-            sft_steps: 1400,
+            sft_steps: 2800,
             batch_sequences: 8,
             learning_rate: 1e-2,
             warmup_steps: 30,
