@@ -406,11 +406,11 @@ impl RunConfig {
                 tau_retail_data: None,
                 train_tasks: if quick { 240 } else { 1000 },
                 validation_tasks: if quick { 24 } else { 60 },
-                // Paired test tasks resolve about 3 points of H0 Avg@3 in one seed at 128 (the
-                // per-task differences between checkpoints of a seed-42 run spread 0.17-0.19,
-                // so the 95% half-width is about 1.96 x 0.18 / sqrt(128)); seeds add their own
-                // training noise on top.
-                test_tasks: if quick { 128 } else { 100 },
+                // Every test task of the embedded default (110): paired test tasks resolve
+                // about 3.4 points of H0 Avg@3 in one seed (the per-task differences between
+                // checkpoints of a seed-42 run spread 0.17-0.19, so the 95% half-width is
+                // about 1.96 x 0.18 / sqrt(110)); seeds add their own training noise on top.
+                test_tasks: if quick { 110 } else { 100 },
             },
             policy: PolicyConfig {
                 model: None,

@@ -179,6 +179,14 @@ impl Workbench {
         };
         let take = |split: Split, n: usize| -> Result<Vec<Task>> {
             let mut tasks = env.tasks(split).at("tasks")?;
+            if tasks.len() < n {
+                tracing::warn!(
+                    "{split:?}: the environment `{}` has {} tasks, fewer than the {n} the run \
+                     configuration asks for; the run uses all of them",
+                    env.name(),
+                    tasks.len()
+                );
+            }
             tasks.truncate(n);
             if tasks.is_empty() {
                 return Err(Error::input(

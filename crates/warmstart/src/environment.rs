@@ -15,8 +15,9 @@ use harness_envs::dbbench::{
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-/// Training tasks of [`default_environment`] (the warm start's demonstrations use the first
-/// [`WarmStartSettings::demo_tasks`](crate::WarmStartSettings::demo_tasks) of them).
+/// Training tasks of [`default_environment`] (the warm start demonstrates the generator's first
+/// [`WarmStartSettings::demo_tasks`](crate::WarmStartSettings::demo_tasks) training tasks, these
+/// and the ones after them).
 pub const TRAIN_TASKS: usize = 2200;
 /// Validation tasks of [`default_environment`] (10 of each of the 11 question types).
 pub const VALIDATION_TASKS: usize = 110;
