@@ -130,6 +130,13 @@ struct Common {
     /// The environment: default, dbbench, appworld, swe or tau-retail.
     #[arg(long)]
     env: Option<String>,
+    /// Who plays the retail customer (--env tau-retail): scripted (built in, offline) or llm
+    /// (a model at --llm, driven by the task's scenario as tau2-bench runs it).
+    #[arg(long, value_name = "scripted|llm")]
+    tau_user: Option<String>,
+    /// Judge the retail world's NL assertions with a model at --llm (off by default).
+    #[arg(long)]
+    tau_nl_judge: bool,
     /// An OpenAI-compatible base URL (ending in /v1) for the LLM roles.
     #[arg(long)]
     llm: Option<String>,
@@ -188,6 +195,8 @@ impl Common {
         );
         flag("policy.model", quoted(&self.model));
         flag("env.name", quoted(&self.env));
+        flag("env.tau_user", quoted(&self.tau_user));
+        flag("env.tau_nl_judge", self.tau_nl_judge.then(|| "true".into()));
         flag("roles.llm", quoted(&self.llm));
         flag("roles.llm_model", quoted(&self.llm_model));
         flag("roles.llm_key_env", quoted(&self.llm_key_env));

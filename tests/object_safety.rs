@@ -6,6 +6,7 @@ use std::sync::Arc;
 use harness_core::{
     ActionParser, Calibrate, ChatModel, EnvSession, Environment, HarnessSelector, Learner, Policy,
 };
+use harness_envs::tau_retail::{NlJudge, UserSimulator};
 
 #[allow(dead_code)]
 fn _obj_safe(
@@ -22,6 +23,10 @@ fn _obj_safe(
 #[allow(dead_code)]
 fn _training_obj_safe(_: Arc<dyn Calibrate>, _: Box<dyn Learner>) {}
 
+/// The retail world's customer and NL-assertion judge (the LLM ones are injected at run time).
+#[allow(dead_code)]
+fn _retail_obj_safe(_: Arc<dyn UserSimulator>, _: Arc<dyn NlJudge>) {}
+
 #[test]
 fn seams_are_object_safe_and_thread_safe() {
     fn assert_send_sync<T: Send + Sync + ?Sized>() {}
@@ -31,6 +36,8 @@ fn seams_are_object_safe_and_thread_safe() {
     assert_send_sync::<dyn HarnessSelector>();
     assert_send_sync::<dyn ActionParser>();
     assert_send_sync::<dyn Calibrate>();
+    assert_send_sync::<dyn UserSimulator>();
+    assert_send_sync::<dyn NlJudge>();
     fn assert_send<T: Send + ?Sized>() {}
     assert_send::<dyn EnvSession>();
     assert_send::<dyn Learner>();

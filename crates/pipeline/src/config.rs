@@ -134,6 +134,23 @@ pub struct EnvConfig {
     /// `split_tasks.json`; `tau-retail` only). Unset: [`DEFAULT_TAU_RETAIL_DATA`].
     #[serde(default)]
     pub tau_retail_data: Option<PathBuf>,
+    /// Who plays the retail customer (`tau-retail` only): `scripted` (the built-in, offline
+    /// customer; the default) or `llm` (a model at the roles' endpoint `roles.llm`, driven by
+    /// the task's scenario as tau2-bench runs it).
+    #[serde(default, skip_serializing_if = "TauUser::is_scripted")]
+    pub tau_user: TauUser,
+    /// Judge the retail tasks' NL assertions with a model at `roles.llm` (`tau-retail` only;
+    /// off by default: the reward then checks the database and the communicated figures and
+    /// says that it did not check the assertions).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub tau_nl_judge: bool,
+    /// Requests per customer reply or judge verdict before an unusable answer (empty, too
+    /// long, not the verdict object) fails the episode with an error (default 3).
+    #[serde(
+        default = "default_tau_llm_attempts",
+        skip_serializing_if = "is_default_tau_llm_attempts"
+    )]
+    pub tau_llm_attempts: usize,
     /// Training tasks used (the first of the split).
     pub train_tasks: usize,
     /// Validation tasks: evolution's selection, the router's calibration and the validation
@@ -141,6 +158,31 @@ pub struct EnvConfig {
     pub validation_tasks: usize,
     /// Test tasks of the final evaluation.
     pub test_tasks: usize,
+}
+
+/// Who plays the retail world's customer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TauUser {
+    /// harness-envs' scripted customer (offline, deterministic).
+    #[default]
+    Scripted,
+    /// A model at `roles.llm` ([`crate::tau::LlmCustomer`]).
+    Llm,
+}
+
+impl TauUser {
+    fn is_scripted(&self) -> bool {
+        *self == TauUser::Scripted
+    }
+}
+
+fn default_tau_llm_attempts() -> usize {
+    3
+}
+
+fn is_default_tau_llm_attempts(n: &usize) -> bool {
+    *n == default_tau_llm_attempts()
 }
 
 /// The policy: the embedded warm-started organism or a checkpoint.
@@ -404,6 +446,9 @@ impl RunConfig {
                 name: "default".into(),
                 dbbench_data: None,
                 tau_retail_data: None,
+                tau_user: TauUser::Scripted,
+                tau_nl_judge: false,
+                tau_llm_attempts: default_tau_llm_attempts(),
                 train_tasks: if quick { 240 } else { 1000 },
                 validation_tasks: if quick { 24 } else { 60 },
                 // Every test task of the embedded default (110): paired test tasks resolve
@@ -566,6 +611,38 @@ impl RunConfig {
             return bad(
                 "env.tau_retail_data",
                 "a retail data folder needs env.name = \"tau-retail\"".into(),
+            );
+        }
+        let retail = self.env.name == "tau-retail";
+        for (field, asks, what) in [
+            (
+                "env.tau_user",
+                self.env.tau_user == TauUser::Llm,
+                "the LLM customer",
+            ),
+            ("env.tau_nl_judge", self.env.tau_nl_judge, "the LLM judge"),
+        ] {
+            if asks && !retail {
+                return bad(
+                    field,
+                    format!(
+                        "{what} plays in the retail world only: it needs env.name = \"tau-retail\""
+                    ),
+                );
+            }
+            if asks && self.roles.llm.is_none() {
+                return bad(
+                    field,
+                    format!(
+                        "{what} asks the LLM roles' endpoint: set roles.llm (--llm, an OpenAI-compatible base URL ending in /v1) and roles.llm_model; roles.llm_roles = [] keeps the analyst, editor, profiler and voters built-in"
+                    ),
+                );
+            }
+        }
+        if self.env.tau_llm_attempts == 0 {
+            return bad(
+                "env.tau_llm_attempts",
+                "expected at least 1 request per customer reply or verdict, found 0".into(),
             );
         }
         if self.env.dbbench_data.is_some() && self.env.name != "dbbench" {
@@ -1076,6 +1153,9 @@ Run configuration (TOML or JSON; any subset; `preset` picks the defaults; flags 
   env.name                      default (the embedded warm-started organism) | dbbench | appworld | swe | tau-retail
   env.dbbench_data              an AgentBench DBBench JSONL file as the test split (env.name = dbbench)
   env.tau_retail_data           tau2-bench's retail folder (env.name = tau-retail; default ../shared/data/tau2-retail)
+  env.tau_user                  who plays the retail customer: scripted (default, offline) | llm (a model at roles.llm, from the task's scenario, as tau2-bench runs it)
+  env.tau_nl_judge              judge the retail NL assertions with a model at roles.llm (default false: not checked, and the reward says so)
+  env.tau_llm_attempts          requests per LLM customer reply or judge verdict before an unusable answer is an error (default 3)
   env.train_tasks               training tasks used
   env.validation_tasks          validation tasks (evolution, calibration, validation curves)
   env.test_tasks                test tasks of the final evaluation

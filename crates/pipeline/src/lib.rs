@@ -39,6 +39,7 @@ pub mod organism;
 pub mod serve;
 pub mod setup;
 pub mod stages;
+pub mod tau;
 
 pub use config::{Method, Preset, RunConfig};
 pub use error::{Error, Result};

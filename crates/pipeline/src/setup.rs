@@ -11,7 +11,7 @@ use harness_envs::{appworld, dbbench, swe, tau_retail};
 use harness_openai::{ChatClient, ChatClientConfig, EngineKind, RemotePolicy, RemotePolicyConfig};
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use crate::config::{RolloutEngine, RunConfig};
+use crate::config::{RolloutEngine, RunConfig, TauUser};
 use crate::error::{Error, Result, StageExt};
 use crate::layout::Layout;
 use harness_openai::candle::CandleEncoder;
@@ -155,6 +155,7 @@ impl Workbench {
             secrets.engine_api_key.is_some(),
         )?;
         let layout = Layout::new(&cfg.out);
+        let chat = role_client(&cfg, &secrets)?;
         let (env, base, builtin_siblings, checkpoint) = match cfg.env.name.as_str() {
             "default" => {
                 let started = crate::organism::warm_start(&cfg, &progress)?;
@@ -166,15 +167,23 @@ impl Workbench {
                 )
             }
             name => {
-                let (env, base, siblings) = builtin_environment(name, &cfg)?;
-                let model = cfg.policy.model.clone().ok_or_else(|| Error::Config {
-                    file: PathBuf::from("<run config>"),
-                    field: "policy.model".into(),
-                    message: format!(
-                        "environment `{name}` runs its own base harness and needs a checkpoint; the embedded tiny policy is warm-started for env.name = \"default\" only"
-                    ),
-                })?;
-                (env, base, siblings, resolve_checkpoint(&model)?)
+                let (env, base, siblings) = builtin_environment(name, &cfg, chat.as_ref())?;
+                let checkpoint = match &cfg.policy.model {
+                    Some(model) => resolve_checkpoint(model)?,
+                    None => {
+                        // The embedded default's checkpoint, warm-started on DBBench under
+                        // its compact H0: it runs here, but was never taught this world.
+                        let started = crate::organism::warm_start(&cfg, &progress)?;
+                        progress.println(format!(
+                            "env {name}: no policy.model, so the embedded default's checkpoint runs (a tiny policy warm-started on DBBench only; its {}-token context may not hold this world's H0)",
+                            crate::organism::settings(&cfg)?
+                                .model
+                                .max_position_embeddings
+                        ));
+                        started.checkpoint
+                    }
+                };
+                (env, base, siblings, checkpoint)
             }
         };
         let take = |split: Split, n: usize| -> Result<Vec<Task>> {
@@ -200,17 +209,6 @@ impl Workbench {
         let train = take(Split::Train, cfg.env.train_tasks)?;
         let validation = take(Split::Validation, cfg.env.validation_tasks)?;
         let test = take(Split::Test, cfg.env.test_tasks)?;
-        let chat = match &cfg.roles.llm {
-            None => None,
-            Some(url) => {
-                let mut config = ChatClientConfig::new(url, &cfg.roles.llm_model);
-                config.endpoint.timeout = std::time::Duration::from_secs(cfg.roles.timeout_s);
-                if let Some(key) = &secrets.llm_api_key {
-                    config.endpoint = config.endpoint.with_api_key(key.clone());
-                }
-                Some(Arc::new(ChatClient::new(config).at("roles")?) as Arc<dyn ChatModel>)
-            }
-        };
         Ok(Workbench {
             cfg,
             layout,
@@ -283,10 +281,59 @@ impl Workbench {
     }
 }
 
+/// The LLM roles' client on `roles.llm`, when one is configured (the retail world's LLM
+/// customer and judge ask it too).
+fn role_client(cfg: &RunConfig, secrets: &Secrets) -> Result<Option<Arc<dyn ChatModel>>> {
+    let Some(url) = &cfg.roles.llm else {
+        return Ok(None);
+    };
+    let mut config = ChatClientConfig::new(url, &cfg.roles.llm_model);
+    config.endpoint.timeout = std::time::Duration::from_secs(cfg.roles.timeout_s);
+    if let Some(key) = &secrets.llm_api_key {
+        config.endpoint = config.endpoint.with_api_key(key.clone());
+    }
+    Ok(Some(
+        Arc::new(ChatClient::new(config).at("roles")?) as Arc<dyn ChatModel>
+    ))
+}
+
+/// The retail world of `cfg`: its data folder, with the LLM customer and judge when
+/// `env.tau_user = "llm"` / `env.tau_nl_judge` ask for them (on `chat`, the roles' client).
+pub fn tau_retail_env(
+    cfg: &RunConfig,
+    chat: Option<&Arc<dyn ChatModel>>,
+) -> Result<tau_retail::TauRetail> {
+    let dir = cfg.env.tau_retail_data.clone();
+    let dir = dir.unwrap_or_else(|| PathBuf::from(crate::config::DEFAULT_TAU_RETAIL_DATA));
+    let mut env = tau_retail::TauRetail::load(&dir).at("tau-retail")?;
+    let needs_chat = |field: &str| {
+        chat.cloned().ok_or_else(|| Error::Config {
+            file: PathBuf::from("<run config>"),
+            field: field.into(),
+            message: "the retail world's LLM seats ask the roles' endpoint: set roles.llm".into(),
+        })
+    };
+    let settings = crate::tau::LlmSeatSettings {
+        attempts: cfg.env.tau_llm_attempts,
+        max_tokens: cfg.roles.max_tokens.unwrap_or(1024),
+        ..Default::default()
+    };
+    if cfg.env.tau_user == TauUser::Llm {
+        let customer = crate::tau::LlmCustomer::new(needs_chat("env.tau_user")?, settings);
+        env = env.with_user(Arc::new(customer));
+    }
+    if cfg.env.tau_nl_judge {
+        let judge = crate::tau::LlmJudge::new(needs_chat("env.tau_nl_judge")?, settings);
+        env = env.with_judge(Arc::new(judge));
+    }
+    Ok(env)
+}
+
 /// A built-in environment with its own base harness.
 fn builtin_environment(
     name: &str,
     cfg: &RunConfig,
+    chat: Option<&Arc<dyn ChatModel>>,
 ) -> Result<(Arc<dyn Environment>, Harness, Vec<Harness>)> {
     Ok(match name {
         "dbbench" => {
@@ -313,9 +360,7 @@ fn builtin_environment(
             swe::siblings(),
         ),
         "tau-retail" => {
-            let dir = cfg.env.tau_retail_data.clone();
-            let dir = dir.unwrap_or_else(|| PathBuf::from(crate::config::DEFAULT_TAU_RETAIL_DATA));
-            let env = tau_retail::TauRetail::load(&dir).at("tau-retail")?;
+            let env = tau_retail_env(cfg, chat)?;
             // H0 carries the benchmark's policy text; the siblings are edits of that H0.
             let base = env.base_harness();
             let siblings = tau_retail::siblings_of(&base);

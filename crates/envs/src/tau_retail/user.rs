@@ -27,9 +27,10 @@
 //!   leaves after [`PATIENCE`] replies.
 //!
 //! It reads ids, not descriptions: "the blue lamp" does not name an item, `5320792178` does.
-//! This makes it much stricter than the benchmark's LLM customer, which a harness-s pipeline
-//! can plug in through [`UserSimulator`] (it would live outside this crate, since environments
-//! never call a model, and drive the same protocol from the scenario's instructions).
+//! This makes it much stricter than the benchmark's LLM customer, which plugs in through
+//! [`UserSimulator`]: `harness_pipeline::tau::LlmCustomer` drives the same protocol from the
+//! scenario's instructions over the LLM roles' client (`env.tau_user = "llm"`); it lives
+//! outside this crate, since environments never call a model.
 
 use std::collections::BTreeSet;
 use std::sync::LazyLock;

@@ -38,7 +38,8 @@ use super::user::Conversation;
 ///
 /// # Design
 /// Environments never call a model: an implementation that asks an LLM lives outside this
-/// crate (with the roles' OpenAI-compatible client) and is injected as a trait object.
+/// crate (with the roles' OpenAI-compatible client: `harness_pipeline::tau::LlmJudge`) and is
+/// injected as a trait object.
 #[async_trait]
 pub trait NlJudge: Send + Sync {
     /// A short name for outcome details.
