@@ -242,6 +242,7 @@ pub fn check<T, E: Display>(
         TrackingAlloc::installed(),
         "install harness_testkit::mutate::TrackingAlloc as the test binary's #[global_allocator]"
     );
+    // invariant-exception: test support; a debugging switch read only while tests run.
     if std::env::var_os("HARNESS_MUTATE_TRACE").is_some() {
         eprintln!("mutant: {what} ({})", file.display());
     }
@@ -306,11 +307,16 @@ impl TrackingAlloc {
 
     /// Count `grow` more bytes on this thread; false when that would pass the limit.
     fn admit(grow: isize) -> bool {
+        // A panic's message and backtrace (and the symbol tables a backtrace caches for the
+        // rest of the process) are the test's report, not the loader's memory, even when the
+        // loader catches the panic and goes on.
+        if std::thread::panicking() {
+            return true;
+        }
         let live = LIVE.try_with(Cell::get).unwrap_or(0);
         let limit = LIMIT.try_with(Cell::get).unwrap_or(isize::MAX);
         let next = live.saturating_add(grow);
-        // A panic's message and backtrace are the test's report, not the loader's memory.
-        if grow > 0 && next > limit && !std::thread::panicking() {
+        if grow > 0 && next > limit {
             return false;
         }
         let _ = LIVE.try_with(|l| l.set(next));
