@@ -14,6 +14,9 @@ use serde_json::Value;
 use crate::error::{Error, Result};
 use crate::keys;
 
+/// The most seeds one run configuration may ask for (each seed runs the whole job).
+pub const MAX_SEEDS: usize = 1000;
+
 /// Which defaults a document starts from.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -596,6 +599,24 @@ impl RunConfig {
         if self.seeds == 0 {
             return bad("seeds", "expected at least 1 seed".into());
         }
+        // Each seed is a whole run of the job, and the seeds are listed up front.
+        if self.seeds > MAX_SEEDS {
+            return bad(
+                "seeds",
+                format!("expected at most {MAX_SEEDS} seeds, found {}", self.seeds),
+            );
+        }
+        if self.seed.checked_add(self.seeds as u64 - 1).is_none() {
+            return bad(
+                "seeds",
+                format!(
+                    "seeds {}..{} run past the largest seed, {}; expected a smaller seed",
+                    self.seed,
+                    self.seed as u128 + self.seeds as u128,
+                    u64::MAX
+                ),
+            );
+        }
         if !["default", "dbbench", "appworld", "swe", "tau-retail"]
             .contains(&self.env.name.as_str())
         {
@@ -825,9 +846,12 @@ impl RunConfig {
         }
     }
 
-    /// The seeds of the run.
+    /// The seeds of the run: `seed`, `seed + 1`, ... ([`RunConfig::validate`] refuses more than
+    /// [`MAX_SEEDS`] of them, or a list that would pass `u64::MAX`).
     pub fn seed_list(&self) -> Vec<u64> {
-        (0..self.seeds as u64).map(|i| self.seed + i).collect()
+        (0..self.seeds.min(MAX_SEEDS) as u64)
+            .map(|i| self.seed.wrapping_add(i))
+            .collect()
     }
 
     /// This configuration with another seed (for one run of several). Every seed's training
@@ -1147,7 +1171,7 @@ pub const SETTINGS_HELP: &str = "\
 Run configuration (TOML or JSON; any subset; `preset` picks the defaults; flags and --set override):
   preset                        quick (default: minutes on a CPU) | paper (K = G = 8, 40 updates, re-anchoring every 10, Table 8, k = 3)
   seed                          the one seed of the run (every random choice derives from it)
-  seeds                         seeds run one after another (seed, seed+1, ...); the report gives mean and std
+  seeds                         seeds run one after another (seed, seed+1, ...; at most 1000); the report gives mean and std
   out                           the run directory
   pool                          a saved pool directory to train on instead of <out>/evolve/pool
   env.name                      default (the embedded warm-started organism) | dbbench | appworld | swe | tau-retail

@@ -270,12 +270,16 @@ impl SiblingPool {
             ));
         }
         let mut members = Vec::with_capacity(file.members.len());
-        for id in &file.members {
+        for (i, id) in file.members.iter().enumerate() {
             let path = member_path(dir, id);
             if !path.is_file() {
+                // The index is at fault (or the folder lost a file): name both.
                 return Err(invalid(
-                    &path,
-                    format!("member {id} is listed in {POOL_FILE} but its file is missing"),
+                    &index_path,
+                    format!(
+                        "at `members[{i}]`: member {id} is listed but its file {} is missing",
+                        path.display()
+                    ),
                 ));
             }
             let harness = Harness::load(&path)?;

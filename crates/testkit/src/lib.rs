@@ -7,6 +7,9 @@
 //! - [`ScriptedEnv`] is a small environment with a paginated listing, a failing tool, a lookup
 //!   tool and a submit tool, whose verifier checks the submitted answer.
 //! - [`conformance`] is the episode-protocol suite every [`harness_core::Environment`] must pass.
+//! - [`mutate`] makes hostile copies of valid files (cuts, bit flips, huge numbers, depth bombs)
+//!   and checks that a loader refuses them with an error naming the file, without panicking
+//!   and within a memory budget.
 //!
 //! ```
 //! use harness_core::{run_episode, Harness, ToolCall};
@@ -26,6 +29,7 @@
 
 pub mod conformance;
 pub mod harness_sensitive;
+pub mod mutate;
 mod policy;
 mod scripted_env;
 

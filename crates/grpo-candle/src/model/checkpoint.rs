@@ -90,15 +90,34 @@ fn read_json(path: &Path) -> Result<Value> {
         .map_err(|e| Error::config(path, "(document)", format!("not valid JSON: {e}")))
 }
 
+/// The stop ids of a `generation_config.json`'s `eos_token_id` (an id or a list of ids);
+/// values that are not token ids are skipped ([`check_eos_ids`] refuses them in files).
 fn eos_ids(value: Option<&Value>) -> Vec<u32> {
+    let id = |v: &Value| v.as_u64().and_then(|v| u32::try_from(v).ok());
     match value {
-        Some(Value::Number(n)) => n.as_u64().map(|v| v as u32).into_iter().collect(),
-        Some(Value::Array(items)) => items
-            .iter()
-            .filter_map(|v| v.as_u64())
-            .map(|v| v as u32)
-            .collect(),
+        Some(Value::Number(_)) => value.and_then(id).into_iter().collect(),
+        Some(Value::Array(items)) => items.iter().filter_map(id).collect(),
         _ => Vec::new(),
+    }
+}
+
+/// `eos_token_id` of a `generation_config.json` at `path` must be null, a token id or a list
+/// of token ids.
+fn check_eos_ids(generation_config: &Value, path: &Path) -> Result<()> {
+    let is_id = |v: &Value| v.as_u64().is_some_and(|v| u32::try_from(v).is_ok());
+    let fine = match generation_config.get("eos_token_id") {
+        None | Some(Value::Null) => true,
+        Some(Value::Array(items)) => items.iter().all(is_id),
+        Some(v) => is_id(v),
+    };
+    if fine {
+        Ok(())
+    } else {
+        Err(Error::config(
+            path,
+            "eos_token_id",
+            "expected a token id (0 to 4294967295) or a list of them",
+        ))
     }
 }
 
@@ -125,18 +144,23 @@ impl PolicyModel {
     /// Load from located files.
     pub fn load(files: &ModelFiles, dtype: DType, device: &Device) -> Result<Self> {
         let cfg = QwenConfig::from_file(&files.config)?;
-        let model = Qwen::load_safetensors(&cfg, &files.weights, dtype, device)?;
+        let model =
+            Qwen::load_safetensors_for(&cfg, Some(&files.config), &files.weights, dtype, device)?;
         let tokenizer = tokenizer::load_tokenizer(&files.tokenizer)?;
+        tokenizer::check_vocab_fits(&tokenizer, cfg.vocab_size, &files.tokenizer)?;
         let tokenizer_config = files
             .tokenizer_config
             .as_deref()
             .map(read_json)
             .transpose()?;
-        let generation_config = files
-            .generation_config
-            .as_deref()
-            .map(read_json)
-            .transpose()?;
+        let generation_config = match files.generation_config.as_deref() {
+            Some(path) => {
+                let value = read_json(path)?;
+                check_eos_ids(&value, path)?;
+                Some(value)
+            }
+            None => None,
+        };
         Self::assemble(
             model,
             tokenizer,

@@ -165,25 +165,46 @@ impl QwenConfig {
         self.num_attention_heads / self.num_key_value_heads
     }
 
-    /// Number of parameters (counting a tied embedding once).
+    /// Number of parameters (counting a tied embedding once); `usize::MAX` when the count
+    /// overflows (which [`QwenConfig::validate`] refuses).
     pub fn num_parameters(&self) -> usize {
+        self.checked_num_parameters().unwrap_or(usize::MAX)
+    }
+
+    /// Number of parameters (counting a tied embedding once), or `None` when it overflows.
+    pub fn checked_num_parameters(&self) -> Option<usize> {
         let (h, i, v) = (self.hidden_size, self.intermediate_size, self.vocab_size);
-        let (qd, kvd) = (
-            self.num_attention_heads * self.head_dim,
-            self.num_key_value_heads * self.head_dim,
-        );
-        let mut layer = h * qd + 2 * h * kvd + qd * h + 3 * h * i + 2 * h;
+        let qd = self.num_attention_heads.checked_mul(self.head_dim)?;
+        let kvd = self.num_key_value_heads.checked_mul(self.head_dim)?;
+        let sum = |terms: &[Option<usize>]| -> Option<usize> {
+            terms
+                .iter()
+                .try_fold(0usize, |acc, t| acc.checked_add((*t)?))
+        };
+        let mut layer = sum(&[
+            h.checked_mul(qd),
+            h.checked_mul(kvd)?.checked_mul(2),
+            qd.checked_mul(h),
+            h.checked_mul(i)?.checked_mul(3),
+            h.checked_mul(2),
+        ])?;
         if self.attention_bias {
-            layer += qd + 2 * kvd;
+            layer = sum(&[Some(layer), Some(qd), kvd.checked_mul(2)])?;
         }
         if self.arch.has_output_bias(self.attention_bias) {
-            layer += h;
+            layer = layer.checked_add(h)?;
         }
         if self.arch.has_qk_norm() {
-            layer += 2 * self.head_dim;
+            layer = sum(&[Some(layer), self.head_dim.checked_mul(2)])?;
         }
-        let head = if self.tie_word_embeddings { 0 } else { v * h };
-        v * h + self.num_hidden_layers * layer + h + head
+        let embed = v.checked_mul(h)?;
+        let head = if self.tie_word_embeddings { 0 } else { embed };
+        sum(&[
+            Some(embed),
+            self.num_hidden_layers.checked_mul(layer),
+            Some(h),
+            Some(head),
+        ])
     }
 
     /// Check that the shapes fit together.
@@ -221,6 +242,15 @@ impl QwenConfig {
                 source,
                 "head_dim",
                 "must be even for rotary embeddings",
+            ));
+        }
+        if self.checked_num_parameters().is_none() {
+            return Err(Error::config(
+                source,
+                "(shapes)",
+                "the parameter count of vocab_size, hidden_size, intermediate_size, \
+                 num_hidden_layers, num_attention_heads, num_key_value_heads and head_dim \
+                 overflows; expected the shapes of a model that fits in memory",
             ));
         }
         Ok(())

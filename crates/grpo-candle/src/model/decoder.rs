@@ -52,6 +52,26 @@ struct ParamSpec {
     init: Init,
 }
 
+/// The error for a configuration that describes more than its checkpoint holds: against the
+/// configuration file (at `field`) when it is known, else against the weights.
+fn more_than_held(config: Option<&Path>, field: &str, weights: &Path, what: String) -> Error {
+    match config {
+        Some(c) => Error::config(
+            c,
+            field,
+            format!(
+                "describes {what} ({}); expected the shapes of the weights",
+                weights.display()
+            ),
+        ),
+        None => Error::Weights {
+            path: weights.to_path_buf(),
+            name: "(all)".into(),
+            message: format!("the configuration describes {what}"),
+        },
+    }
+}
+
 /// The parameters of `cfg`, in a fixed order (embedding, layers in order, final norm, lm_head).
 fn param_specs(cfg: &QwenConfig) -> Vec<ParamSpec> {
     let (h, i, v, hd) = (
@@ -546,10 +566,43 @@ impl Qwen {
         dtype: DType,
         device: &Device,
     ) -> Result<Self> {
+        Self::load_safetensors_for(cfg, None, files, dtype, device)
+    }
+
+    /// [`Qwen::load_safetensors`], with `config` (the file `cfg` was read from) named in errors
+    /// about shapes, since the shapes the weights must have come from it.
+    pub(crate) fn load_safetensors_for(
+        cfg: &QwenConfig,
+        config: Option<&Path>,
+        files: &[PathBuf],
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self> {
         let shown = files.first().cloned().unwrap_or_default();
+        // The files must be able to hold the parameters the configuration describes before
+        // their names are listed: `num_hidden_layers = 2^40` would otherwise list 2^40 layers.
+        let mut bytes = 0u64;
+        for file in files {
+            let len = std::fs::metadata(file)
+                .map_err(|e| Error::io(file, e))?
+                .len();
+            bytes = bytes.saturating_add(len);
+        }
+        // Half a byte per parameter is the least any weight format takes (4-bit).
+        let needed = cfg.checked_num_parameters().unwrap_or(usize::MAX);
+        if needed as u128 > bytes as u128 * 2 {
+            return Err(more_than_held(
+                config,
+                "(shapes)",
+                &shown,
+                format!(
+                    "{needed} parameters, more than the {bytes} bytes of the weights files can hold"
+                ),
+            ));
+        }
         let names = param_specs(cfg).into_iter().map(|s| s.name).collect();
         let tensors = crate::model::loading::load_tensors(files, &names, device)?;
-        Self::from_tensors(cfg, tensors, &shown, dtype, device)
+        Self::from_tensors_for(cfg, config, tensors, &shown, dtype, device)
     }
 
     /// Build the model from named tensors (Hugging Face names; every parameter of `cfg` must be
@@ -557,11 +610,43 @@ impl Qwen {
     /// names the checkpoint in errors.
     pub fn from_tensors(
         cfg: &QwenConfig,
+        tensors: std::collections::HashMap<String, Tensor>,
+        source: &Path,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self> {
+        Self::from_tensors_for(cfg, None, tensors, source, dtype, device)
+    }
+
+    /// [`Qwen::from_tensors`], with `config` (the file `cfg` was read from) named in errors
+    /// about shapes.
+    pub(crate) fn from_tensors_for(
+        cfg: &QwenConfig,
+        config: Option<&Path>,
         mut tensors: std::collections::HashMap<String, Tensor>,
         source: &Path,
         dtype: DType,
         device: &Device,
     ) -> Result<Self> {
+        // Every layer's tensors must be among these, so a configuration with more layers than
+        // there are tensors is refused before its parameters are listed (2^40 layers would be
+        // listed for ever).
+        if cfg.num_hidden_layers > tensors.len() {
+            return Err(more_than_held(
+                config,
+                "num_hidden_layers",
+                source,
+                format!(
+                    "{} layers, but the checkpoint holds {} tensors",
+                    cfg.num_hidden_layers,
+                    tensors.len()
+                ),
+            ));
+        }
+        let by = |what: &str| match config {
+            Some(c) => format!("{what} by {}", c.display()),
+            None => what.to_string(),
+        };
         let specs = param_specs(cfg);
         let varmap = VarMap::new();
         {
@@ -570,22 +655,34 @@ impl Qwen {
                 let t = tensors.remove(&spec.name).ok_or_else(|| Error::Weights {
                     path: source.to_path_buf(),
                     name: spec.name.clone(),
-                    message: "missing from the checkpoint".into(),
+                    message: format!("missing from the checkpoint ({})", by("expected")),
                 })?;
                 if t.dims() != spec.shape.as_slice() {
                     return Err(Error::Weights {
                         path: source.to_path_buf(),
                         name: spec.name,
-                        message: format!("shape {:?}, expected {:?}", t.dims(), spec.shape),
+                        message: format!(
+                            "shape {:?}, {} {:?}",
+                            t.dims(),
+                            by("expected"),
+                            spec.shape
+                        ),
                     });
                 }
-                let t = t.to_device(device)?;
-                let t = if t.dtype() == dtype {
-                    t
-                } else {
-                    t.to_dtype(dtype)?
-                };
-                data.insert(spec.name, Var::from_tensor(&t)?);
+                let converted = t.to_device(device).and_then(|t| {
+                    let t = if t.dtype() == dtype {
+                        t
+                    } else {
+                        t.to_dtype(dtype)?
+                    };
+                    Var::from_tensor(&t)
+                });
+                let var = converted.map_err(|e| Error::Weights {
+                    path: source.to_path_buf(),
+                    name: spec.name.clone(),
+                    message: format!("cannot convert {:?} to {dtype:?}: {e}", t.dtype()),
+                })?;
+                data.insert(spec.name, var);
             }
         }
         if let Some(name) = tensors.into_keys().min() {
@@ -593,8 +690,9 @@ impl Qwen {
                 path: source.to_path_buf(),
                 name,
                 message: format!(
-                    "not a parameter of this {} configuration",
-                    cfg.arch.hf_architecture()
+                    "not a parameter of this {} configuration{}",
+                    cfg.arch.hf_architecture(),
+                    config.map_or(String::new(), |c| format!(" ({})", c.display()))
                 ),
             });
         }

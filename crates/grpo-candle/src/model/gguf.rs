@@ -396,18 +396,7 @@ impl GgufImport {
 /// Run one step of candle's GGUF reader on `path`, turning a panic inside it (a division by a
 /// zero alignment, say) into an error naming the file and what was being read.
 fn guarded<T>(path: &Path, what: &str, step: impl FnOnce() -> T) -> Result<T> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(step)).map_err(|panic| {
-        let why = panic
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| panic.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "a panic".into());
-        Error::config(
-            path,
-            "gguf",
-            format!("malformed file: reading {what} failed inside the GGUF reader ({why})"),
-        )
-    })
+    crate::model::loading::guarded(path, "GGUF", what, step)
 }
 
 /// Every tensor's shape and data must fit the file before anything is read: no zero

@@ -223,6 +223,11 @@ fn shard_names(index: &Path) -> Result<Vec<String>> {
 
 /// Load the named tensors from safetensors files, one file at a time (peak memory is the model
 /// plus one shard). Names not found are absent from the result.
+///
+/// A malformed file is an error naming it, never a panic: the safetensors reader checks the
+/// header's length against the file and every tensor's extent against the data before
+/// anything is copied, and a panic inside the reader or candle's conversion (the reader's own
+/// end-of-data sum overflows on offsets near `usize::MAX`) is caught and reported as such.
 pub fn load_tensors(
     files: &[PathBuf],
     names: &HashSet<String>,
@@ -231,23 +236,52 @@ pub fn load_tensors(
     let mut out = HashMap::new();
     for file in files {
         let bytes = std::fs::read(file).map_err(|e| Error::io(file, e))?;
-        let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| Error::Weights {
+        let st = guarded(file, "safetensors", "the header", || {
+            safetensors::SafeTensors::deserialize(&bytes)
+        })?
+        .map_err(|e| Error::Weights {
             path: file.clone(),
             name: "(header)".into(),
             message: format!("not a safetensors file: {e}"),
         })?;
         for (name, view) in st.tensors() {
             if names.contains(&name) {
-                let t = view.load(device).map_err(|e| Error::Weights {
-                    path: file.clone(),
-                    name: name.clone(),
-                    message: e.to_string(),
-                })?;
+                let t =
+                    guarded(file, "safetensors", &name, || view.load(device))?.map_err(|e| {
+                        Error::Weights {
+                            path: file.clone(),
+                            name: name.clone(),
+                            message: e.to_string(),
+                        }
+                    })?;
                 out.insert(name, t);
             }
         }
     }
     Ok(out)
+}
+
+/// Run one step of a third-party `reader` (candle's GGUF reader, the safetensors crate, the
+/// tokenizers crate) on `path`, turning a panic inside it into an error naming the file and
+/// what was being read: a malformed file is an error, not a crash.
+pub(crate) fn guarded<T>(
+    path: &Path,
+    reader: &str,
+    what: &str,
+    step: impl FnOnce() -> T,
+) -> Result<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(step)).map_err(|panic| {
+        let why = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic".into());
+        Error::config(
+            path,
+            reader,
+            format!("malformed file: reading {what} failed inside the {reader} reader ({why})"),
+        )
+    })
 }
 
 /// Write `bytes` to `path` atomically: a temporary file in the same folder, synced, then renamed

@@ -30,8 +30,51 @@ pub const ADDED_TOKENS: [&str; 6] = [
 ];
 
 /// Read a `tokenizer.json`.
+///
+/// Its `padding` and `truncation` are dropped (with a warning): the policy encodes whole
+/// conversations one at a time and counts their tokens itself, so a pad to a fixed length (the
+/// file may ask for 2^40 tokens) or a silent cut would only corrupt prompts. A malformed file is
+/// an error naming it, never a panic inside the tokenizers crate.
 pub fn load_tokenizer(path: &Path) -> Result<Tokenizer> {
-    Tokenizer::from_file(path).map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))
+    let named = |e: &dyn std::fmt::Display| Error::Tokenizer(format!("{}: {e}", path.display()));
+    let mut tok = crate::model::loading::guarded(path, "tokenizers", "the tokenizer", || {
+        Tokenizer::from_file(path)
+    })?
+    .map_err(|e| named(&e))?;
+    if tok.get_padding().is_some() || tok.get_truncation().is_some() {
+        tracing::warn!(
+            file = %path.display(),
+            "the tokenizer's padding and truncation are ignored: prompts are encoded whole"
+        );
+        tok.with_padding(None);
+        tok.with_truncation(None).map_err(|e| named(&e))?;
+    }
+    Ok(tok)
+}
+
+/// Check that every id `tokenizer` can produce indexes a model vocabulary of `vocab_size` rows
+/// (`path` names the tokenizer in the error): an id past the embedding would fail, or worse,
+/// deep inside a forward pass.
+pub fn check_vocab_fits(tokenizer: &Tokenizer, vocab_size: usize, path: &Path) -> Result<()> {
+    let vocab = tokenizer.get_vocab(true);
+    let Some((token, &id)) = vocab.iter().max_by_key(|(_, id)| **id) else {
+        return Ok(());
+    };
+    if (id as usize) < vocab_size {
+        return Ok(());
+    }
+    let field = if tokenizer.get_added_tokens_decoder().contains_key(&id) {
+        "added_tokens"
+    } else {
+        "model.vocab"
+    };
+    Err(Error::config(
+        path,
+        field,
+        format!(
+            "token {token:?} has id {id}; expected ids below the model's vocab_size, {vocab_size}"
+        ),
+    ))
 }
 
 /// Encode text without adding BOS/EOS (Qwen adds none); special-token strings in `text` become

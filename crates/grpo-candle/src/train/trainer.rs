@@ -1024,7 +1024,8 @@ impl Trainer {
             .map_err(|e| Error::config(&state_path, "(root)", e.to_string()))?;
         let mut cfg = state.config;
         cfg.logprob = logprob;
-        let mut trainer = Trainer::new(model, cfg)?;
+        let mut trainer = Trainer::new(model, cfg)
+            .map_err(|e| Error::config(&state_path, "config", e.to_string()))?;
         let names: Vec<&String> = trainer.vars.iter().map(|(n, _)| n).collect();
         if names.len() != state.var_names.len()
             || names.iter().zip(&state.var_names).any(|(a, b)| *a != b)
@@ -1041,7 +1042,15 @@ impl Trainer {
             .first()
             .map(|(_, v)| v.device().clone())
             .unwrap_or(Device::Cpu);
-        let tensors = candle_core::safetensors::load(&opt_path, &dev)?;
+        // Read through the checkpoint loader: errors name the file, and a malformed one is an
+        // error rather than a panic inside the safetensors reader.
+        let wanted = trainer
+            .vars
+            .iter()
+            .flat_map(|(name, _)| [format!("m.{name}"), format!("v.{name}")])
+            .collect();
+        let tensors =
+            crate::model::loading::load_tensors(std::slice::from_ref(&opt_path), &wanted, &dev)?;
         for ((name, var), st) in trainer.vars.iter().zip(trainer.moments.iter_mut()) {
             for (prefix, slot) in [("m", &mut st.m), ("v", &mut st.v)] {
                 let key = format!("{prefix}.{name}");

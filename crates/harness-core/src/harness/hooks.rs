@@ -241,7 +241,7 @@ impl HookSpec {
             "no_schema_lookup_before_first_call" => Condition::NoSchemaLookupBeforeFirstCall,
             "observation_matches" => {
                 let pattern = string_param(self, path, "pattern", "a regular expression")?;
-                let regex = Regex::new(&pattern).map_err(|e| {
+                let regex = super::validate::compile_pattern(&pattern, false).map_err(|e| {
                     Error::invalid(
                         format!("{path}.parameters.pattern"),
                         format!("not a valid regular expression: {e}"),

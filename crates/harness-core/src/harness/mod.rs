@@ -122,6 +122,7 @@ pub struct Skill {
     /// The procedure.
     pub text: String,
     /// A case-insensitive regular expression over the task instruction; `None` means always.
+    /// Like every pattern in a harness, it must compile within 1 MiB (`validate` refuses more).
     #[serde(default)]
     pub trigger: Option<String>,
 }

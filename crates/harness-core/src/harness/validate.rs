@@ -2,7 +2,7 @@
 
 use std::collections::BTreeSet;
 
-use regex::RegexBuilder;
+use regex::{Regex, RegexBuilder};
 
 use super::hooks::CompiledHook;
 use super::template::{BUILTIN_PLACEHOLDERS, placeholders};
@@ -17,6 +17,24 @@ pub(crate) fn is_valid_name(name: &str) -> bool {
         && name
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+}
+
+/// The most a harness's regular expression (a skill trigger, an `observation_matches` pattern)
+/// may take once compiled. Harness patterns are a few words long; without a limit of its own a
+/// pattern like `(a{1000}){1000}` makes the regex crate build tens of megabytes before its
+/// default limit refuses it.
+pub(crate) const PATTERN_SIZE_LIMIT: usize = 1 << 20;
+
+/// Compile a harness's regular expression within [`PATTERN_SIZE_LIMIT`].
+pub(crate) fn compile_pattern(
+    pattern: &str,
+    case_insensitive: bool,
+) -> std::result::Result<Regex, regex::Error> {
+    RegexBuilder::new(pattern)
+        .case_insensitive(case_insensitive)
+        .size_limit(PATTERN_SIZE_LIMIT)
+        .dfa_size_limit(PATTERN_SIZE_LIMIT)
+        .build()
 }
 
 fn check_name(kind: &str, path: &str, name: &str) -> Result<()> {
@@ -113,15 +131,12 @@ impl Harness {
                 ));
             }
             if let Some(trigger) = &skill.trigger {
-                RegexBuilder::new(trigger)
-                    .case_insensitive(true)
-                    .build()
-                    .map_err(|e| {
-                        Error::invalid(
-                            format!("{path}.trigger"),
-                            format!("not a valid regular expression: {e}"),
-                        )
-                    })?;
+                compile_pattern(trigger, true).map_err(|e| {
+                    Error::invalid(
+                        format!("{path}.trigger"),
+                        format!("not a valid regular expression: {e}"),
+                    )
+                })?;
             }
         }
         if self.context.keep_last_observations == Some(0) {

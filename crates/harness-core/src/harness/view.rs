@@ -2,8 +2,6 @@
 
 use std::collections::BTreeMap;
 
-use regex::RegexBuilder;
-
 use super::template::{TemplateVars, render_template};
 use super::{Harness, NOTE_TOOL};
 use crate::env::{ToolKind, ToolSpec};
@@ -50,9 +48,7 @@ impl Harness {
             .iter()
             .filter(|(_, skill)| match &skill.trigger {
                 None => true,
-                Some(trigger) => RegexBuilder::new(trigger)
-                    .case_insensitive(true)
-                    .build()
+                Some(trigger) => super::validate::compile_pattern(trigger, true)
                     .is_ok_and(|re| re.is_match(&task.instruction)),
             })
             .collect();
