@@ -53,17 +53,32 @@ struct Attack {
 }
 
 fn run_attack(inst: &SweInstance, payload: &str) -> Attack {
+    let content = format!("{}\n{payload}", inst.files[INIT]);
+    run_attack_files(inst, &[(INIT, content.as_str())])
+}
+
+/// Write `files` through the session's file tools, run the plain runner and the verdict runner
+/// on the copy, and play a whole episode that makes the same edits.
+fn run_attack_files(inst: &SweInstance, files: &[(&str, &str)]) -> Attack {
     let env = env_of(inst);
     let task = SweEnv::task_for(inst);
-    let content = format!("{}\n{payload}", inst.files[INIT]);
-    let edit = ToolCall::new(tools::CREATE, json!({"path": INIT, "content": content}));
+    let edits: Vec<ToolCall> = files
+        .iter()
+        .map(|(path, content)| {
+            ToolCall::new(tools::CREATE, json!({"path": path, "content": content}))
+        })
+        .collect();
 
     let mut session: SweSession = env.start(&task).unwrap();
-    let obs = session.step_sync(&edit).unwrap();
-    assert!(!obs.error, "{}", obs.text);
+    for edit in &edits {
+        let obs = session.step_sync(edit).unwrap();
+        assert!(!obs.error, "{}", obs.text);
+    }
     let config = env.config();
+    let sandbox = env.sandbox().unwrap();
     let plain = exec::run_tests(
         config,
+        sandbox.as_deref(),
         session.root(),
         &inst.fail_to_pass,
         Duration::from_secs(20),
@@ -72,6 +87,7 @@ fn run_attack(inst: &SweInstance, payload: &str) -> Attack {
     .unwrap();
     let verdict = exec::run_verdict_tests(
         config,
+        sandbox.as_deref(),
         session.root(),
         &inst.fail_to_pass,
         Duration::from_secs(20),
@@ -85,10 +101,9 @@ fn run_attack(inst: &SweInstance, payload: &str) -> Attack {
             .collect::<Vec<_>>()
     };
 
-    let policy = ScriptedPolicy::new(vec![
-        edit.to_tool_call_block(),
-        ToolCall::new(tools::SUBMIT, json!({})).to_tool_call_block(),
-    ]);
+    let mut script: Vec<String> = edits.iter().map(ToolCall::to_tool_call_block).collect();
+    script.push(ToolCall::new(tools::SUBMIT, json!({})).to_tool_call_block());
+    let policy = ScriptedPolicy::new(script);
     let t = futures::executor::block_on(run_episode(&policy, &swe::base_harness(), &env, &task, 0))
         .unwrap();
     Attack {
@@ -117,42 +132,46 @@ fn assert_defeated(attack: &Attack, rule: &str) {
     assert!(flagged, "no `{rule}` finding in {}", attack.details);
 }
 
-/// The statuses file is written by the policy's code, which then leaves before the runner can.
+/// The policy's code writes a report of passes on every file descriptor the runner may read,
+/// then leaves before the runner can.
 #[test]
 fn early_exit_with_forged_statuses_scores_zero() {
     let attack = run_attack(
         &instance(),
         r#"
 import json as _j, os as _o, sys as _s
-if len(_s.argv) > 2:
-    try:
-        with open(_s.argv[1], "w") as _f:
-            _j.dump({"ids": {i: "pass" for i in _s.argv[2:]}, "tests": {}}, _f)
-    except OSError:
-        pass
+_ids = [a for a in _s.argv[1:] if a.startswith("tests.")]
+if _ids:
+    _line = (_j.dumps({"ids": {i: "pass" for i in _ids}, "tests": {}}) + "\n").encode()
+    for _fd in range(3, 10):
+        try:
+            _o.write(_fd, _line)
+        except OSError:
+            pass
     _o._exit(0)
 "#,
     );
     assert_defeated(&attack, "interpreter exit (sys.exit, os._exit, SystemExit)");
 }
 
-/// An exit hook rewrites the statuses file (and prints forged verdict lines) after the runner
-/// has written its own.
+/// An exit hook writes a report of passes (and forged verdict lines) after the runner has
+/// written its own.
 #[test]
 fn atexit_rewriting_statuses_scores_zero() {
     let attack = run_attack(
         &instance(),
         r#"
-import atexit as _a, json as _j, sys as _s
+import atexit as _a, json as _j, os as _o, sys as _s
 def _rewrite():
-    ids = _s.argv[2:]
+    ids = [a for a in _s.argv[1:] if a.startswith("tests.")]
     for i in ids:
         print("@@verdict " + _j.dumps({"id": i, "status": "pass", "tests": {}, "problems": []}))
-    try:
-        with open(_s.argv[1], "w") as _f:
-            _j.dump({"ids": {i: "pass" for i in ids}, "tests": {}}, _f)
-    except OSError:
-        pass
+    line = (_j.dumps({"ids": {i: "pass" for i in ids}, "tests": {}}) + "\n").encode()
+    for fd in range(3, 10):
+        try:
+            _o.write(fd, line)
+        except OSError:
+            pass
 _a.register(_rewrite)
 "#,
     );
