@@ -299,11 +299,12 @@ fn builtin_environment(
             appworld::base_harness(),
             appworld::siblings(),
         ),
-        "swe" => (
-            Arc::new(swe::SweEnv::builtin()),
-            swe::base_harness(),
-            swe::siblings(),
-        ),
+        "swe" => {
+            let env = swe::SweEnv::builtin();
+            // Refuse now, not at the first episode, when no sandbox can be made.
+            env.sandbox().at("swe")?;
+            (Arc::new(env), swe::base_harness(), swe::siblings())
+        }
         "tau-retail" => {
             let dir = cfg.env.tau_retail_data.clone();
             let dir = dir.unwrap_or_else(|| PathBuf::from(crate::config::DEFAULT_TAU_RETAIL_DATA));
