@@ -61,7 +61,7 @@ pub struct SandboxConfig {
     pub max_processes: u64,
     /// The largest file a command may write, in bytes (`RLIMIT_FSIZE`).
     pub file_size_bytes: u64,
-    /// Size of the private `/tmp`, in bytes.
+    /// Size of the private `/tmp`, in bytes (and, apart, of the private `/dev/shm`).
     pub tmp_bytes: u64,
     /// When the trainer runs as root: the first of the user ids the sandboxes run as.
     pub first_uid: u32,
