@@ -100,10 +100,13 @@ def _verdict_runner():
         )
 
     def origin(test):
-        # A test method must come from a test file of the repository (or from outside it: the
-        # standard library, installed packages); one defined in the repository's code replaced
-        # the test.
-        method = _getattr(_type(test), _getattr(test, "_testMethodName", "runTest"), None)
+        # A test method must come from a test file of the repository (`tests/`, `test_*.py`,
+        # ..., or the module that defines the test's class) or from outside it (the standard
+        # library, installed packages); one defined in the repository's code replaced the test.
+        cls = _type(test)
+        module = sys.modules.get(_getattr(cls, "__module__", None))
+        own = _getattr(module, "__file__", None)
+        method = _getattr(cls, _getattr(test, "_testMethodName", "runTest"), None)
         depth = 0
         while _hasattr(method, "__wrapped__") and depth < 100:
             method = method.__wrapped__
@@ -112,6 +115,8 @@ def _verdict_runner():
         if code is None:
             return "%s: the test method is not a Python function" % test.id()
         path = code.co_filename
+        if path == own:
+            return None
         if not path.startswith("/"):
             return "%s: the test method was made at run time (%s)" % (test.id(), path)
         if path.startswith(root + "/") and not is_test_path(path[_len(root) + 1 :]):
