@@ -147,6 +147,10 @@ pub struct Sandbox {
     privileged: bool,
     /// bwrap's version: `--size` needs 0.7, `--disable-userns` 0.8.
     version: (u32, u32, u32),
+    /// util-linux's `setpriv` and `prlimit`, by their paths in the system folders (the same
+    /// inside, where they run).
+    setpriv: PathBuf,
+    prlimit: PathBuf,
 }
 
 /// Where programs are looked up, inside and for bwrap itself (after the interpreter's folder).
@@ -215,6 +219,9 @@ impl Sandbox {
     /// interpreter, and no repository code runs) and probe a sandbox built from them. The error
     /// says what failed and how to get a sandbox.
     pub fn new(config: &SandboxConfig, python: &str) -> std::result::Result<Sandbox, String> {
+        config
+            .check("sandbox")
+            .map_err(|(field, message)| format!("`{field}` {message}"))?;
         let version = bwrap_version(&config.bwrap)?;
         let (python, python_dirs) = resolve_python(python)?;
         let sandbox = Sandbox {
@@ -223,6 +230,8 @@ impl Sandbox {
             python_dirs,
             privileged: is_root(),
             version,
+            setpriv: system_program("setpriv")?,
+            prlimit: system_program("prlimit")?,
         };
         sandbox.probe()?;
         Ok(sandbox)
@@ -379,13 +388,14 @@ impl Sandbox {
                 "--cap-add",
                 "CAP_SETPCAP",
                 "--",
-                "setpriv",
             ]);
+            args.path(&self.setpriv);
             args.flag(&format!("--reuid={uid}"));
             args.flag(&format!("--regid={uid}"));
             args.flags(&["--clear-groups", "--inh-caps=-all", "--bounding-set=-all"]);
         }
-        args.flags(&["--", "prlimit"]);
+        args.flag("--");
+        args.path(&self.prlimit);
         let c = &self.config;
         args.flag(&format!("--cpu={}", c.cpu_seconds));
         args.flag(&format!("--as={}", c.address_space_bytes));
@@ -482,6 +492,20 @@ impl Args {
         self.path(path);
         self.mounted.insert(path.to_path_buf());
     }
+}
+
+/// A program of the system folders, by its path.
+fn system_program(name: &str) -> std::result::Result<PathBuf, String> {
+    ["/usr/bin", "/bin", "/usr/sbin", "/sbin"]
+        .iter()
+        .map(|dir| Path::new(dir).join(name))
+        .find(|path| path.is_file())
+        .ok_or_else(|| {
+            format!(
+                "`{name}` (util-linux) is not in /usr/bin, /bin, /usr/sbin or /sbin; the sandbox \
+                 runs it to set the user and the limits; install util-linux"
+            )
+        })
 }
 
 /// bwrap's version (`bubblewrap 0.8.0`), which also shows that it can be started.
