@@ -13,9 +13,9 @@ use std::net::TcpListener;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use harness_core::{Split, ToolCall};
+use harness_core::{Environment as _, Split, ToolCall};
 use harness_envs::swe::{
-    self, SandboxConfig, SweConfig, SweEnv, SweInstance, SweSession, exec, sandbox, tools,
+    SandboxConfig, SweConfig, SweEnv, SweInstance, SweSession, exec, sandbox, tools,
 };
 use serde_json::json;
 
@@ -46,6 +46,18 @@ fn env_with(sandbox: SandboxConfig) -> SweEnv {
 
 fn env() -> SweEnv {
     env_with(SandboxConfig::default())
+}
+
+/// The environment with the shell tool on.
+fn shell_env() -> SweEnv {
+    SweEnv::from_instances(vec![instance()])
+        .unwrap()
+        .with_config(SweConfig {
+            no_site: true,
+            shell: true,
+            verify_timeout: Duration::from_secs(20),
+            ..SweConfig::default()
+        })
 }
 
 /// Python that makes `truncate` keep text of exactly `width` characters: the fix, applied by
@@ -331,12 +343,7 @@ if not _failed:
 /// not reach the host, from tests or from the shell.
 #[test]
 fn writes_outside_the_copy_do_not_reach_the_host() {
-    let env = env_with(SandboxConfig::default()).with_config(SweConfig {
-        no_site: true,
-        shell: true,
-        verify_timeout: Duration::from_secs(20),
-        ..SweConfig::default()
-    });
+    let env = shell_env();
     let inst = instance();
     let other = env.start(&SweEnv::task_for(&inst)).unwrap();
     let other_core = other.root().join("textkit/core.py");
@@ -467,8 +474,46 @@ fn invalid_sandbox_settings_are_named() {
     let task = env.tasks(Split::Train).unwrap().remove(0);
     let err = env.start(&task).unwrap_err().to_string();
     assert!(err.contains("swe.command_timeout"), "{err}");
-    let _ = swe::ENV_NAME;
 }
 
-// `tasks` comes from the Environment trait.
-use harness_core::Environment as _;
+/// A named pipe the policy's shell made does not block the trainer's file tools (a read or a
+/// write of one would wait for ever).
+#[test]
+fn a_named_pipe_does_not_block_the_file_tools() {
+    let env = shell_env();
+    let mut session = env.start(&SweEnv::task_for(&instance())).unwrap();
+    let made = session
+        .step_sync(&ToolCall::new(
+            tools::SHELL,
+            json!({"command": "mkfifo textkit/pipe && echo made"}),
+        ))
+        .unwrap();
+    assert!(made.text.contains("made"), "{}", made.text);
+    let view = session
+        .step_sync(&ToolCall::new(tools::VIEW, json!({"path": "textkit/pipe"})))
+        .unwrap();
+    assert!(
+        view.error && view.text.contains("not a regular file"),
+        "{}",
+        view.text
+    );
+    let write = session
+        .step_sync(&ToolCall::new(
+            tools::CREATE,
+            json!({"path": "textkit/pipe", "content": "x = 1\n"}),
+        ))
+        .unwrap();
+    assert!(
+        write.error && write.text.contains("not a regular file"),
+        "{}",
+        write.text
+    );
+    let outcome = session.verify_sync().unwrap();
+    assert!(
+        outcome.details["left_out"]
+            .to_string()
+            .contains("textkit/pipe: not a regular file"),
+        "{}",
+        outcome.details
+    );
+}

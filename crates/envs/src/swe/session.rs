@@ -269,6 +269,10 @@ impl SweSession {
         if meta.is_dir() {
             return Ok(Observation::ok(self.listing(&target)));
         }
+        if !meta.is_file() {
+            // A named pipe the policy's code made would block this read for ever.
+            return Err(format!("`{path}` is not a regular file."));
+        }
         if meta.len() > self.work.config.max_file_bytes as u64 {
             return Err(format!(
                 "`{path}` is {} bytes, over the {}-byte limit for viewing; use search instead.",
@@ -484,6 +488,12 @@ impl SweSession {
         if std::fs::symlink_metadata(&target).is_ok_and(|m| m.file_type().is_symlink()) {
             return Err(format!(
                 "`{path}` is a symbolic link; it is not overwritten."
+            ));
+        }
+        if std::fs::symlink_metadata(&target).is_ok_and(|m| !m.is_file()) {
+            // A named pipe the policy's code made would block this write for ever.
+            return Err(format!(
+                "`{path}` is not a regular file; it is not overwritten."
             ));
         }
         let existed = target.exists();
