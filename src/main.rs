@@ -275,8 +275,18 @@ fn method(name: &str) -> Result<Method> {
     })
 }
 
+fn main() -> Result<()> {
+    // Before any thread starts and any key is read: other processes of this user (a test of
+    // the repository-repair world run without its sandbox, say) can then neither attach to
+    // this process nor read its /proc entries, and so not its environment with the API keys.
+    if let Err(e) = harness_envs::swe::sandbox::set_non_dumpable() {
+        eprintln!("warning: cannot mark the process non-dumpable: {e}");
+    }
+    run()
+}
+
 #[tokio::main(flavor = "multi_thread")]
-async fn main() -> Result<()> {
+async fn run() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),

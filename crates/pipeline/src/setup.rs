@@ -354,11 +354,12 @@ fn builtin_environment(
             appworld::base_harness(),
             appworld::siblings(),
         ),
-        "swe" => (
-            Arc::new(swe::SweEnv::builtin()),
-            swe::base_harness(),
-            swe::siblings(),
-        ),
+        "swe" => {
+            let env = swe::SweEnv::builtin();
+            // Refuse now, not at the first episode, when no sandbox can be made.
+            env.sandbox().at("swe")?;
+            (Arc::new(env), swe::base_harness(), swe::siblings())
+        }
         "tau-retail" => {
             let env = tau_retail_env(cfg, chat)?;
             // H0 carries the benchmark's policy text; the siblings are edits of that H0.

@@ -1,18 +1,21 @@
 //! Running commands with a time limit and an output cap, and running Python tests.
 //!
-//! Every command starts in its own process group with a cleared environment, stdin closed and
-//! stdout and stderr merged into one pipe. When the time limit passes, the whole group is
-//! killed (so `sleep 100 &` inside a shell dies too). Output beyond the cap is drained and
-//! counted but not kept. None of this is a security sandbox: the command runs as the same user
-//! with the same file-system and network access as the caller.
+//! Every command starts in its own process group with a cleared environment and stdin closed;
+//! stdout and stderr are merged into one pipe, or kept apart when the command reports on its
+//! stdout (the test runners). When the time limit passes, the whole group is killed (so
+//! `sleep 100 &` inside a shell dies too; a sandboxed command's pid namespace goes with it).
+//! Output beyond the cap is drained and counted but not kept. The policy's commands run in the
+//! [`Sandbox`] when the environment has one; [`run_limited`] runs without one.
 
-use std::collections::BTreeMap;
-use std::io::Read;
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{Read, Write};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
+
+use super::sandbox::{Sandbox, UidLease};
 
 /// What a limited command did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,8 +60,8 @@ impl CommandOutput {
     }
 }
 
-/// Run `program args` in `cwd` with only the variables in `env`, killing its process group
-/// after `timeout`, keeping at most `cap` bytes of output.
+/// Run `program args` in `cwd` with only the variables in `env`, without a sandbox, killing
+/// its process group after `timeout`, keeping at most `cap` bytes of output.
 pub fn run_limited(
     program: &str,
     args: &[&str],
@@ -67,21 +70,80 @@ pub fn run_limited(
     timeout: Duration,
     cap: usize,
 ) -> std::io::Result<CommandOutput> {
+    let mut command = Command::new(program);
+    command.args(args).current_dir(cwd).env_clear().envs(env);
+    run_command(command, timeout, cap)
+}
+
+/// Run a prepared `command` (a sandboxed one, or [`run_limited`]'s) with stdin closed and
+/// stdout and stderr merged, killing its process group after `timeout`, keeping at most `cap`
+/// bytes of output.
+pub fn run_command(
+    mut command: Command,
+    timeout: Duration,
+    cap: usize,
+) -> std::io::Result<CommandOutput> {
+    command.stdin(Stdio::null());
+    Ok(run_wired(command, timeout, cap, None)?.0)
+}
+
+/// Answers a line of a command's report with bytes for its stdin, or nothing.
+type Answer = Box<dyn FnMut(&[u8]) -> Option<Vec<u8>> + Send>;
+
+/// A command's report channel: its stdout, kept apart from its output (stderr), and an answer
+/// channel to its stdin.
+struct ReportSpec {
+    /// Bytes of the report kept; beyond that the report counts as overflowing.
+    cap: usize,
+    /// Called with each complete line of the report; what it returns is written to the
+    /// command's stdin. `None`: the command's stdin is closed.
+    answer: Option<Answer>,
+}
+
+/// What a command wrote on its report channel.
+#[derive(Debug, Default)]
+struct Report {
+    bytes: Vec<u8>,
+    overflow: bool,
+}
+
+/// The core of every run: its own process group, output (stderr, and stdout unless a report
+/// channel is asked for) drained and capped by one thread, the report by another, the whole
+/// group killed after `timeout` and once the command has ended.
+fn run_wired(
+    mut command: Command,
+    timeout: Duration,
+    cap: usize,
+    report: Option<ReportSpec>,
+) -> std::io::Result<(CommandOutput, Report)> {
     let start = Instant::now();
     let (mut reader, writer) = std::io::pipe()?;
-    let mut command = Command::new(program);
-    command
-        .args(args)
-        .current_dir(cwd)
-        .env_clear()
-        .envs(env)
-        .stdin(Stdio::null())
-        .stdout(writer.try_clone()?)
-        .stderr(writer)
-        .process_group(0);
+    let mut report_parts = None;
+    match report {
+        None => {
+            command.stdout(writer.try_clone()?).stderr(writer);
+        }
+        Some(spec) => {
+            let (report_reader, report_writer) = std::io::pipe()?;
+            command.stdout(report_writer).stderr(writer);
+            let answers = match spec.answer {
+                Some(answer) => {
+                    let (stdin_reader, stdin_writer) = std::io::pipe()?;
+                    command.stdin(stdin_reader);
+                    Some((answer, stdin_writer))
+                }
+                None => {
+                    command.stdin(Stdio::null());
+                    None
+                }
+            };
+            report_parts = Some((report_reader, spec.cap, answers));
+        }
+    }
+    command.process_group(0);
     let mut child = command.spawn()?;
-    // The command value holds the parent's copies of the pipe's write end; drop them so the
-    // reader sees end-of-file once the children are gone.
+    // The command value holds the parent's copies of the pipes' child ends; drop them so the
+    // readers see end-of-file once the children are gone.
     drop(command);
     let pid = child.id();
 
@@ -104,6 +166,45 @@ pub fn run_limited(
         }
         let _ = done_tx.send((kept, dropped));
     });
+    let report_rx = report_parts.map(|(mut report_reader, report_cap, mut answers)| {
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut report = Report::default();
+            let mut line = Vec::new();
+            let mut buf = [0u8; 8192];
+            loop {
+                let n = match report_reader.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => n,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    Err(_) => break,
+                };
+                for &byte in &buf[..n] {
+                    if report.bytes.len() < report_cap {
+                        report.bytes.push(byte);
+                    } else {
+                        report.overflow = true;
+                    }
+                    if byte != b'\n' {
+                        if line.len() <= 4096 {
+                            line.push(byte);
+                        }
+                        continue;
+                    }
+                    if let Some((answer, stdin)) = answers.as_mut()
+                        && line.len() <= 4096
+                        && let Some(reply) = answer(&line)
+                        && stdin.write_all(&reply).is_err()
+                    {
+                        answers = None;
+                    }
+                    line.clear();
+                }
+            }
+            let _ = tx.send(report);
+        });
+        rx
+    });
 
     let mut timed_out = false;
     let mut pause = Duration::from_millis(1);
@@ -122,7 +223,7 @@ pub fn run_limited(
         std::thread::sleep(pause.min(timeout.saturating_sub(start.elapsed())));
         pause = (pause * 2).min(Duration::from_millis(20));
     };
-    // Background processes the command left behind may still hold the pipe open.
+    // Background processes the command left behind may still hold the pipes open.
     let (kept, dropped) = match done_rx.recv_timeout(Duration::from_secs(2)) {
         Ok(result) => result,
         Err(_) => {
@@ -138,14 +239,24 @@ pub fn run_limited(
                 })
         }
     };
+    let report = match report_rx {
+        Some(rx) => rx.recv_timeout(Duration::from_secs(1)).unwrap_or(Report {
+            bytes: Vec::new(),
+            overflow: true,
+        }),
+        None => Report::default(),
+    };
     let output = String::from_utf8_lossy(&kept).into_owned();
-    Ok(CommandOutput {
-        status: if timed_out { None } else { status.code() },
-        timed_out,
-        output,
-        dropped_bytes: dropped,
-        elapsed: start.elapsed(),
-    })
+    Ok((
+        CommandOutput {
+            status: if timed_out { None } else { status.code() },
+            timed_out,
+            output,
+            dropped_bytes: dropped,
+            elapsed: start.elapsed(),
+        },
+        report,
+    ))
 }
 
 /// Kill every process of the group `pgid` (the group leader's pid). The workspace forbids
@@ -226,16 +337,80 @@ impl TestRun {
     }
 }
 
+/// A command of the policy's: `program args` in `cwd`, inside `sandbox` when there is one
+/// (where `cwd` is the only folder of the host it sees, writable when `writable`), otherwise
+/// directly with [`command_env`]. `python` stands for the configured interpreter. Keep the
+/// lease until the command has ended.
+fn policy_command(
+    config: &super::SweConfig,
+    sandbox: Option<&Sandbox>,
+    cwd: &Path,
+    writable: bool,
+    program: Program,
+    args: &[&str],
+) -> std::io::Result<(Command, Option<UidLease>)> {
+    match sandbox {
+        Some(sandbox) => {
+            let python = sandbox.python().display().to_string();
+            let program = match program {
+                Program::Python => python.as_str(),
+                Program::Shell => "sh",
+            };
+            sandbox.command(cwd, writable, program, args)
+        }
+        None => {
+            let program = match program {
+                Program::Python => config.python.as_str(),
+                Program::Shell => "sh",
+            };
+            let mut command = Command::new(program);
+            command
+                .args(args)
+                .current_dir(cwd)
+                .env_clear()
+                .envs(command_env(cwd));
+            Ok((command, None))
+        }
+    }
+}
+
+/// What a policy's command starts.
+#[derive(Debug, Clone, Copy)]
+enum Program {
+    /// The configured Python interpreter.
+    Python,
+    /// `sh`.
+    Shell,
+}
+
+/// Run `sh -c <script>` in `cwd` for the policy (the `run_shell` tool): inside `sandbox` when
+/// there is one, with `cwd` writable; stdout and stderr merged.
+pub fn run_shell(
+    config: &super::SweConfig,
+    sandbox: Option<&Sandbox>,
+    cwd: &Path,
+    script: &str,
+    timeout: Duration,
+    cap: usize,
+) -> std::io::Result<CommandOutput> {
+    let (command, _lease) =
+        policy_command(config, sandbox, cwd, true, Program::Shell, &["-c", script])?;
+    run_command(command, timeout, cap)
+}
+
 /// The runner: loads each id with `unittest`, runs it, prints a line per id with the failures'
-/// tracebacks, and writes `{id: status}` as JSON to the file named by its first argument. With
-/// no ids it discovers `test*.py` under `tests/` (or the root) and runs each test found. It
-/// drops the working directory from `sys.path` until its own imports are done, so modules in
-/// the repository cannot shadow `unittest` or `json`.
+/// tracebacks, and writes `{"ids": {id: status}, "tests": {test: status}}` as JSON on its
+/// stdout, which it first moves away from the tests (their prints go to stderr). With no ids
+/// it discovers `test*.py` under `tests/` (or the root) and runs each test found. It drops
+/// the working directory from `sys.path` until its own imports are done, so modules in the
+/// repository cannot shadow `unittest` or `json`.
 const RUNNER: &str = r#"
 import sys
 sys.path[:] = [p for p in sys.path if p not in ("", ".")]
 import json, os, traceback, unittest
-out_path, ids = sys.argv[1], sys.argv[2:]
+report_fd = os.dup(1)
+os.dup2(2, 1)
+ids = sys.argv[1:]
 root = os.getcwd()
 sys.path.insert(0, root)
 loader = unittest.TestLoader()
@@ -317,44 +492,50 @@ for test_id in ids:
     else:
         print("%s %s" % (status.upper(), test_id))
     sys.stdout.flush()
-with open(out_path, "w") as handle:
-    json.dump({"ids": statuses, "tests": tests}, handle)
+sys.stdout.flush()
+report = (json.dumps({"ids": statuses, "tests": tests}) + "\n").encode()
+while report:
+    report = report[os.write(report_fd, report):]
 "#;
 
 /// Run the test `ids` (all discovered tests when empty) with the configured Python in `cwd`,
-/// all in one interpreter. This is the `run_tests` tool's runner: its statuses are feedback
-/// for the policy, and code under test can rewrite them; verdicts come from
-/// [`run_verdict_tests`].
+/// all in one interpreter, inside `sandbox` when there is one (`cwd` writable). This is the
+/// `run_tests` tool's runner: its statuses are feedback for the policy, and code under test can
+/// rewrite them; verdicts come from [`run_verdict_tests`].
 pub fn run_tests(
     config: &super::SweConfig,
+    sandbox: Option<&Sandbox>,
     cwd: &Path,
     ids: &[String],
     timeout: Duration,
     cap: usize,
 ) -> std::io::Result<TestRun> {
-    let out_dir = tempfile::tempdir()?;
-    let out_path = out_dir.path().join("statuses.json");
-    let out_arg = out_path.display().to_string();
     // `-B`: no bytecode files in the copy; `-s`: no user site-packages. Not `-I`, which would
     // also ignore PYTHONHASHSEED and so make set ordering differ between runs.
     let mut args: Vec<&str> = vec!["-B", "-s"];
     if config.no_site {
         args.push("-S");
     }
-    args.extend(["-c", RUNNER, &out_arg]);
+    args.extend(["-c", RUNNER]);
     args.extend(ids.iter().map(String::as_str));
-    let command = run_limited(&config.python, &args, cwd, &command_env(cwd), timeout, cap)?;
+    let (command, _lease) = policy_command(config, sandbox, cwd, true, Program::Python, &args)?;
+    let spec = ReportSpec {
+        cap: 4 << 20,
+        answer: None,
+    };
+    let (command, report) = run_wired(command, timeout, cap, Some(spec))?;
     #[derive(serde::Deserialize, Default)]
-    struct Report {
+    struct Statuses {
         ids: BTreeMap<String, TestStatus>,
         tests: BTreeMap<String, TestStatus>,
     }
-    let Report {
+    let Statuses {
         ids: reported,
         tests,
-    } = std::fs::read_to_string(&out_path)
-        .ok()
-        .and_then(|text| serde_json::from_str(&text).ok())
+    } = String::from_utf8_lossy(&report.bytes)
+        .lines()
+        .last()
+        .and_then(|line| serde_json::from_str(line).ok())
         .unwrap_or_default();
     let statuses = if ids.is_empty() {
         reported
@@ -379,105 +560,284 @@ pub fn run_tests(
 /// The verifier's runner ([`run_verdict_tests`]).
 const VERDICT_RUNNER: &str = include_str!("verdict_runner.py");
 
-/// Run the test `ids` for a verdict the repository's code cannot forge by the usual means.
+/// Run the test `ids` for a verdict that code under test cannot forge by the routes known to
+/// this project, inside `sandbox` when there is one, with `cwd` read-only there.
 ///
-/// A runner process that never imports repository code forks one child per id (a fresh copy
-/// of the pristine interpreter); only the child loads the repository. The child's output goes
-/// to a pipe the runner reads, so it has no handle on the stream read here; its verdict comes
-/// once, tagged with a key made for that child, and counts only when the child then exits
-/// normally. The child checks that builtins, unittest and `sys.exit`/`os._exit` are as the
-/// runner found them, and that every test it loaded reported. Here, an id passes only when
-/// exactly one verdict line names it, says `pass`, and the runner finished on its own
-/// (`@@done`, exit code 0): a missing, repeated or skipped verdict, or a runner that was killed
-/// or timed out, is not a pass. `timeout` bounds the whole run; `cap` the output kept.
+/// A runner process that never imports repository code forks one test process per id; only
+/// that process loads the repository. It sends each test's outcome on the report channel (its
+/// stdout; the tests' own prints go to stderr, the output) the moment unittest records it, and
+/// any tampering it finds (builtins, unittest, the runner's own functions, test methods
+/// defined outside the test files). When its tests are done it forks a reporter and exits,
+/// ending every thread the repository's code started. The reporter waits until the test
+/// process is gone, checks that nothing else the tests started still runs, and writes `done`
+/// with the number of lines sent for the id. Only then does this function make the id's key
+/// and send it on the runner's stdin; the reporter seals the id's lines with it. So until the
+/// tests have ended, the key exists nowhere in the sandbox: not in a frame, a closure, an
+/// object the garbage collector holds, `/proc/self` or a pipe.
+///
+/// An id passes only when its lines hold one `loaded` list, an outcome for each loaded test and
+/// all of them `pass`, no problem, one `done` counting every line before it, and one seal, last,
+/// with this id's key and the count of lines before it; and the runner finished on its own
+/// (exit code 0, no timeout, report not cut off). `timeout` bounds the whole run; `cap` the
+/// output kept.
 pub fn run_verdict_tests(
     config: &super::SweConfig,
+    sandbox: Option<&Sandbox>,
     cwd: &Path,
     ids: &[String],
     timeout: Duration,
     cap: usize,
 ) -> std::io::Result<TestRun> {
-    let cap_arg = cap.to_string();
     let mut args: Vec<&str> = vec!["-B", "-s"];
     if config.no_site {
         args.push("-S");
     }
-    args.extend(["-c", VERDICT_RUNNER, &cap_arg]);
+    args.extend([
+        "-c",
+        VERDICT_RUNNER,
+        if sandbox.is_some() {
+            "sandboxed"
+        } else {
+            "unsandboxed"
+        },
+    ]);
     args.extend(ids.iter().map(String::as_str));
-    // Room for the verdict lines beyond the children's output, which the runner caps at `cap`.
-    let room = cap + 1024 + ids.iter().map(|id| 2 * id.len() + 512).sum::<usize>();
-    let command = run_limited(&config.python, &args, cwd, &command_env(cwd), timeout, room)?;
-    Ok(parse_verdicts(ids, command))
+    let (command, _lease) = policy_command(config, sandbox, cwd, false, Program::Python, &args)?;
+    let keys: std::sync::Arc<std::sync::Mutex<BTreeMap<String, String>>> = Default::default();
+    let wanted: BTreeSet<String> = ids.iter().cloned().collect();
+    let issued = std::sync::Arc::clone(&keys);
+    let answer = move |line: &[u8]| -> Option<Vec<u8>> {
+        let value: serde_json::Value = serde_json::from_slice(line).ok()?;
+        let id = value.get("id")?.as_str()?;
+        value.get("done")?;
+        if !wanted.contains(id) {
+            return None;
+        }
+        let mut keys = issued.lock().unwrap_or_else(|e| e.into_inner());
+        if keys.contains_key(id) {
+            return None;
+        }
+        let key: String = rand::random::<[u8; 16]>()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        keys.insert(id.to_string(), key.clone());
+        Some(format!("{key}\n").into_bytes())
+    };
+    let spec = ReportSpec {
+        cap: 4 << 20,
+        answer: Some(Box::new(answer)),
+    };
+    let (command, report) = run_wired(command, timeout, cap, Some(spec))?;
+    let keys = keys.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    Ok(parse_verdicts(ids, &report, &keys, command))
 }
 
-/// One `@@verdict` line of the verifier's runner.
-#[derive(serde::Deserialize)]
-struct VerdictLine {
-    id: String,
-    status: TestStatus,
-    #[serde(default)]
-    tests: BTreeMap<String, TestStatus>,
-    #[serde(default)]
-    problems: Vec<String>,
+/// What the report says of one id.
+#[derive(Default)]
+struct IdReport {
+    lines: Vec<serde_json::Value>,
 }
 
-fn parse_verdicts(ids: &[String], command: CommandOutput) -> TestRun {
-    let mut seen: BTreeMap<String, Vec<VerdictLine>> = BTreeMap::new();
-    let mut done = false;
-    for line in command.output.lines() {
-        if let Some(json) = line.strip_prefix("@@verdict ") {
-            match serde_json::from_str::<VerdictLine>(json) {
-                Ok(v) => seen.entry(v.id.clone()).or_default().push(v),
-                Err(_) => seen.entry(String::new()).or_default().push(VerdictLine {
-                    id: String::new(),
-                    status: TestStatus::Error,
-                    tests: BTreeMap::new(),
-                    problems: vec!["an unreadable verdict line".into()],
-                }),
+impl IdReport {
+    /// The id's status and what is wrong with its report, if anything.
+    fn judge(
+        &self,
+        key: Option<&String>,
+    ) -> (TestStatus, BTreeMap<String, TestStatus>, Vec<String>) {
+        let mut problems = Vec::new();
+        let mut loaded: Option<Vec<String>> = None;
+        let mut outcomes: BTreeMap<String, TestStatus> = BTreeMap::new();
+        let mut done_at = None;
+        let mut sealed = false;
+        let last = self.lines.len().saturating_sub(1);
+        for (i, line) in self.lines.iter().enumerate() {
+            if sealed {
+                problems.push("lines after the seal".to_string());
+                break;
             }
-        } else if line.strip_prefix("@@done ") == Some(&ids.len().to_string()) {
-            done = true;
+            if let Some(n) = line.get("done") {
+                if done_at.is_some() {
+                    problems.push("more than one `done`".into());
+                } else if n.as_u64() != Some(i as u64) {
+                    problems.push(format!(
+                        "`done` counts {n} lines, but {i} arrived before it (lines were added or lost)"
+                    ));
+                }
+                done_at = Some(i);
+            } else if let Some(seal) = line.get("seal") {
+                sealed = true;
+                if i != last {
+                    problems.push("the seal is not the last line".into());
+                }
+                if done_at != Some(i.wrapping_sub(1)) {
+                    problems.push("the seal does not follow `done`".into());
+                }
+                if line.get("lines").and_then(|n| n.as_u64()) != Some(i as u64) {
+                    problems.push("the seal's line count does not match".into());
+                }
+                if key.is_none() || seal.as_str() != key.map(String::as_str) {
+                    problems.push("the seal does not carry this id's key".into());
+                }
+            } else if done_at.is_some() {
+                problems.push("lines between `done` and the seal".into());
+            } else if let Some(list) = line.get("loaded") {
+                let names: Option<Vec<String>> = list.as_array().and_then(|items| {
+                    items
+                        .iter()
+                        .map(|v| v.as_str().map(str::to_string))
+                        .collect()
+                });
+                match (names, &loaded) {
+                    (Some(names), None) => loaded = Some(names),
+                    _ => problems.push("a second or malformed list of loaded tests".into()),
+                }
+            } else if let (Some(test), Some(status)) = (
+                line.get("test").and_then(|t| t.as_str()),
+                line.get("status")
+                    .and_then(|s| serde_json::from_value::<TestStatus>(s.clone()).ok()),
+            ) {
+                let entry = outcomes.entry(test.to_string()).or_insert(status);
+                if status.rank() > entry.rank() {
+                    *entry = status;
+                }
+            } else if let Some(problem) = line.get("problem") {
+                problems.push(
+                    problem
+                        .as_str()
+                        .unwrap_or("a malformed problem")
+                        .to_string(),
+                );
+            } else {
+                problems.push(format!(
+                    "an unreadable report line: {}",
+                    line.to_string().chars().take(200).collect::<String>()
+                ));
+            }
+        }
+        if !sealed {
+            problems.push(
+                "no sealed verdict: the tests did not finish, or tampered with the report".into(),
+            );
+        }
+        let loaded = loaded.unwrap_or_default();
+        if loaded.is_empty() {
+            problems.push("no test found under this id".into());
+        }
+        let missing: Vec<&str> = loaded
+            .iter()
+            .filter(|t| !outcomes.contains_key(*t))
+            .map(String::as_str)
+            .collect();
+        if !missing.is_empty() {
+            problems.push(format!(
+                "no outcome for {}",
+                missing
+                    .iter()
+                    .take(10)
+                    .copied()
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        if outcomes.keys().any(|t| !loaded.contains(t)) {
+            problems.push("outcomes for tests that were not loaded".into());
+        }
+        let status = if !problems.is_empty() {
+            TestStatus::Error
+        } else {
+            outcomes
+                .values()
+                .copied()
+                .max_by_key(|s| s.rank())
+                .unwrap_or(TestStatus::Error)
+        };
+        (status, outcomes, problems)
+    }
+}
+
+impl TestStatus {
+    /// How bad the status is, for taking the worst of several.
+    fn rank(self) -> u8 {
+        match self {
+            TestStatus::Pass => 0,
+            TestStatus::Skipped => 1,
+            TestStatus::Fail => 2,
+            TestStatus::Error => 3,
+            TestStatus::NotRun => 4,
         }
     }
-    let finished = done && !command.timed_out && command.status == Some(0);
-    let stray = seen.keys().any(|id| !ids.contains(id));
+}
+
+fn parse_verdicts(
+    ids: &[String],
+    report: &Report,
+    keys: &BTreeMap<String, String>,
+    mut command: CommandOutput,
+) -> TestRun {
+    let mut reports: BTreeMap<&str, IdReport> = BTreeMap::new();
+    // A line that names no requested id goes to the id being reported at the time; before
+    // any, it spoils the whole run.
+    let mut open: Option<&str> = None;
+    let mut stray = false;
+    for raw in report.bytes.split(|b| *b == b'\n') {
+        if raw.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        let value = serde_json::from_slice::<serde_json::Value>(raw).ok();
+        let id = value
+            .as_ref()
+            .and_then(|v| v.get("id"))
+            .and_then(|v| v.as_str())
+            .and_then(|id| ids.iter().find(|i| i.as_str() == id))
+            .map(String::as_str);
+        let line =
+            value.unwrap_or_else(|| serde_json::json!({"problem": "an unreadable report line"}));
+        match id.or(open) {
+            Some(id) => {
+                let sealed = line.get("seal").is_some();
+                reports.entry(id).or_default().lines.push(line);
+                open = if sealed { None } else { Some(id) };
+            }
+            None => stray = true,
+        }
+    }
+    let finished = !command.timed_out && command.status == Some(0) && !report.overflow;
     let mut statuses = BTreeMap::new();
     let mut tests = BTreeMap::new();
     let mut problems: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut summary = String::new();
     for id in ids {
-        let mut why = Vec::new();
-        let status = match seen.remove(id).as_deref() {
-            None | Some([]) => {
-                why.push("no verdict was reported for this id".to_string());
-                TestStatus::NotRun
-            }
-            Some([one]) => {
-                why.extend(one.problems.iter().cloned());
-                tests.extend(one.tests.iter().map(|(k, v)| (k.clone(), *v)));
-                one.status
-            }
-            Some(several) => {
-                why.push(format!(
-                    "{} verdicts were reported for this id; expected one",
-                    several.len()
-                ));
-                TestStatus::Error
-            }
+        let (mut status, outcomes, mut why) = match reports.get(id.as_str()) {
+            None => (
+                TestStatus::NotRun,
+                BTreeMap::new(),
+                vec!["no verdict was reported for this id".to_string()],
+            ),
+            Some(report) => report.judge(keys.get(id)),
         };
-        let status = if status == TestStatus::Pass && !finished {
+        if status == TestStatus::Pass && !finished {
             why.push("the runner did not finish on its own, so no verdict is trusted".into());
-            TestStatus::NotRun
+            status = TestStatus::NotRun;
         } else if status == TestStatus::Pass && stray {
-            why.push("the output holds verdicts for ids that were not asked for".into());
-            TestStatus::Error
-        } else {
-            status
-        };
+            why.push("the report holds lines for ids that were not asked for".into());
+            status = TestStatus::Error;
+        }
+        summary.push_str(&format!("{} {id}", status.as_str().to_uppercase()));
+        if !why.is_empty() {
+            summary.push_str(&format!(": {}", why.join("; ")));
+        }
+        summary.push('\n');
+        tests.extend(outcomes);
         statuses.insert(id.clone(), status);
         if !why.is_empty() {
             problems.insert(id.clone(), why);
         }
     }
+    if !command.output.is_empty() && !command.output.ends_with('\n') {
+        command.output.push('\n');
+    }
+    command.output.push_str(&summary);
     TestRun {
         statuses,
         tests,

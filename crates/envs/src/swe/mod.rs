@@ -14,34 +14,57 @@
 //! | `run_shell{command}` | `sh -c` in the copy; **only offered when enabled**, see below |
 //! | `submit{}` | end the episode ([`harness_core::ToolKind::Submit`]) |
 //!
-//! The verifier restores the instance's own test files (the policy may have edited them),
-//! applies the instance's hidden `test_patch` if it has one, and runs every FAIL_TO_PASS and
-//! PASS_TO_PASS test with `python3` on the final state of the copy: R = 1 when all pass. The
-//! final state is judged whether or not the policy called `submit` (like SWE-agent's
-//! auto-submission); the details say whether it did. Test runs and the verifier run on tokio's
-//! blocking pool, so a long test run does not stall the other episodes on the runtime.
+//! The verifier judges the final state of the copy (whether or not the policy called `submit`,
+//! like SWE-agent's auto-submission; the details say whether it did) in a fresh copy built from
+//! the instance's files and the policy's text files, with the instance's own test files and its
+//! hidden `test_patch`, and runs every FAIL_TO_PASS and PASS_TO_PASS test with `python3`: R = 1
+//! when all pass. Test runs and the verifier run on tokio's blocking pool, so a long test run
+//! does not stall the other episodes on the runtime.
+//!
+//! # A sandbox for every command
+//! Tests, shell commands and the verifier run in a bubblewrap sandbox ([`sandbox`]): no
+//! network, their own pid namespace with a fresh `/proc` (nothing outlives the command, the
+//! trainer's processes are not there), the system read-only, a private `/tmp`, the episode's
+//! copy as the only folder of the host, an empty environment, limits on CPU seconds, address
+//! space, processes and file size ([`SandboxConfig`]), and an unprivileged user. Where no
+//! sandbox can be made (bubblewrap missing or failing its probe), [`SweEnv::start`] refuses with
+//! an error that says how to install one, unless [`SandboxConfig::allow_unsandboxed`] is set
+//! (unsafe: the policy's code then runs with the trainer's user, files, network and
+//! environment). Every path a file tool takes stays inside the copy (no absolute paths, no
+//! `..`, no symlink leading out).
 //!
 //! # Hardened against the policy's code
 //! The tests import code the policy wrote, and a policy trained with RL will find any way to
 //! be rewarded without fixing the bug. So the verifier:
-//! - fails an episode whose surviving changes reach for the test machinery (a text scan,
-//!   [`tamper::scan`]: `unittest`, `sys.exit`/`os._exit`, `atexit`, `__main__`, `builtins`,
-//!   introspection, paths outside the copy, new interpreter start-up files), listing every
-//!   finding in the outcome's `tamper` details, before any test runs;
-//! - runs each test id in its own process forked from a runner that never imports repository
-//!   code ([`exec::run_verdict_tests`]); the child's output goes to a pipe the runner reads,
-//!   and its verdict counts only when exactly one, tagged with the child's key, arrives and the
-//!   child then exits normally (`os._exit`, so `atexit` hooks never run);
-//! - checks in each child, after loading and after running, that builtins, the unittest modules
-//!   and classes, `sys.exit` and `os._exit` are as the runner found them, and that every loaded
-//!   test reported an outcome;
-//! - scores only `pass`: a missing, repeated or skipped verdict, or a runner that did not
-//!   finish on its own, fails the id.
+//! - builds its copy from the instance's files plus the policy's UTF-8 text files, leaving out
+//!   hidden and cache folders (`.git`, `__pycache__`, any dot folder: Python would import a
+//!   module planted there), links, non-text files and test files the instance does not have;
+//!   the outcome's `left_out` lists what it left out;
+//! - fails an episode whose changes reach for the test machinery (a text scan of every file of
+//!   that copy, [`tamper::scan`]: `unittest`, `sys.exit`/`os._exit`, `atexit`, `__main__`,
+//!   `builtins`, introspection, paths outside the copy, new interpreter start-up files),
+//!   listing every finding in the outcome's `tamper` details, before any test runs;
+//! - runs the tests with the copy read-only, each test id in its own process forked from a
+//!   runner that never imports repository code ([`exec::run_verdict_tests`]). The test process
+//!   sends each outcome the moment unittest records it; when its tests are done it forks a
+//!   reporter and exits, ending every thread the repository's code started; the reporter
+//!   checks that nothing else the tests started still runs and writes `done`; only then does
+//!   the verifier make the id's key, and the reporter seals the id's lines with it. Until then
+//!   no key exists in the sandbox (not in a frame, a closure, an object the garbage collector
+//!   holds, `/proc/self` or a file descriptor), so forged lines cannot be sealed;
+//! - checks in the test process, after loading and after running, and in the reporter, that
+//!   builtins, the unittest modules and classes, `sys.exit`, `os._exit`, the runner's own
+//!   functions and recorder are as the runner found them, that every test method comes from a
+//!   test file, and that every loaded test reported an outcome;
+//! - scores only `pass`: a missing, repeated, unsealed or skipped verdict, or a runner that did
+//!   not finish on its own, fails the id.
 //!
-//! What this does not stop: code that builds the scanned names at run time passes the scan;
-//! code that finds the child's key in memory can forge that child's verdict; a patch that is
-//! undone within the test it affects, or a return value that compares equal to anything, is
-//! not seen; and nothing stops the code from writing outside the copy (see below).
+//! What this does not stop (the README has the full list): the tests run in the same
+//! interpreter as the policy's code, so code that knows this runner's protocol can write `done`
+//! itself and seal what it likes with the key it is sent; a patch of the machinery undone
+//! before the next check, or a return value that compares equal to anything, is not seen; and
+//! code that reads the interpreter's memory directly (`ctypes`, named at run time) can do
+//! anything the runner can.
 //!
 //! # Shell access
 //! Two switches must both be on for the policy to run arbitrary commands. The environment
@@ -49,16 +72,8 @@
 //! and [`base_harness`] lists the tools it shows in `tool_view.include` without `run_shell`,
 //! so a harness enables the shell by adding it there (a harness that names `run_shell` for an
 //! environment without it fails validation with a clear error). A harness with no `include`
-//! list shows every tool the environment offers.
-//!
-//! # Not a security sandbox
-//! Commands (tests and shell) run as the calling user, with its file-system and network
-//! access. What is enforced: a time limit per command (the whole process group is killed),
-//! an output cap, a cleared environment, the working directory set to the copy, and every
-//! path a tool takes checked to stay inside the copy (no absolute paths, no `..`, no symlink
-//! leading out). A shell command or a test can still read or write anywhere the user can,
-//! including the Python installation the runner uses. Run untrusted policies inside a
-//! container or VM if that matters.
+//! list shows every tool the environment offers. Shell commands run in the same sandbox as the
+//! tests.
 //!
 //! ```no_run
 //! use harness_envs::swe::{self, SweEnv};
@@ -78,12 +93,13 @@ pub mod diff;
 pub mod exec;
 mod instance;
 mod oracle;
+pub mod sandbox;
 mod session;
 pub mod tamper;
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use crate::sibling::{hook, one_hook_sibling};
@@ -97,6 +113,7 @@ pub use builtin::{PAIR_SEED, builtin_instances, discover_test_ids};
 pub use exec::{CommandOutput, TestRun, TestStatus};
 pub use instance::{SweInstance, check_relative_path, is_test_id, load_jsonl, normalize_test_id};
 pub use oracle::{OraclePolicy, oracle_calls};
+pub use sandbox::{Sandbox, SandboxConfig};
 pub use session::{SweSession, is_test_path, tools};
 pub use tamper::TamperFinding;
 
@@ -126,6 +143,55 @@ pub struct SweConfig {
     /// per run. Right for repositories that need only the standard library (the built-in
     /// ones); leave it off for repositories with third-party dependencies.
     pub no_site: bool,
+    /// The sandbox every command of the policy's runs in (see [`sandbox`]).
+    pub sandbox: SandboxConfig,
+}
+
+impl SweConfig {
+    /// Check every setting; the error names the field (`swe.<field>`) and what was expected.
+    pub fn check(&self) -> Result<()> {
+        let positive = |field: &str, ok: bool, what: &str| {
+            if ok {
+                Ok(())
+            } else {
+                Err(Error::invalid(format!("swe.{field}"), what.to_string()))
+            }
+        };
+        positive(
+            "python",
+            !self.python.trim().is_empty(),
+            "must name a Python interpreter, such as `python3`",
+        )?;
+        positive(
+            "command_timeout",
+            !self.command_timeout.is_zero(),
+            "must be longer than zero",
+        )?;
+        positive(
+            "verify_timeout",
+            !self.verify_timeout.is_zero(),
+            "must be longer than zero",
+        )?;
+        positive("output_cap", self.output_cap > 0, "must be at least 1 byte")?;
+        positive(
+            "max_view_lines",
+            self.max_view_lines > 0,
+            "must be at least 1",
+        )?;
+        positive(
+            "max_search_results",
+            self.max_search_results > 0,
+            "must be at least 1",
+        )?;
+        positive(
+            "max_file_bytes",
+            self.max_file_bytes > 0,
+            "must be at least 1 byte",
+        )?;
+        self.sandbox
+            .check("swe.sandbox")
+            .map_err(|(field, message)| Error::invalid(field, message))
+    }
 }
 
 impl Default for SweConfig {
@@ -140,15 +206,30 @@ impl Default for SweConfig {
             max_search_results: 50,
             max_file_bytes: 512 * 1024,
             no_site: false,
+            sandbox: SandboxConfig::default(),
         }
     }
 }
 
 /// The repository-repair environment: a set of instances with splits, served as tasks.
+///
+/// It refuses to start an episode (or validate an instance) when its settings are invalid or
+/// no sandbox can be made, unless [`SandboxConfig::allow_unsandboxed`] is set; the sandbox is
+/// probed once, on first use ([`SweEnv::sandbox`]).
 #[derive(Debug, Clone)]
 pub struct SweEnv {
     instances: BTreeMap<String, Arc<SweInstance>>,
     config: Arc<SweConfig>,
+    sandbox: Arc<OnceLock<std::result::Result<Option<Arc<Sandbox>>, Refusal>>>,
+}
+
+/// Why no episode can start, kept to answer every later call alike.
+#[derive(Debug, Clone)]
+enum Refusal {
+    /// A setting is invalid: the field and what was expected.
+    Invalid(harness_core::Location, String),
+    /// No sandbox can be made, and running without one is not allowed.
+    NoSandbox(String),
 }
 
 impl SweEnv {
@@ -182,6 +263,7 @@ impl SweEnv {
         Ok(SweEnv {
             instances: map,
             config: Arc::new(SweConfig::default()),
+            sandbox: Arc::default(),
         })
     }
 
@@ -195,7 +277,43 @@ impl SweEnv {
     /// The same environment with another configuration.
     pub fn with_config(mut self, config: SweConfig) -> Self {
         self.config = Arc::new(config);
+        self.sandbox = Arc::default();
         self
+    }
+
+    /// The sandbox the policy's commands run in, probed on the first call: `Ok(None)` only
+    /// when none can be made and [`SandboxConfig::allow_unsandboxed`] is set. `Err` when a
+    /// setting is invalid, or when no sandbox can be made and running without one is not
+    /// allowed (the message says how to install bubblewrap). Blocks for the probe (a fraction
+    /// of a second) on the first call.
+    pub fn sandbox(&self) -> Result<Option<Arc<Sandbox>>> {
+        let config = &self.config;
+        let probed = self.sandbox.get_or_init(|| {
+            if let Err(e) = config.check() {
+                return Err(match e {
+                    Error::Invalid { location, message } => Refusal::Invalid(location, message),
+                    other => Refusal::NoSandbox(other.to_string()),
+                });
+            }
+            match Sandbox::new(&config.sandbox, &config.python) {
+                Ok(sandbox) => Ok(Some(Arc::new(sandbox))),
+                Err(_) if config.sandbox.allow_unsandboxed => Ok(None),
+                Err(message) => Err(Refusal::NoSandbox(message)),
+            }
+        });
+        match probed {
+            Ok(sandbox) => Ok(sandbox.clone()),
+            Err(Refusal::Invalid(location, message)) => Err(Error::Invalid {
+                location: location.clone(),
+                message: message.clone(),
+            }),
+            Err(Refusal::NoSandbox(message)) => Err(Error::Environment {
+                env: ENV_NAME.to_string(),
+                message: format!(
+                    "the repository-repair world runs the policy's code only in a sandbox, and none can be made: {message}"
+                ),
+            }),
+        }
     }
 
     /// The configuration.
@@ -261,7 +379,8 @@ impl SweEnv {
     /// Start an episode as a concrete [`SweSession`] (what [`Environment::reset`] boxes).
     /// The seed does not change the initial state: an instance has one repository.
     pub fn start(&self, task: &Task) -> Result<SweSession> {
-        SweSession::create(self.lookup(task)?, Arc::clone(&self.config))
+        let sandbox = self.sandbox()?;
+        SweSession::create(self.lookup(task)?, Arc::clone(&self.config), sandbox)
     }
 
     /// The oracle policy of a task (replays the gold patch through the tools, then submits).
@@ -280,14 +399,19 @@ impl SweEnv {
             self.instances.get(instance_id).cloned().ok_or_else(|| {
                 Error::invalid("instance_id", format!("no instance `{instance_id}`"))
             })?;
+        let sandbox = self.sandbox()?;
         let io = |e: std::io::Error| Error::Environment {
             env: ENV_NAME.to_string(),
             message: format!("cannot run `{}`: {e}", self.config.python),
         };
         let run = |files: &BTreeMap<String, String>| -> Result<TestRun> {
             let dir = tempfile::tempdir().map_err(|e| Error::io(std::env::temp_dir(), e))?;
+            let root = dir
+                .path()
+                .canonicalize()
+                .map_err(|e| Error::io(dir.path(), e))?;
             for (path, text) in files {
-                let target = dir.path().join(path);
+                let target = root.join(path);
                 if let Some(parent) = target.parent() {
                     std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
                 }
@@ -295,7 +419,8 @@ impl SweEnv {
             }
             exec::run_verdict_tests(
                 &self.config,
-                dir.path(),
+                sandbox.as_deref(),
+                &root,
                 &instance.all_tests(),
                 self.config.verify_timeout,
                 self.config.output_cap,
@@ -313,6 +438,10 @@ impl SweEnv {
         let status = |run: &TestRun, id: &String| {
             run.statuses.get(id).copied().unwrap_or(TestStatus::NotRun)
         };
+        let why = |run: &TestRun, id: &String| match run.problems.get(id) {
+            Some(problems) if !problems.is_empty() => format!(" ({})", problems.join("; ")),
+            _ => String::new(),
+        };
         let mut problems = Vec::new();
         for id in &instance.fail_to_pass {
             if status(&before, id) == TestStatus::Pass {
@@ -323,15 +452,20 @@ impl SweEnv {
             let s = status(&before, id);
             if s != TestStatus::Pass {
                 problems.push(format!(
-                    "PASS_TO_PASS {id} is {} before the patch",
-                    s.as_str()
+                    "PASS_TO_PASS {id} is {} before the patch{}",
+                    s.as_str(),
+                    why(&before, id)
                 ));
             }
         }
         for id in instance.all_tests() {
             let s = status(&after, &id);
             if s != TestStatus::Pass {
-                problems.push(format!("{id} is {} after the patch", s.as_str()));
+                problems.push(format!(
+                    "{id} is {} after the patch{}",
+                    s.as_str(),
+                    why(&after, &id)
+                ));
             }
         }
         Ok(InstanceReport {

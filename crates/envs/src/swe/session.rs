@@ -11,6 +11,7 @@ use serde_json::{Map, Value, json};
 
 use super::exec::{self, TestStatus};
 use super::instance::{SweInstance, check_relative_path, is_test_id, normalize_test_id};
+use super::sandbox::Sandbox;
 use super::{ENV_NAME, SweConfig, diff, tamper};
 
 /// Tool names.
@@ -34,6 +35,9 @@ pub mod tools {
 /// Directories hidden from listings and searches.
 const HIDDEN_DIRS: &[&str] = &[".git", "__pycache__"];
 
+/// Files of the policy's copy beyond the instance's own that verification takes at most.
+const MAX_NEW_FILES: usize = 10_000;
+
 /// The most test ids one `run_tests` call may name.
 const MAX_TEST_IDS: usize = 200;
 
@@ -53,6 +57,9 @@ pub struct SweSession {
 struct Workdir {
     instance: Arc<SweInstance>,
     config: Arc<SweConfig>,
+    /// Where the policy's commands run; `None` only when the environment allows running
+    /// without a sandbox and none could be made.
+    sandbox: Option<Arc<Sandbox>>,
     /// The copy's canonical root.
     root: PathBuf,
     /// The copy's root as the temporary directory named it (may differ through links).
@@ -78,7 +85,11 @@ fn env_error(message: String) -> Error {
 
 impl SweSession {
     /// Copy the instance's repository into a fresh temporary directory.
-    pub(crate) fn create(instance: Arc<SweInstance>, config: Arc<SweConfig>) -> Result<Self> {
+    pub(crate) fn create(
+        instance: Arc<SweInstance>,
+        config: Arc<SweConfig>,
+        sandbox: Option<Arc<Sandbox>>,
+    ) -> Result<Self> {
         let dir = tempfile::Builder::new()
             .prefix("harness-swe-")
             .tempdir()
@@ -92,6 +103,7 @@ impl SweSession {
             work: Workdir {
                 instance,
                 config,
+                sandbox,
                 root,
                 raw: dir.path().to_path_buf(),
             },
@@ -256,6 +268,10 @@ impl SweSession {
         let meta = std::fs::metadata(&target).map_err(|_| format!("`{path}` does not exist."))?;
         if meta.is_dir() {
             return Ok(Observation::ok(self.listing(&target)));
+        }
+        if !meta.is_file() {
+            // A named pipe the policy's code made would block this read for ever.
+            return Err(format!("`{path}` is not a regular file."));
         }
         if meta.len() > self.work.config.max_file_bytes as u64 {
             return Err(format!(
@@ -474,6 +490,12 @@ impl SweSession {
                 "`{path}` is a symbolic link; it is not overwritten."
             ));
         }
+        if std::fs::symlink_metadata(&target).is_ok_and(|m| !m.is_file()) {
+            // A named pipe the policy's code made would block this write for ever.
+            return Err(format!(
+                "`{path}` is not a regular file; it is not overwritten."
+            ));
+        }
         let existed = target.exists();
         if let Some(parent) = target.parent() {
             std::fs::create_dir_all(parent)
@@ -498,35 +520,41 @@ impl SweSession {
 }
 
 impl Workdir {
-    /// Judge the final state: restore the original test files, apply the test patch, run every
-    /// FAIL_TO_PASS and PASS_TO_PASS test; success when all pass.
+    /// Judge the final state in a fresh copy that the policy's commands never ran in: the
+    /// policy's text files ([`Workdir::policy_files`]) with the instance's own test files in
+    /// place of any the policy changed, no test files the instance does not have, and the
+    /// hidden test patch applied. Every file of that copy goes through the tamper scan; then
+    /// every FAIL_TO_PASS and PASS_TO_PASS test runs, the copy read-only; success when all
+    /// pass.
     fn verify(&self, submitted: bool) -> Result<Outcome> {
         let instance = Arc::clone(&self.instance);
-        // The policy may have edited tests; the verdict uses the instance's own.
-        for (path, text) in &instance.files {
-            if is_test_path(path) {
-                let target = clear_way(&self.root, path)?;
-                std::fs::write(&target, text).map_err(|e| Error::io(&target, e))?;
-            }
-        }
         let mut details = json!({
             "instance_id": instance.instance_id,
             "submitted": submitted,
+            "sandboxed": self.sandbox.is_some(),
         });
-        if !instance.test_patch.trim().is_empty()
-            && let Err(message) = self.apply_patch_in_place(&instance.test_patch)
-        {
-            details["error"] = json!(format!("the test patch does not apply: {message}"));
-            return Ok(Outcome::failure(details));
+        let (mut files, left_out) = self.policy_files();
+        if !left_out.is_empty() {
+            details["left_out"] = json!(left_out);
         }
-        // What survives of the policy's work once the tests are restored: code that reaches
-        // for the test machinery fails the episode before any of it runs.
+        // The policy may have edited or added tests; the verdict uses the instance's own.
+        files.retain(|path, _| !is_test_path(path) || instance.files.contains_key(path));
+        for (path, text) in &instance.files {
+            if is_test_path(path) {
+                files.insert(path.clone(), text.clone());
+            }
+        }
         let mut expected = instance.files.clone();
         if !instance.test_patch.trim().is_empty() {
-            // It applied to the copy just above, so it applies here.
+            if let Err(message) = diff::apply_to_files(&mut files, &instance.test_patch) {
+                details["error"] = json!(format!("the test patch does not apply: {message}"));
+                return Ok(Outcome::failure(details));
+            }
+            // The instance is checked when loaded: its test patch applies to its own files.
             let _ = diff::apply_to_files(&mut expected, &instance.test_patch);
         }
-        let findings = tamper::scan(&expected, &self.read_tree());
+        // Code that reaches for the test machinery fails the episode before any of it runs.
+        let findings = tamper::scan(&expected, &files);
         if !findings.is_empty() {
             details["tamper"] = json!(findings);
             details["error"] = json!(
@@ -534,10 +562,20 @@ impl Workdir {
             );
             return Ok(Outcome::failure(details));
         }
+        let dir = tempfile::Builder::new()
+            .prefix("harness-swe-verify-")
+            .tempdir()
+            .map_err(|e| env_error(format!("cannot create a temporary directory: {e}")))?;
+        let fresh = dir
+            .path()
+            .canonicalize()
+            .map_err(|e| Error::io(dir.path(), e))?;
+        write_tree(&fresh, &files)?;
         let ids = instance.all_tests();
         let run = exec::run_verdict_tests(
             &self.config,
-            &self.root,
+            self.sandbox.as_deref(),
+            &fresh,
             &ids,
             self.config.verify_timeout,
             self.config.output_cap,
@@ -569,57 +607,91 @@ impl Workdir {
         Ok(if run.all_pass() && !ids.is_empty() {
             Outcome::success(details)
         } else {
-            details["output"] = json!(exec_tail(
-                &self.relative_paths(&run.command.describe()),
-                2000
-            ));
+            let text = run.command.describe();
+            let text = replace_root(&text, &fresh, dir.path());
+            details["output"] = json!(exec_tail(&self.relative_paths(&text), 2000));
             Outcome::failure(details)
         })
     }
 
-    /// Every text file of the copy (links and hidden directories skipped), for the scan.
-    fn read_tree(&self) -> BTreeMap<String, String> {
+    /// The policy's repository as text: every regular file of the copy outside hidden and
+    /// cache folders (`.git`, `__pycache__`, any folder whose name starts with a dot), never
+    /// through a link, that is UTF-8 text within the size limit (or unchanged from the
+    /// instance). Also what was left out, and why.
+    fn policy_files(&self) -> (BTreeMap<String, String>, Vec<String>) {
         let mut files = BTreeMap::new();
-        walk(&self.root, &mut |path, is_dir| {
-            if !is_dir
-                && let Ok(bytes) = std::fs::read(path)
-                && let Ok(rel) = path.strip_prefix(&self.root)
-            {
-                let text = String::from_utf8_lossy(&bytes).into_owned();
-                files.insert(rel.to_string_lossy().replace('\\', "/"), text);
+        let mut left_out = Vec::new();
+        let mut more = 0usize;
+        let mut leave_out = |why: String| {
+            if left_out.len() < 50 {
+                left_out.push(why);
+            } else {
+                more += 1;
             }
-            true
-        });
-        files
-    }
-
-    /// Apply a patch to the copy. Files the patch creates replace whatever the policy put at
-    /// those paths; every write goes through [`clear_way`], so planted links are not followed.
-    fn apply_patch_in_place(&self, patch: &str) -> std::result::Result<(), String> {
-        let mut files = BTreeMap::new();
-        for fp in diff::parse_patch(patch)? {
-            if fp.old_path.is_none() {
+        };
+        let limit = self.instance.files.len() + MAX_NEW_FILES;
+        let mut stack = vec![self.root.clone()];
+        while let Some(dir) = stack.pop() {
+            let Ok(entries) = std::fs::read_dir(&dir) else {
                 continue;
-            }
-            for path in [&fp.old_path, &fp.new_path].into_iter().flatten() {
-                let target = self.resolve(path)?;
-                if let Ok(text) = std::fs::read_to_string(&target) {
-                    files.insert(path.clone(), text);
+            };
+            let mut entries: Vec<_> = entries.filter_map(|e| e.ok()).collect();
+            entries.sort_by_key(|e| e.file_name());
+            for entry in entries {
+                let path = entry.path();
+                let Ok(meta) = std::fs::symlink_metadata(&path) else {
+                    continue;
+                };
+                let Some(rel) = path
+                    .strip_prefix(&self.root)
+                    .ok()
+                    .and_then(|p| p.to_str())
+                    .map(str::to_string)
+                else {
+                    leave_out(format!("{}: not a UTF-8 name", path.display()));
+                    continue;
+                };
+                let name = entry.file_name().to_string_lossy().into_owned();
+                if meta.is_dir() {
+                    if name.starts_with('.') || name == "__pycache__" {
+                        leave_out(format!("{rel}/: a hidden or cache folder"));
+                    } else {
+                        stack.push(path);
+                    }
+                    continue;
+                }
+                if !meta.is_file() {
+                    leave_out(format!("{rel}: not a regular file"));
+                    continue;
+                }
+                if check_relative_path(&rel).is_err() {
+                    leave_out(format!("{rel}: not a valid path"));
+                    continue;
+                }
+                if files.len() >= limit {
+                    leave_out(format!("{rel}: more than {limit} files"));
+                    continue;
+                }
+                let original = self.instance.files.get(&rel);
+                let max = original
+                    .map_or(0, String::len)
+                    .max(self.config.max_file_bytes);
+                if meta.len() > max as u64 {
+                    leave_out(format!("{rel}: larger than {max} bytes"));
+                    continue;
+                }
+                match std::fs::read(&path).map(String::from_utf8) {
+                    Ok(Ok(text)) => {
+                        files.insert(rel, text);
+                    }
+                    _ => leave_out(format!("{rel}: not UTF-8 text")),
                 }
             }
         }
-        let before = files.clone();
-        diff::apply_to_files(&mut files, patch)?;
-        for path in before.keys() {
-            if !files.contains_key(path) {
-                let _ = std::fs::remove_file(self.resolve(path)?);
-            }
+        if more > 0 {
+            left_out.push(format!("... and {more} more"));
         }
-        for (path, text) in &files {
-            let target = clear_way(&self.root, path).map_err(|e| e.to_string())?;
-            std::fs::write(&target, text).map_err(|e| format!("{path}: {e}"))?;
-        }
-        Ok(())
+        (files, left_out)
     }
 
     /// Resolve a policy-given path inside the copy: relative, no `..`, and (following any
@@ -701,6 +773,7 @@ impl Workdir {
         }
         let run = exec::run_tests(
             &self.config,
+            self.sandbox.as_deref(),
             &self.root,
             &ids,
             self.config.command_timeout,
@@ -744,11 +817,11 @@ impl Workdir {
         if command.trim().is_empty() || command.len() > 10_000 {
             return Err("`command` must be a non-empty string of at most 10000 bytes.".into());
         }
-        let out = exec::run_limited(
-            "sh",
-            &["-c", command],
+        let out = exec::run_shell(
+            &self.config,
+            self.sandbox.as_deref(),
             &self.root,
-            &exec::command_env(&self.root),
+            command,
             self.config.command_timeout,
             self.config.output_cap,
         )
@@ -849,37 +922,14 @@ pub fn is_test_path(path: &str) -> bool {
         || file == "conftest.py"
 }
 
-/// Make `root/rel` writable as a plain file without leaving the root: every ancestor that is
-/// a symlink or a file is removed and replaced by a directory, and so is a directory or link
-/// at the target itself.
-fn clear_way(root: &Path, rel: &str) -> Result<PathBuf> {
-    let mut current = root.to_path_buf();
-    let parts: Vec<&str> = rel
-        .split('/')
-        .filter(|p| !p.is_empty() && *p != ".")
-        .collect();
-    for (i, part) in parts.iter().enumerate() {
-        current.push(part);
-        let last = i + 1 == parts.len();
-        if let Ok(meta) = std::fs::symlink_metadata(&current) {
-            let wrong = if last {
-                !meta.is_file()
-            } else {
-                !meta.is_dir()
-            };
-            if wrong {
-                if meta.is_dir() {
-                    std::fs::remove_dir_all(&current).map_err(|e| Error::io(&current, e))?;
-                } else {
-                    std::fs::remove_file(&current).map_err(|e| Error::io(&current, e))?;
-                }
-            }
-        }
-        if !last && !current.exists() {
-            std::fs::create_dir(&current).map_err(|e| Error::io(&current, e))?;
-        }
+/// `text` with the folder `root` (also named `raw`) written as `.`.
+fn replace_root(text: &str, root: &Path, raw: &Path) -> String {
+    let mut out = text.to_string();
+    for root in [root, raw] {
+        let root = root.display().to_string();
+        out = out.replace(&format!("{root}/"), "").replace(&root, ".");
     }
-    Ok(current)
+    out
 }
 
 fn write_tree(root: &Path, files: &BTreeMap<String, String>) -> Result<()> {

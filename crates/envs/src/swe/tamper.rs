@@ -1,5 +1,6 @@
 //! The tamper scan: the lines a policy added to the repository that reach for the test
-//! machinery or for files outside the copy.
+//! machinery or for files outside the copy. The verifier scans every file of the copy it tests
+//! (which holds no hidden or cache folders: they are left out of it).
 //!
 //! The verifier runs the policy's code inside the test process, so a reward-hacking fix looks
 //! like ordinary code that happens to touch `unittest`, the interpreter's exit, `atexit`,
