@@ -124,7 +124,8 @@ struct Common {
     /// A saved pool directory to train on.
     #[arg(long)]
     pool: Option<PathBuf>,
-    /// A Hugging Face checkpoint folder (or cached hub id) instead of the embedded tiny policy.
+    /// A Hugging Face checkpoint folder (or, built with `--features hub`, a cached hub id) instead
+    /// of the embedded tiny policy.
     #[arg(long)]
     model: Option<String>,
     /// The environment: default, dbbench, appworld, swe or tau-retail.

@@ -8,9 +8,9 @@
 //! with one object `{"token_id", "token", "logprob"}` for every token after the first: its
 //! log-probability given the tokens before it. A folder is loaded as an HF checkpoint; anything
 //! else that looks like `owner/name` is fetched through the hub cache (`HF_HUB_OFFLINE=1` keeps
-//! it offline).
+//! it offline; needs `--features hub`).
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use candle_core::{DType, Device, Tensor};
 use grpo_candle::PolicyModel;
 use grpo_candle::model::token_logprobs;
@@ -32,10 +32,7 @@ fn main() -> anyhow::Result<()> {
     let pm = if std::path::Path::new(model).is_dir() {
         PolicyModel::load_dir(model, DType::F32, &device)?
     } else {
-        let offline = grpo_candle::loading::offline_from_env(std::env::var("HF_HUB_OFFLINE"));
-        let files = grpo_candle::ModelFiles::from_hub_blocking(model, None, offline)
-            .with_context(|| format!("`{model}` is not a folder; tried it as a hub repository"))?;
-        PolicyModel::load(&files, DType::F32, &device)?
+        load_hub(model, &device)?
     };
     let ids = grpo_candle::tokenizer::encode(&pm.tokenizer, text)?;
     if ids.len() < 2 {
@@ -57,4 +54,20 @@ fn main() -> anyhow::Result<()> {
         .collect();
     println!("{}", serde_json::to_string(&rows)?);
     Ok(())
+}
+
+/// `model` as a hub repository (downloaded, or from the cache under `HF_HUB_OFFLINE=1`).
+#[cfg(feature = "hub")]
+fn load_hub(model: &str, device: &Device) -> anyhow::Result<PolicyModel> {
+    use anyhow::Context;
+    let offline = grpo_candle::loading::offline_from_env(std::env::var("HF_HUB_OFFLINE"));
+    let files = grpo_candle::ModelFiles::from_hub_blocking(model, None, offline)
+        .with_context(|| format!("`{model}` is not a folder; tried it as a hub repository"))?;
+    Ok(PolicyModel::load(&files, DType::F32, device)?)
+}
+
+/// Without the `hub` feature a model must be a folder.
+#[cfg(not(feature = "hub"))]
+fn load_hub(model: &str, _device: &Device) -> anyhow::Result<PolicyModel> {
+    bail!("`{model}` is not a folder; hub ids need `--features hub`")
 }

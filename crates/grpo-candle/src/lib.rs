@@ -17,10 +17,10 @@
 //! - [`model`]: the stateless decoder ([`Qwen`]; Qwen2, Qwen3, Llama and Mistral share it),
 //!   trainable end to end, with an explicit [`KvCache`] for sampling; [`config`] reads HF
 //!   `config.json`; [`checkpoint`]: [`PolicyModel`] = model + tokenizer + chat template + stop
-//!   tokens, loaded from a folder or the hub ([`loading`]), created fresh and tiny from a seed,
-//!   saved in HF format; [`gguf`] imports llama.cpp's GGUF files (dequantised) as HF folders;
-//!   [`chat_template`]: Qwen ChatML rendering; [`tokenizer`]: `tokenizer.json` helpers and the
-//!   built-in byte-level BPE.
+//!   tokens, loaded from a folder or, with the `hub` feature, the hub ([`loading`]), created
+//!   fresh and tiny from a seed, saved in HF format; [`gguf`] imports llama.cpp's GGUF files
+//!   (dequantised) as HF folders; [`chat_template`]: Qwen ChatML rendering; [`tokenizer`]:
+//!   `tokenizer.json` helpers and the built-in byte-level BPE.
 //! - [`sample`]: [`sampler`], batched KV-cached decoding with per-token log-probs, with its
 //!   [`prefix_cache`] and JSON-constrained rows ([`sample::json`]); [`policy`]:
 //!   [`CandlePolicy`], harness-core's `Policy`.

@@ -1,10 +1,14 @@
-//! Loading checkpoints through the normal paths: a folder, and the hub's local cache in offline
+//! Loading checkpoints through the normal paths: a folder, and (with the `hub` feature:
+//! `cargo test -p grpo-candle --features hub --test loading`) the hub's local cache in offline
 //! mode (a fake cache laid out as hf-hub writes it; nothing touches the network).
 
+#[cfg(feature = "hub")]
 use std::path::Path;
 
 use candle_core::{DType, Device, Tensor};
-use grpo_candle::{ModelFiles, PolicyModel, TinySpec};
+#[cfg(feature = "hub")]
+use grpo_candle::ModelFiles;
+use grpo_candle::{PolicyModel, TinySpec};
 
 fn tiny() -> PolicyModel {
     let spec = TinySpec {
@@ -34,6 +38,7 @@ fn same_logits(a: &PolicyModel, b: &PolicyModel) {
 }
 
 /// `cache/models--{owner}--{name}/refs/main` -> commit, files under `snapshots/{commit}/`.
+#[cfg(feature = "hub")]
 fn fake_hub_cache(cache: &Path, owner: &str, name: &str, checkpoint: &Path) -> String {
     let commit = "0123456789abcdef0123456789abcdef01234567";
     let repo = cache.join(format!("models--{owner}--{name}"));

@@ -55,7 +55,7 @@ pub use engine::{
 pub use error::{Error, Result};
 pub use remote::{EngineKind, RemotePolicy, RemotePolicyConfig, WeightSync};
 pub use server::{ApiKey, ServerConfig, ServerHandle, ServerState, WeightLoader};
-pub use transport::{EndpointConfig, RetryConfig};
+pub use transport::{EndpointConfig, RetryConfig, http_client, install_tls_provider};
 pub use usage::{RoleUsage, UsageLedger};
 
 #[cfg(test)]

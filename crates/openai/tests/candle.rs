@@ -280,7 +280,7 @@ async fn streams_from_the_candle_server_match_and_stop_when_the_client_leaves() 
     let model = tiny();
     let (server, generator) = serve_with(&model).await;
     let url = format!("{}/v1/completions", server.base_url());
-    let client = reqwest::Client::new();
+    let client = harness_openai::http_client();
     let mut body = serde_json::json!({"model": "tiny", "prompt": "count the users", "n": 2,
         "max_tokens": 16, "seed": 9, "logprobs": 0, "return_token_ids": true});
     let whole: serde_json::Value = client
@@ -326,9 +326,11 @@ async fn streams_from_the_candle_server_match_and_stop_when_the_client_leaves() 
         );
     }
 
-    // A long stream whose client reads a few chunks and leaves.
+    // A long stream whose client reads a few chunks and leaves. Greedy, so that it lasts all
+    // 3000 tokens whatever the build's speed (this model and prompt never choose the end token
+    // greedily; a sampled stream could end on it before the client leaves).
     let body = serde_json::json!({"model": "tiny", "prompt": "go on", "max_tokens": 3000,
-        "seed": 5, "stream": true});
+        "temperature": 0.0, "stream": true});
     let mut resp = client.post(&url).json(&body).send().await.unwrap();
     let mut seen = String::new();
     while sse_events(&seen).len() < 4 {
@@ -370,7 +372,7 @@ async fn post_json(
 async fn json_object_answers_are_constrained_and_schemas_are_refused() {
     let model = tiny();
     let server = serve(&model).await;
-    let http = reqwest::Client::new();
+    let http = harness_openai::http_client();
     let url = format!("{}/v1/chat/completions", server.base_url());
     let body = |format: serde_json::Value, seed: u64| {
         serde_json::json!({

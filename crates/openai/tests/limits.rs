@@ -26,7 +26,7 @@ async fn send(
     key: Option<&str>,
     body: Option<&Value>,
 ) -> (u16, reqwest::header::HeaderMap, Value) {
-    let mut request = reqwest::Client::new().request(method, url);
+    let mut request = harness_openai::http_client().request(method, url);
     if let Some(key) = key {
         request = request.bearer_auth(key);
     }
@@ -365,7 +365,7 @@ async fn a_chat_without_max_tokens_gets_the_default_budget_not_the_whole_context
         json!({"model": MODEL, "messages": messages, "max_tokens": 7}),
         json!({"model": MODEL, "messages": messages, "max_completion_tokens": 5000}),
     ] {
-        let response = reqwest::Client::new()
+        let response = harness_openai::http_client()
             .post(&url)
             .json(&body)
             .send()
@@ -397,7 +397,7 @@ async fn a_full_request_queue_answers_503_with_retry_after() {
         let url = format!("{base}/v1/chat/completions");
         let body = json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": true});
         async move {
-            let response = reqwest::Client::new()
+            let response = harness_openai::http_client()
                 .post(&url)
                 .json(&body)
                 .send()
@@ -562,7 +562,7 @@ async fn a_stream_decodes_a_window_of_recent_tokens_not_the_whole_text_per_token
     let before = count(&encoder);
     let mut streamed = whole.clone();
     streamed["stream"] = json!(true);
-    let body = reqwest::Client::new()
+    let body = harness_openai::http_client()
         .post(&url)
         .json(&streamed)
         .send()

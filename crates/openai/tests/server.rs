@@ -203,7 +203,7 @@ async fn chat_client_completes_a_multi_turn_conversation_with_a_tool_call() {
 }
 
 async fn post(url: &str, body: &str) -> (u16, Value) {
-    let response = reqwest::Client::new()
+    let response = harness_openai::http_client()
         .post(url)
         .header("content-type", "application/json")
         .body(body.to_string())

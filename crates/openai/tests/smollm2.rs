@@ -36,7 +36,7 @@ fn ids(v: &Value) -> Vec<u64> {
 }
 
 async fn post(url: &str, body: &Value) -> Value {
-    let response = reqwest::Client::new()
+    let response = harness_openai::http_client()
         .post(url)
         .header("content-type", "application/json")
         .body(body.to_string())

@@ -13,7 +13,7 @@ use harness_openai::TokenGenerator;
 use serde_json::{Value, json};
 
 async fn post(url: &str, body: &Value) -> (u16, String) {
-    let resp = reqwest::Client::new()
+    let resp = harness_openai::http_client()
         .post(url)
         .json(body)
         .send()
@@ -31,7 +31,7 @@ async fn post_json(url: &str, body: &Value) -> Value {
 
 /// The parsed chunks of a stream, checking that it ends with `[DONE]` (once, last).
 async fn post_stream(url: &str, body: &Value) -> Vec<Value> {
-    let resp = reqwest::Client::new()
+    let resp = harness_openai::http_client()
         .post(url)
         .json(body)
         .send()

@@ -192,8 +192,9 @@ fn is_default_tau_llm_attempts(n: &usize) -> bool {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PolicyConfig {
-    /// A Hugging Face checkpoint folder (config.json, safetensors, tokenizer.json) or a hub id
-    /// already in the local cache; `None` warm-starts the embedded tiny policy.
+    /// A Hugging Face checkpoint folder (config.json, safetensors, tokenizer.json) or, with the
+    /// `hub` feature, a hub id already in the local cache; `None` warm-starts the embedded tiny
+    /// policy.
     pub model: Option<String>,
     /// Where the warm-started checkpoint is cached between runs.
     pub cache_dir: PathBuf,
@@ -1183,7 +1184,7 @@ Run configuration (TOML or JSON; any subset; `preset` picks the defaults; flags 
   env.train_tasks               training tasks used
   env.validation_tasks          validation tasks (evolution, calibration, validation curves)
   env.test_tasks                test tasks of the final evaluation
-  policy.model                  a Hugging Face checkpoint folder or cached hub id (unset: the embedded tiny policy)
+  policy.model                  a Hugging Face checkpoint folder, or a cached hub id with the `hub` feature (unset: the embedded tiny policy)
   policy.cache_dir              where the warm-started checkpoint is cached
   policy.warm_start_preset      default | tiny (seconds, for tests; its policy is not useful)
   policy.warm_start             harness-warmstart settings over the preset (demo_tasks, sft_steps, model, limits, ...); seed: default the run's (every seed of --seeds trains from that one checkpoint)

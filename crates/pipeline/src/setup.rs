@@ -377,12 +377,28 @@ fn builtin_environment(
     })
 }
 
-/// A checkpoint folder, or a hub id resolved from the local Hugging Face cache (no download).
+/// A checkpoint folder, or (with the `hub` feature) a hub id resolved from the local Hugging
+/// Face cache (no download).
 fn resolve_checkpoint(model: &str) -> Result<PathBuf> {
     let dir = PathBuf::from(model);
     if dir.join("config.json").is_file() {
         return Ok(dir);
     }
+    resolve_hub_id(model, dir)
+}
+
+#[cfg(not(feature = "hub"))]
+fn resolve_hub_id(_model: &str, dir: PathBuf) -> Result<PathBuf> {
+    Err(Error::input(
+        "policy",
+        dir,
+        "expected a checkpoint folder (config.json, safetensors, tokenizer.json); a hub id needs \
+         a build with the `hub` feature (`cargo build --release --features hub`)",
+    ))
+}
+
+#[cfg(feature = "hub")]
+fn resolve_hub_id(model: &str, dir: PathBuf) -> Result<PathBuf> {
     let files = grpo_candle::ModelFiles::from_hub_blocking(model, None, true).map_err(|e| {
         Error::input(
             "policy",
@@ -413,6 +429,17 @@ pub fn load_model(dir: &Path) -> Result<PolicyModel> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_model_that_is_not_a_folder_says_what_was_expected() {
+        let err = resolve_checkpoint("no-such-org/no-such-model")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("no-such-org/no-such-model"), "{err}");
+        assert!(err.contains("checkpoint folder"), "{err}");
+        #[cfg(not(feature = "hub"))]
+        assert!(err.contains("`hub` feature"), "{err}");
+    }
 
     #[test]
     fn secrets_debug_says_which_keys_are_set_but_not_what_they_are() {

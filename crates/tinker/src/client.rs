@@ -655,6 +655,9 @@ impl TinkerClient {
 }
 
 fn build_http(cfg: &TinkerConfig) -> Result<reqwest::Client> {
+    // reqwest is built without a TLS crypto provider (see harness-openai's
+    // `install_tls_provider`): make rustls' `ring` the process's, unless one is installed.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     reqwest::Client::builder()
         .connect_timeout(cfg.connect_timeout)
         .build()

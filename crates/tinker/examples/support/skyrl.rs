@@ -160,7 +160,7 @@ pub fn start_server(python: &str, model_dir: &Path, work: &Path) -> (Server, Str
 
 pub async fn wait_healthy(url: &str, server: &mut Server) {
     let start = Instant::now();
-    let http = reqwest::Client::new();
+    let http = harness_openai::http_client();
     loop {
         if let Ok(r) = http.get(format!("{url}/api/v1/healthz")).send().await
             && r.status().is_success()
