@@ -302,6 +302,9 @@ pub async fn train(
     })
 }
 
+/// A routed method's selector, and the Adaptive Harness Router behind it when there is one.
+pub(crate) type RoutedSelector = (Arc<dyn HarnessSelector>, Option<Arc<AdaptiveRouter>>);
+
 /// The selector of a routed method's rescue over the calibrator's `evidence`: for
 /// [`SelectorKind::Rule`], Table 2's Rule Router (siblings ranked by success on the validation
 /// tasks most similar to the task, as many as the voters see, no profiles); otherwise the
@@ -310,7 +313,7 @@ pub(crate) fn routed_selector(
     kind: SelectorKind,
     evidence: EvidenceCell,
     voters: Vec<Arc<dyn Voter>>,
-) -> Result<(Arc<dyn HarnessSelector>, Option<Arc<AdaptiveRouter>>)> {
+) -> Result<RoutedSelector> {
     if matches!(kind, SelectorKind::Rule { .. }) {
         let rule = RuleRouter::new(evidence, RouterSettings::default().similar_tasks);
         return Ok((Arc::new(rule), None));
