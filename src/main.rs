@@ -333,7 +333,15 @@ async fn run() -> Result<()> {
                 let pool = stages::load_pool(&wb)?;
                 let methods = match &name {
                     Some(n) => vec![method(n)?],
-                    None => wb.cfg.train.methods.clone(),
+                    // A method that updates no weights (he_only) has nothing to train.
+                    None => wb
+                        .cfg
+                        .train
+                        .methods
+                        .iter()
+                        .copied()
+                        .filter(|m| m.updates_weights())
+                        .collect(),
                 };
                 for m in methods {
                     let trained = stages::train(&wb, &pool, m, resume).await?;
@@ -393,7 +401,7 @@ async fn run() -> Result<()> {
             let wb = Workbench::new(cfg.clone(), common.secrets(&cfg), common.progress())?;
             let dir = match name.as_deref() {
                 None | Some("initial") => wb.checkpoint.clone(),
-                Some(n) => wb.layout.final_checkpoint(method(n)?),
+                Some(n) => stages::checkpoint_of(&wb, method(n)?)?,
             };
             let served = name.unwrap_or_else(|| "initial".into());
             let server = harness_pipeline::serve::serve(

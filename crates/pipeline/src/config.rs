@@ -41,85 +41,7 @@ impl std::str::FromStr for Preset {
     }
 }
 
-/// A training method of the comparison (paper Tables 1, 2 and 9).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Method {
-    /// Plain GRPO under H0.
-    Grpo,
-    /// GRPO with H0 rescue: an all-failure group is replaced by K fresh H0 rollouts.
-    H0Rescue,
-    /// Random-harness rescue (Table 2's "Random Harness").
-    RandomHarness,
-    /// Harness-S: Top-K router rescue with re-anchored profiles.
-    HarnessS,
-    /// Top-K router rescue with the first calibration's profiles kept (Table 2's "Top-8 Fixed").
-    HarnessSFixed,
-}
-
-impl Method {
-    /// Every method, in table order.
-    pub const ALL: [Method; 5] = [
-        Method::Grpo,
-        Method::H0Rescue,
-        Method::RandomHarness,
-        Method::HarnessSFixed,
-        Method::HarnessS,
-    ];
-
-    /// The name used in files and directories (`train/<name>/`).
-    pub fn name(self) -> &'static str {
-        match self {
-            Method::Grpo => "grpo",
-            Method::H0Rescue => "h0_rescue",
-            Method::RandomHarness => "random_harness",
-            Method::HarnessS => "harness_s",
-            Method::HarnessSFixed => "harness_s_fixed",
-        }
-    }
-
-    /// The label of the tables, before the pool is known (`Top-K` for the routed methods).
-    pub fn label(self) -> &'static str {
-        match self {
-            Method::Grpo => "GRPO",
-            Method::H0Rescue => "GRPO (H0 rescue)",
-            Method::RandomHarness => "Random-harness rescue",
-            Method::HarnessS => "Harness-S (Top-K, adaptive)",
-            Method::HarnessSFixed => "Top-K, fixed profiles",
-        }
-    }
-
-    /// The label of the tables for the strategy that runs: a routed method names its
-    /// allocation (`Harness-S (Top-4, adaptive)`, or `Harness-S (Top-2 x 2, adaptive)` when the
-    /// pool has fewer than K = `group_size` siblings), never another strategy than its own.
-    pub fn label_for(self, strategy: &harness_rollout::Strategy, group_size: usize) -> String {
-        use harness_rollout::{Allocation, Strategy};
-        let alloc = match strategy {
-            Strategy::Router {
-                allocation: Allocation::TopK,
-            } => format!("Top-{group_size}"),
-            Strategy::Router {
-                allocation: Allocation::TopMXN { m, n },
-            } => format!("Top-{m} x {n}"),
-            _ => return self.label().to_string(),
-        };
-        match self {
-            Method::HarnessS => format!("Harness-S ({alloc}, adaptive)"),
-            Method::HarnessSFixed => format!("{alloc}, fixed profiles"),
-            _ => self.label().to_string(),
-        }
-    }
-
-    /// Whether the method routes with the Adaptive Harness Router.
-    pub fn uses_router(self) -> bool {
-        matches!(self, Method::HarnessS | Method::HarnessSFixed)
-    }
-
-    /// Parse a method name, naming the accepted ones on failure.
-    pub fn parse(name: &str) -> Option<Method> {
-        Method::ALL.into_iter().find(|m| m.name() == name)
-    }
-}
+pub use crate::methods::Method;
 
 /// Where `env.tau_retail_data` points when unset: the shared data folder beside a checkout.
 pub const DEFAULT_TAU_RETAIL_DATA: &str = "../shared/data/tau2-retail";
@@ -371,7 +293,10 @@ pub struct CalibrationConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TrainConfig {
-    /// The methods trained, each from the same initial checkpoint and seed.
+    /// The methods of the comparison, each trained from the same initial checkpoint and seed
+    /// for the same updates and evaluated on the same test tasks (the table of
+    /// [`crate::methods::METHODS`]); `"all"` for every one.
+    #[serde(deserialize_with = "crate::methods::deserialize_methods")]
     pub methods: Vec<Method>,
     /// Policy updates per method (paper: 40).
     pub updates: u64,
@@ -726,6 +651,21 @@ impl RunConfig {
         }
         if self.train.methods.is_empty() {
             return bad("train.methods", "expected at least one method".into());
+        }
+        if let Some(m) = self.train.methods.iter().find(|m| {
+            matches!(
+                m.spec().strategy,
+                crate::methods::StrategyKind::Mixture { .. }
+            )
+        }) && crate::methods::mixture_split(self.train.group_size).1 == 0
+        {
+            return bad(
+                "train.group_size",
+                format!(
+                    "{m} splits each group between H0 and siblings: expected at least 2, found {}",
+                    self.train.group_size
+                ),
+            );
         }
         if self.calibration.rollouts_per_task == 0 {
             return bad(
@@ -1215,7 +1155,7 @@ Run configuration (TOML or JSON; any subset; `preset` picks the defaults; flags 
   calibration.every             re-anchor every this many updates (paper: 10)
   calibration.rollouts_per_task paired rollouts per validation task and member (paper: 1)
   calibration.task_features     text (default: the task's environment and instruction) | metadata (also the generator's labels)
-  train.methods                 any of grpo, h0_rescue, random_harness, harness_s_fixed, harness_s
+  train.methods                 all (every method), or a list of grpo, h0_rescue, mixture_sibling, mixture_top4, dynamic_sampling, random_harness, rule_router, router_4x2, harness_s_fixed, he_only, harness_s (README's method table maps each to its paper row)
   train.updates                 policy updates per method (paper: 40)
   train.group_size              K = G (paper: 8)
   train.batch_tasks             tasks per update

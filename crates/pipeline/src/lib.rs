@@ -8,12 +8,16 @@
 //!    Pool (harness-evolve);
 //! 2. [`stages::calibrate`]: the router's first calibration with the initial policy
 //!    (harness-router);
-//! 3. [`stages::train`]: rescue training of one method (harness-rollout, with grpo-candle's
-//!    learner): plain GRPO, GRPO with H0 rescue, random-harness rescue, Top-K router rescue with
-//!    fixed profiles, and Harness-S (Top-K with re-anchored profiles), each from the same
-//!    checkpoint and seed;
-//! 4. [`stages::evaluate`]: test Pass@k / Avg@k under H0, and the router's Rank-1..R;
-//! 5. the report (harness-report): the paper's Tables 1, 2, 5 and 9 and Figure 3's panels.
+//! 3. [`stages::train`]: training of one method (harness-rollout, with grpo-candle's learner),
+//!    each from the same checkpoint, seed and update count. The methods are one table,
+//!    [`methods::METHODS`]: plain GRPO, GRPO with H0 rescue, the two fixed mixtures (H0 + the
+//!    best sibling, H0 + Top-4), DAPO-style dynamic sampling, random-harness and rule-router
+//!    rescue, the LLM router's Top-4 x 2, Top-K with fixed profiles, Harness-S (Top-K with
+//!    re-anchored profiles), and Harness-S (HE only), which updates no weights;
+//! 4. [`stages::evaluate`]: test Pass@k / Avg@k under H0 and under the router's Rank-1, as
+//!    each method's entry says, and the router's Rank-1..R for Harness-S;
+//! 5. [`stages::write_report`] (harness-report): the paper's Tables 1, 2, 5 and 9 and Figure
+//!    3's panels.
 //!
 //! [`run_main_job`] runs them all for every seed. The embedded default (`env.name =
 //! "default"`) is harness-warmstart's model organism; a checkpoint (`policy.model`), an
@@ -35,6 +39,7 @@ pub mod config;
 pub mod error;
 pub mod keys;
 pub mod layout;
+pub mod methods;
 pub mod organism;
 pub mod serve;
 pub mod setup;
@@ -45,6 +50,7 @@ pub use config::{Method, Preset, RunConfig};
 pub use error::{Error, Result};
 pub use layout::Layout;
 pub use setup::{Progress, Secrets, Workbench};
+pub use stages::{render_tables, write_report};
 
 use std::time::Instant;
 
@@ -84,19 +90,6 @@ pub fn write_run_config(wb: &Workbench) -> Result<()> {
     let text =
         serde_json::to_string_pretty(&current).unwrap_or_else(|_| unreachable!("plain data"));
     harness_core::fsutil::write_atomic(&path, text.as_bytes()).at("run")
-}
-
-/// Write `report.md`, `report.html` and `plots/` for the run in `cfg.out` (every seed).
-pub fn write_report(cfg: &RunConfig) -> Result<Vec<std::path::PathBuf>> {
-    let written = harness_report::write_report(&cfg.out).at("report")?;
-    let mut files = vec![written.markdown, written.html];
-    files.extend(written.plots);
-    Ok(files)
-}
-
-/// The paper-shaped tables of the run in `cfg.out`, as text for the terminal.
-pub fn render_tables(cfg: &RunConfig) -> Result<String> {
-    harness_report::render_tables(&cfg.out).at("report")
 }
 
 /// The whole loop for every seed: evolution, the first calibration, every method's training
@@ -144,30 +137,32 @@ pub async fn run_seed(wb: &Workbench) -> Result<()> {
     }
     let siblings = pool.auxiliaries().count();
     for &method in &wb.cfg.train.methods {
-        let needed = stages::rescue_config(wb, &pool, method).auxiliaries_needed();
-        if siblings < needed {
-            // Evolution can keep fewer children than a method rescues with (none at all when an
-            // LLM analyst or editor never answered usably): the run goes on with the methods
-            // the pool allows, and the report lists this one as not trained.
-            wb.progress.println(format!(
-                "{}: not trained: it rescues with {needed} distinct sibling harnesses and the \
-                 pool holds {siblings} besides H0 (see evolve/rounds.json and evolve/usage.json)",
-                method.label()
-            ));
-            continue;
-        }
-        if !wb
-            .layout
-            .final_checkpoint(method)
-            .join("config.json")
-            .is_file()
-        {
-            let started = wb
+        if method.updates_weights() {
+            let needed = method.siblings_needed(wb.cfg.train.group_size, siblings);
+            if siblings < needed {
+                // Evolution can keep fewer children than a method rescues with (none at all
+                // when an LLM analyst or editor never answered usably): the run goes on with
+                // the methods the pool allows, and the report lists this one as not trained.
+                wb.progress.println(format!(
+                    "{}: not trained: it needs {needed} distinct sibling harnesses and the \
+                     pool holds {siblings} besides H0 (see evolve/rounds.json and evolve/usage.json)",
+                    method.label()
+                ));
+                continue;
+            }
+            if !wb
                 .layout
-                .train(method)
-                .join(harness_rollout::METRICS_FILE)
-                .is_file();
-            stages::train(wb, &pool, method, started).await?;
+                .final_checkpoint(method)
+                .join("config.json")
+                .is_file()
+            {
+                let started = wb
+                    .layout
+                    .train(method)
+                    .join(harness_rollout::METRICS_FILE)
+                    .is_file();
+                stages::train(wb, &pool, method, started).await?;
+            }
         }
         if !stages::has_test_record(wb, Some(method))? {
             stages::evaluate(wb, &pool, Some(method)).await?;

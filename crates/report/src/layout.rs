@@ -341,6 +341,12 @@ pub fn builtin_label(method: &str) -> String {
         "random_harness" => "Random-harness rescue".into(),
         "harness_s" => "Harness-S".into(),
         "harness_s_fixed" => "Harness-S (fixed profiles)".into(),
+        "mixture_sibling" => "GRPO mixed harness (H0 + best sibling)".into(),
+        "mixture_top4" => "GRPO mixed harness (H0 + Top-4)".into(),
+        "dynamic_sampling" => "Dynamic sampling (DAPO filter; not a paper row)".into(),
+        "rule_router" => "Rule-router rescue".into(),
+        "router_4x2" => "LLM router (Top-4 x 2)".into(),
+        "he_only" => "Harness-S (HE only)".into(),
         other => other.into(),
     }
 }
@@ -361,19 +367,30 @@ pub fn allocation_label(strategy: &str, group_size: Option<u64>) -> Option<Strin
     Some(format!("Top-{m} x {n}"))
 }
 
-/// The display order of methods: the paper's, then the rest by name.
+/// The display order of methods: the initial checkpoint, then harness-pipeline's method table
+/// in its order (the paper's Table 1 and 2 rows; harness-pipeline checks that the two lists
+/// agree). Methods not listed follow by name.
+pub const METHOD_ORDER: &[&str] = &[
+    "initial",
+    "grpo",
+    "h0_rescue",
+    "mixture_sibling",
+    "mixture_top4",
+    "dynamic_sampling",
+    "random_harness",
+    "rule_router",
+    "router_4x2",
+    "harness_s_fixed",
+    "he_only",
+    "harness_s",
+];
+
+/// The display order of a method: its place in [`METHOD_ORDER`], then its name.
 pub(crate) fn method_rank(method: &str) -> (usize, String) {
-    let known = [
-        "initial",
-        "grpo",
-        "h0_rescue",
-        "harness_s_fixed",
-        "harness_s",
-    ];
-    let i = known
+    let i = METHOD_ORDER
         .iter()
         .position(|m| *m == method)
-        .unwrap_or(known.len());
+        .unwrap_or(METHOD_ORDER.len());
     (i, method.to_string())
 }
 

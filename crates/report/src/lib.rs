@@ -206,6 +206,8 @@ fn summary(run: &Run) -> Vec<String> {
             .flatten()
             .filter_map(serde_json::Value::as_str)
             .filter(|m| !seed.methods.contains_key(*m))
+            // A method that updates no weights has a test evaluation and no training run.
+            .filter(|m| !seed.test.iter().flatten().any(|t| t.method == *m))
             .collect();
         if !missing.is_empty() {
             lines.push(format!(

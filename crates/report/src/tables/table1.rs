@@ -88,17 +88,25 @@ impl Table1 {
             .rows
             .iter()
             .map(|r| {
+                // A method evaluated under Rank-1 alone (Harness-S (HE only)) has no H0 cells.
+                let h0 = |s: &Option<Stat>| {
+                    if r.h0_pass.is_none() && r.h0_avg.is_none() && r.rank1_pass.is_some() {
+                        "—".to_string()
+                    } else {
+                        pct(s.as_ref(), self.seeds)
+                    }
+                };
                 vec![
                     r.label.clone(),
-                    pct(r.h0_pass.as_ref(), self.seeds),
-                    pct(r.h0_avg.as_ref(), self.seeds),
+                    h0(&r.h0_pass),
+                    h0(&r.h0_avg),
                     dash_or(r, &r.rank1_pass),
                     dash_or(r, &r.rank1_avg),
                 ]
             })
             .collect();
         let mut notes = vec![format!(
-            "Test Pass@{k} (tasks with at least one success in {k} attempts) and Avg@{k} (mean success over all attempts) from eval/test.jsonl, in percent; Rank-1 rows use the router's top harness per task (\"—\": no rank1 evaluation)."
+            "Test Pass@{k} (tasks with at least one success in {k} attempts) and Avg@{k} (mean success over all attempts) from eval/test.jsonl, in percent; Rank-1 rows use the router's top harness per task (\"—\": no evaluation in that mode)."
         )];
         if self.seeds > 1 {
             notes.push(format!(

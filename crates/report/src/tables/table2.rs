@@ -81,7 +81,12 @@ pub fn rescue_count(groups: &[GroupRecord], first: u64, last: u64) -> RescueCoun
 pub fn is_rescue_method(method: &str, run: Option<&MethodRun>) -> bool {
     let by_name = matches!(
         method,
-        "h0_rescue" | "random_harness" | "harness_s" | "harness_s_fixed"
+        "h0_rescue"
+            | "random_harness"
+            | "rule_router"
+            | "router_4x2"
+            | "harness_s"
+            | "harness_s_fixed"
     );
     let by_records = run.is_some_and(|r| {
         r.groups
@@ -135,10 +140,17 @@ pub struct Table2 {
 
 /// Compute Table 2 from `groups.jsonl`, `metrics.jsonl` and `eval/test.jsonl`.
 pub fn table2(run: &Run) -> Table2 {
+    // A method that trained nothing and has no H0 score (Harness-S (HE only), evaluated under
+    // Rank-1 alone) has no cell here.
     let methods: Vec<String> = run
         .methods()
         .into_iter()
         .filter(|m| m != "initial")
+        .filter(|m| {
+            run.seeds
+                .iter()
+                .any(|s| s.methods.contains_key(m) || s.test_eval(m, EvalMode::H0).is_some())
+        })
         .collect();
     let mut stages: Option<Vec<StageSpan>> = None;
     let mut uneven = false;

@@ -1,0 +1,578 @@
+//! Stage 4: the test evaluation. Each method's policy on the test tasks, in the modes its
+//! [`crate::methods::METHODS`] entry names (H0, the router's Rank-1), with the same episode
+//! seeds for every method; for Harness-S the router's Rank-1..R before and after training
+//! (Table 5); beside the scores, the H0 episodes' decision-point choices and the router's
+//! Rank-1 harness per test task.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures::StreamExt;
+use harness_core::{
+    EpisodeOptions, HarnessSelector, Policy, SamplingParams, SelectionMode, SelectionRequest, Task,
+    call_seed, pass_and_avg_at_k, run_episode_with,
+};
+use harness_pool::SiblingPool;
+use harness_router::{
+    AdaptiveRouter, Calibration, EvidenceCell, RankEvalSettings, RankReport, RouterSettings,
+    TokenCounter, evaluate_ranks,
+};
+use serde::{Deserialize, Serialize};
+
+use super::roles::{first_calibration, roles};
+use super::train::{checkpoint_of, method_label};
+use crate::config::Method;
+use crate::error::{Error, Result, StageExt};
+use crate::methods::EvalMode;
+use crate::setup::Workbench;
+
+/// Seeds of the test evaluation, apart from every training and calibration seed.
+const TEST_SEED_SALT: u64 = 0x7e57_7e57_7e57_7e57;
+
+/// The initial checkpoint is evaluated under H0.
+const INITIAL_MODES: &[EvalMode] = &[EvalMode::H0];
+
+/// One task's test outcome.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskResult {
+    /// The test task.
+    pub task: String,
+    /// The harness it ran under.
+    pub harness: String,
+    /// Successful attempts.
+    pub successes: usize,
+    /// Attempts.
+    pub attempts: usize,
+}
+
+/// One line of `eval/test.jsonl`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TestRecord {
+    /// The method's file name (`initial` for the checkpoint before training).
+    pub method: String,
+    /// Its label in the tables.
+    pub label: String,
+    /// `h0` (every task under H0) or `rank1` (each task under the router's Rank-1).
+    pub mode: String,
+    /// Attempts per task.
+    pub k: usize,
+    /// Test tasks.
+    pub tasks: usize,
+    /// Fraction of tasks with at least one success.
+    pub pass_at_k: f64,
+    /// Mean success over every attempt.
+    pub avg_at_k: f64,
+    /// Episodes run.
+    pub rollouts: usize,
+    /// Wall seconds.
+    pub seconds: f64,
+    /// Per task.
+    pub per_task: Vec<TaskResult>,
+}
+
+/// Counts of choices at one decision point: `choice name -> episodes`.
+pub type ChoiceCounts = BTreeMap<String, usize>;
+
+/// One line of `eval/behaviour.jsonl`: what the H0 test episodes of one checkpoint chose at
+/// each DBBench decision point (`harness_envs::labels::dbbench_decisions`), by task family
+/// (paper Table 3's behaviour frequencies, measured where the planted behaviours are decided).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BehaviourRecord {
+    /// The method's file name (`initial` before training).
+    pub method: String,
+    /// Its label in the tables.
+    pub label: String,
+    /// `h0`.
+    pub mode: String,
+    /// Episodes per family.
+    pub episodes: BTreeMap<String, usize>,
+    /// `family -> decision point -> choice -> episodes` (an episode counts once per point it
+    /// reached).
+    pub choices: BTreeMap<String, BTreeMap<String, ChoiceCounts>>,
+    /// The checkpoint's probability of each planted family's good decision under H0, on the
+    /// demonstration script's fixed contexts (`harness_warmstart::probe`; embedded default
+    /// only, empty elsewhere).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub probe: BTreeMap<String, harness_warmstart::FamilyProbe>,
+}
+
+/// One line of `eval/routing.jsonl`: the router's Rank-1 harness for one test task.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RoutingRecord {
+    /// `before` or `after` training.
+    pub stage: String,
+    /// The routed method (`harness_s`).
+    pub method: String,
+    /// The test task.
+    pub task: String,
+    /// Its family (for the report only: the router never sees it).
+    pub family: String,
+    /// The Rank-1 harness's id.
+    pub rank1: String,
+    /// Its name.
+    pub rank1_name: String,
+    /// Whether Rank-1 is H0.
+    pub rank1_is_h0: bool,
+}
+
+/// One line of `eval/rank.jsonl` (Table 5).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RankRecord {
+    /// `before` (initial policy, first calibration) or `after` (trained policy, final
+    /// re-anchoring).
+    pub stage: String,
+    /// The trained method (`harness_s`).
+    pub method: String,
+    /// harness-router's report.
+    pub report: RankReport,
+}
+
+/// What the test episodes of one checkpoint left: per task its result, its rewards, and the
+/// decision-point choices of each DBBench episode.
+struct TestEpisodes {
+    per_task: Vec<TaskResult>,
+    rewards: Vec<Vec<f32>>,
+    decisions: Vec<Vec<Vec<harness_envs::labels::Decision>>>,
+}
+
+/// Run `policy` k times per test task under the harness `choice` picks (H0 without one).
+async fn test_episodes(
+    wb: &Workbench,
+    policy: &dyn Policy,
+    pool: &SiblingPool,
+    choice: &BTreeMap<String, harness_core::HarnessId>,
+    label: &str,
+) -> Result<TestEpisodes> {
+    let k = wb.cfg.eval.k;
+    let options = EpisodeOptions {
+        sampling: SamplingParams {
+            temperature: wb.cfg.rollout.temperature,
+            ..SamplingParams::default()
+        },
+    };
+    let base = pool.base();
+    let jobs: Vec<(usize, usize)> = (0..wb.test.len())
+        .flat_map(|t| (0..k).map(move |a| (t, a)))
+        .collect();
+    let bar = wb.progress.bar(jobs.len() as u64, format!("test {label}"));
+    let seed = wb.cfg.seed ^ TEST_SEED_SALT;
+    type Outcome = (usize, f32, Vec<harness_envs::labels::Decision>);
+    let outcomes: Vec<harness_core::Result<Outcome>> = futures::stream::iter(jobs)
+        .map(|(t, a)| {
+            let task: &Task = &wb.test[t];
+            let harness = choice
+                .get(&task.id)
+                .and_then(|id| pool.get(id))
+                .unwrap_or(base);
+            let env = wb.env.clone();
+            let options = options.clone();
+            let bar = bar.clone();
+            async move {
+                // The same episode seed per (task, attempt) for every method and harness.
+                let episode_seed = call_seed(seed, (t * k + a) as u32);
+                let trajectory =
+                    run_episode_with(policy, harness, env.as_ref(), task, episode_seed, &options)
+                        .await?;
+                bar.inc(1);
+                let decisions = if trajectory.env == harness_envs::dbbench::ENV_NAME {
+                    harness_envs::labels::dbbench_decisions(&trajectory)
+                } else {
+                    Vec::new()
+                };
+                Ok((t, trajectory.reward(), decisions))
+            }
+        })
+        .buffered(wb.cfg.rollout.concurrency)
+        .collect()
+        .await;
+    bar.finish_and_clear();
+    let mut rewards = vec![Vec::new(); wb.test.len()];
+    let mut decisions = vec![Vec::new(); wb.test.len()];
+    for outcome in outcomes {
+        let (t, r, d) = outcome.at("evaluate")?;
+        rewards[t].push(r);
+        decisions[t].push(d);
+    }
+    let per_task = wb
+        .test
+        .iter()
+        .zip(&rewards)
+        .map(|(task, r)| TaskResult {
+            task: task.id.clone(),
+            harness: choice
+                .get(&task.id)
+                .map_or_else(|| pool.base_id().to_string(), |id| id.to_string()),
+            successes: r.iter().filter(|&&x| x >= 1.0).count(),
+            attempts: r.len(),
+        })
+        .collect();
+    Ok(TestEpisodes {
+        per_task,
+        rewards,
+        decisions,
+    })
+}
+
+/// Count the decision-point choices of H0 test episodes by task family.
+fn behaviour_record(
+    wb: &Workbench,
+    method: &str,
+    label: &str,
+    episodes: &TestEpisodes,
+) -> BehaviourRecord {
+    let mut record = BehaviourRecord {
+        method: method.to_string(),
+        label: label.to_string(),
+        mode: "h0".into(),
+        episodes: BTreeMap::new(),
+        choices: BTreeMap::new(),
+        probe: BTreeMap::new(),
+    };
+    for (task, per_attempt) in wb.test.iter().zip(&episodes.decisions) {
+        let family = wb.family_of(task);
+        *record.episodes.entry(family.clone()).or_default() += per_attempt.len();
+        for decision in per_attempt.iter().flatten() {
+            let choice = decision.choice.as_str().to_string();
+            *record
+                .choices
+                .entry(family.clone())
+                .or_default()
+                .entry(decision.point.as_str().to_string())
+                .or_default()
+                .entry(choice)
+                .or_default() += 1;
+        }
+    }
+    record
+}
+
+fn record(
+    wb: &Workbench,
+    method: &str,
+    label: &str,
+    mode: &str,
+    per_task: Vec<TaskResult>,
+    rewards: &[Vec<f32>],
+    seconds: f64,
+) -> TestRecord {
+    let (pass_at_k, avg_at_k) = pass_and_avg_at_k(rewards);
+    TestRecord {
+        method: method.to_string(),
+        label: label.to_string(),
+        mode: mode.to_string(),
+        k: wb.cfg.eval.k,
+        tasks: wb.test.len(),
+        pass_at_k,
+        avg_at_k,
+        rollouts: rewards.iter().map(Vec::len).sum(),
+        seconds,
+        per_task,
+    }
+}
+
+/// Test evaluation of the initial checkpoint (`method = None`) or of a method, in the modes its
+/// [`crate::methods::METHODS`] entry names: under H0, and under the router's Rank-1 (with the
+/// method's final calibration, or the first for a method that updates no weights); for the
+/// method with `rank_table` (Harness-S), Table 5 before and after training and Rank-1 from the
+/// "after" ranking. Appends to `eval/test.jsonl` (and `eval/rank.jsonl`, `eval/routing.jsonl`,
+/// `eval/behaviour.jsonl`), replacing the method's earlier lines.
+pub async fn evaluate(
+    wb: &Workbench,
+    pool: &SiblingPool,
+    method: Option<Method>,
+) -> Result<Vec<TestRecord>> {
+    let (name, label, checkpoint, modes, rank_table) = match method {
+        None => (
+            "initial",
+            "Initial policy".to_string(),
+            wb.checkpoint.clone(),
+            INITIAL_MODES,
+            false,
+        ),
+        Some(m) => {
+            let checkpoint = checkpoint_of(wb, m)?;
+            (
+                m.name(),
+                method_label(wb, pool, m)?,
+                checkpoint,
+                m.spec().eval,
+                m.spec().rank_table,
+            )
+        }
+    };
+    let local = wb.local_policy(&checkpoint, name)?;
+    let policy: Arc<dyn Policy> = local.clone();
+    let mut records = Vec::new();
+    let mut behaviour = None;
+    if modes.contains(&EvalMode::H0) {
+        let started = Instant::now();
+        let h0 = test_episodes(wb, policy.as_ref(), pool, &BTreeMap::new(), name).await?;
+        let mut record_h0 = behaviour_record(wb, name, &label, &h0);
+        if wb.cfg.env.name == "default" {
+            let bar = wb.progress.spinner("decision-point probe under H0");
+            record_h0.probe = harness_warmstart::probe_decisions(
+                &local,
+                &wb.base,
+                &wb.test,
+                wb.cfg.seed ^ TEST_SEED_SALT,
+            )
+            .await
+            .at("evaluate")?;
+            bar.finish_and_clear();
+        }
+        behaviour = Some(record_h0);
+        records.push(record(
+            wb,
+            name,
+            &label,
+            EvalMode::H0.name(),
+            h0.per_task,
+            &h0.rewards,
+            started.elapsed().as_secs_f64(),
+        ));
+    }
+    let mut routing = Vec::new();
+    let mut ranks = Vec::new();
+    if let (Some(m), true) = (method, rank_table) {
+        let calibrations = wb.layout.train(m).join("calibrations");
+        let last = Calibration::load_latest(&calibrations)
+            .at("evaluate")?
+            .ok_or_else(|| Error::input("evaluate", &calibrations, "no final calibration"))?;
+        let first = Calibration::load_latest(&wb.layout.calibration())
+            .at("evaluate")?
+            .ok_or_else(|| Error::input("evaluate", wb.layout.calibration(), "no calibration"))?;
+        let initial: Arc<dyn Policy> = wb.local_policy(&wb.checkpoint, "initial")?;
+        for (stage, calibration, stage_policy) in
+            [("before", first, initial), ("after", last, policy.clone())]
+        {
+            let router = rank_router(wb, calibration)?;
+            let bar = wb
+                .progress
+                .spinner(format!("router ranks ({stage} training)"));
+            let started = Instant::now();
+            let report = evaluate_ranks(
+                &router,
+                stage_policy.as_ref(),
+                pool,
+                &wb.environments(),
+                &wb.test,
+                &RankEvalSettings {
+                    ranks: wb.cfg.eval.ranks.min(pool.len()),
+                    attempts: wb.cfg.eval.k as u32,
+                    concurrency: wb.cfg.rollout.concurrency,
+                    options: EpisodeOptions {
+                        sampling: SamplingParams {
+                            temperature: wb.cfg.rollout.temperature,
+                            ..SamplingParams::default()
+                        },
+                    },
+                    seed: wb.cfg.seed ^ TEST_SEED_SALT,
+                },
+            )
+            .await
+            .at("evaluate")?;
+            bar.finish_and_clear();
+            if stage == "after" && modes.contains(&EvalMode::Rank1) {
+                // Rank-1 of Table 1: each test task under the harness the router ranks first,
+                // with the same episode seeds as the H0 evaluation.
+                let choice: BTreeMap<String, harness_core::HarnessId> = report
+                    .rankings
+                    .iter()
+                    .filter_map(|(task, ids)| Some((task.clone(), ids.first()?.clone())))
+                    .collect();
+                let routed = test_episodes(
+                    wb,
+                    policy.as_ref(),
+                    pool,
+                    &choice,
+                    &format!("{name} rank-1"),
+                )
+                .await?;
+                records.push(record(
+                    wb,
+                    name,
+                    &label,
+                    EvalMode::Rank1.name(),
+                    routed.per_task,
+                    &routed.rewards,
+                    started.elapsed().as_secs_f64(),
+                ));
+            }
+            for task in &wb.test {
+                let Some(first) = report.rankings.get(&task.id).and_then(|ids| ids.first()) else {
+                    continue;
+                };
+                routing.push(RoutingRecord {
+                    stage: stage.into(),
+                    method: name.into(),
+                    task: task.id.clone(),
+                    family: wb.family_of(task),
+                    rank1: first.to_string(),
+                    rank1_name: pool
+                        .get(first)
+                        .map_or_else(|| first.to_string(), |h| h.name.clone()),
+                    rank1_is_h0: first == pool.base_id(),
+                });
+            }
+            ranks.push(RankRecord {
+                stage: stage.into(),
+                method: name.into(),
+                report,
+            });
+        }
+    } else if let (Some(m), true) = (method, modes.contains(&EvalMode::Rank1)) {
+        // Rank-1 without Table 5: a method that updates no weights routes with the first
+        // calibration (Table 1's "Harness-S (HE only)"), a trained one with its last.
+        let calibration = if m.updates_weights() {
+            let calibrations = wb.layout.train(m).join("calibrations");
+            Calibration::load_latest(&calibrations)
+                .at("evaluate")?
+                .ok_or_else(|| Error::input("evaluate", &calibrations, "no final calibration"))?
+        } else {
+            first_calibration(wb, "evaluate")?
+        };
+        let started = Instant::now();
+        let choice = rank1_choices(wb, pool, calibration).await?;
+        let routed = test_episodes(
+            wb,
+            policy.as_ref(),
+            pool,
+            &choice,
+            &format!("{name} rank-1"),
+        )
+        .await?;
+        records.push(record(
+            wb,
+            name,
+            &label,
+            EvalMode::Rank1.name(),
+            routed.per_task,
+            &routed.rewards,
+            started.elapsed().as_secs_f64(),
+        ));
+    }
+    replace_lines(&wb.layout.test_results(), name, &records)?;
+    if let Some(behaviour) = behaviour.filter(|b| !b.choices.is_empty()) {
+        replace_lines(&wb.layout.behaviour_results(), name, &[behaviour])?;
+    }
+    if !ranks.is_empty() {
+        replace_lines(&wb.layout.rank_results(), name, &ranks)?;
+        replace_lines(&wb.layout.routing_results(), name, &routing)?;
+    }
+    for r in &records {
+        wb.progress.println(format!(
+            "test {} under {}: Pass@{} {:.3}, Avg@{} {:.3} ({} tasks)",
+            r.label, r.mode, r.k, r.pass_at_k, r.k, r.avg_at_k, r.tasks
+        ));
+    }
+    Ok(records)
+}
+
+/// The Adaptive Harness Router of the test evaluation: `calibration`'s evidence and a fresh
+/// panel of the run's voters.
+fn rank_router(wb: &Workbench, calibration: Calibration) -> Result<AdaptiveRouter> {
+    let tokens = TokenCounter::new();
+    let (_, voters) = roles(wb, wb.cfg.seed, &tokens);
+    let evidence = EvidenceCell::new();
+    evidence.set(calibration).at("evaluate")?;
+    AdaptiveRouter::new(evidence, voters, RouterSettings::default()).at("evaluate")
+}
+
+/// Each test task's Rank-1 harness under `calibration` (Eq. 12: the full pool, H0 included),
+/// asked as the Rank-r evaluation asks (the same ranks, seeds and voters), so the choices are
+/// Table 5's Rank-1 for that calibration. Every choice is made before any test episode runs.
+pub async fn rank1_choices(
+    wb: &Workbench,
+    pool: &SiblingPool,
+    calibration: Calibration,
+) -> Result<BTreeMap<String, harness_core::HarnessId>> {
+    let router = rank_router(wb, calibration)?;
+    let ranks = wb.cfg.eval.ranks.min(pool.len());
+    let seed = wb.cfg.seed ^ TEST_SEED_SALT;
+    let mut choice = BTreeMap::new();
+    for (i, task) in wb.test.iter().enumerate() {
+        let ids = router
+            .select(&SelectionRequest {
+                task: task.clone(),
+                k: ranks,
+                mode: SelectionMode::Inference,
+                seed: call_seed(seed, i as u32),
+            })
+            .await
+            .at("evaluate")?;
+        let first = ids
+            .into_iter()
+            .next()
+            .filter(|id| pool.contains(id))
+            .ok_or_else(|| {
+                Error::input(
+                    "evaluate",
+                    wb.layout.calibration(),
+                    format!(
+                        "the router named no pool member first for test task `{}`",
+                        task.id
+                    ),
+                )
+            })?;
+        choice.insert(task.id.clone(), first);
+    }
+    Ok(choice)
+}
+
+/// Whether `eval/test.jsonl` already holds every evaluation of `method` (`None`: the
+/// initial checkpoint under H0).
+pub fn has_test_record(wb: &Workbench, method: Option<Method>) -> Result<bool> {
+    let name = method.map_or("initial", Method::name);
+    let modes = method.map_or(INITIAL_MODES, |m| m.spec().eval);
+    let path = wb.layout.test_results();
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        return Ok(false);
+    };
+    let mut found = Vec::new();
+    for (n, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let record: TestRecord = serde_json::from_str(line).map_err(|e| {
+            Error::input(
+                "evaluate",
+                &path,
+                format!("line {}: not a test record: {e}", n + 1),
+            )
+        })?;
+        if record.method == name {
+            found.push(record.mode);
+        }
+    }
+    Ok(modes.iter().all(|m| found.iter().any(|f| f == m.name())))
+}
+
+/// Rewrite a JSONL file without `method`'s old lines, then with `lines` appended.
+fn replace_lines<T: Serialize>(path: &Path, method: &str, lines: &[T]) -> Result<()> {
+    let mut kept = String::new();
+    if let Ok(text) = std::fs::read_to_string(path) {
+        for (n, line) in text.lines().enumerate() {
+            if line.trim().is_empty() {
+                continue;
+            }
+            let value: serde_json::Value = serde_json::from_str(line).map_err(|e| {
+                Error::input("evaluate", path, format!("line {}: not JSON: {e}", n + 1))
+            })?;
+            if value["method"] != method {
+                kept.push_str(line);
+                kept.push('\n');
+            }
+        }
+    }
+    for line in lines {
+        kept.push_str(&serde_json::to_string(line).unwrap_or_else(|_| unreachable!("plain data")));
+        kept.push('\n');
+    }
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| Error::input("evaluate", dir, e.to_string()))?;
+    }
+    harness_core::fsutil::write_atomic(path, kept.as_bytes()).at("evaluate")
+}

@@ -1,0 +1,239 @@
+//! Every method of the comparison (`train.methods = "all"`) on one reduced run: each trains
+//! from the same checkpoint and seed for the same updates, or, for Harness-S (HE only), not at
+//! all; each has its row in the report's tables; and the mixtures' groups hold the paper's
+//! split. Every figure is read back from the run files here, not recomputed by the code under
+//! test.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use harness_pipeline::methods::{EvalMode, METHODS, mixture_split};
+use harness_pipeline::{Method, Progress, RunConfig, Secrets, Workbench, run_main_job};
+use harness_pool::SiblingPool;
+use serde_json::Value;
+
+fn jsonl(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// A reduced configuration of the embedded default with every method, K = 4, and a pool of H0
+/// with the default's hand-written siblings and the built-in editor's repairs (seven, enough for
+/// random-harness and Top-4 rescue).
+fn reduced(dir: &Path) -> RunConfig {
+    let mut cfg = RunConfig {
+        out: dir.join("run"),
+        ..RunConfig::default()
+    };
+    cfg.policy.cache_dir = dir.join("cache");
+    for (path, value) in [
+        ("policy.warm_start_preset", "\"tiny\""),
+        ("env.train_tasks", "16"),
+        ("env.validation_tasks", "4"),
+        ("env.test_tasks", "4"),
+        ("calibration.every", "0"),
+        ("train.methods", "all"),
+        ("train.updates", "2"),
+        ("train.group_size", "4"),
+        ("train.batch_tasks", "2"),
+        ("train.eval_every", "0"),
+        ("train.checkpoint_every", "0"),
+        ("eval.k", "1"),
+        ("eval.ranks", "2"),
+        ("rollout.concurrency", "8"),
+    ] {
+        cfg.set(path, value).unwrap();
+    }
+    cfg
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_method_trains_from_one_checkpoint_and_has_its_row_in_every_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = reduced(dir.path());
+    assert_eq!(cfg.train.methods, Method::ALL.to_vec());
+    let wb = Workbench::new(cfg.clone(), Secrets::default(), Progress::hidden()).unwrap();
+    let mut siblings = wb.builtin_siblings.clone();
+    siblings.extend(harness_warmstart::environment::editor_repairs(&wb.base));
+    // A starter pool is frozen, as evolution leaves it.
+    let pool = SiblingPool::starter(
+        wb.base.clone(),
+        siblings,
+        serde_json::json!({"source": "test"}),
+    )
+    .unwrap();
+    let pool_dir = dir.path().join("pool");
+    pool.save(&pool_dir).unwrap();
+    cfg.pool = Some(pool_dir);
+    assert!(pool.auxiliaries().count() >= cfg.train.group_size);
+    run_main_job(&cfg, &Secrets::default(), &Progress::hidden())
+        .await
+        .unwrap();
+    let out = &cfg.out;
+    let report = std::fs::read_to_string(out.join("report.md")).unwrap();
+    let tests = jsonl(&out.join("eval/test.jsonl"));
+    let record = |method: &str, mode: &str| {
+        tests
+            .iter()
+            .find(|r| r["method"] == method && r["mode"] == mode)
+            .cloned()
+    };
+    let pct = |r: &Value, field: &str| format!("{:.2}", 100.0 * r[field].as_f64().unwrap());
+    let k = cfg.train.group_size;
+    let base = pool.base_id().to_string();
+
+    let mut trained_labels = Vec::new();
+    for m in Method::ALL {
+        let spec = m.spec();
+        let run = out.join("train").join(m.name());
+        // Table 1: one row per method, from its test records, in the modes its entry names.
+        let h0 = record(m.name(), "h0");
+        let rank1 = record(m.name(), "rank1");
+        assert_eq!(h0.is_some(), spec.eval.contains(&EvalMode::H0), "{m}");
+        assert_eq!(rank1.is_some(), spec.eval.contains(&EvalMode::Rank1), "{m}");
+        let label = h0.as_ref().or(rank1.as_ref()).unwrap()["label"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let cells = |r: &Option<Value>| match r {
+            Some(r) => format!("{} | {}", pct(r, "pass_at_k"), pct(r, "avg_at_k")),
+            None => "— | —".into(),
+        };
+        let row = format!("| {label} | {} | {} |", cells(&h0), cells(&rank1));
+        assert!(
+            report.contains(&row),
+            "report.md lacks the Table 1 row `{row}`"
+        );
+
+        if !m.updates_weights() {
+            // Harness-S (HE only): no training run, no update record, no H0 evaluation; the
+            // initial policy under the router's Rank-1 with the first calibration, which is
+            // Table 5's "before" Rank-1 of Harness-S (the same calibration, ranks and seeds).
+            assert!(!run.exists(), "{m} left a training folder");
+            let before: BTreeMap<String, String> = jsonl(&out.join("eval/routing.jsonl"))
+                .into_iter()
+                .filter(|r| r["stage"] == "before" && r["method"] == "harness_s")
+                .map(|r| {
+                    (
+                        r["task"].as_str().unwrap().to_string(),
+                        r["rank1"].as_str().unwrap().to_string(),
+                    )
+                })
+                .collect();
+            let chosen: BTreeMap<String, String> = rank1.as_ref().unwrap()["per_task"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| {
+                    (
+                        t["task"].as_str().unwrap().to_string(),
+                        t["harness"].as_str().unwrap().to_string(),
+                    )
+                })
+                .collect();
+            assert_eq!(chosen.len(), cfg.env.test_tasks);
+            assert_eq!(chosen, before, "{m}: Rank-1 is not the first calibration's");
+            continue;
+        }
+
+        // Every trained method: the same updates, and its Table 9 row.
+        let updates: Vec<Value> = jsonl(&run.join("metrics.jsonl"))
+            .into_iter()
+            .filter(|r| r["kind"] == "update")
+            .collect();
+        assert_eq!(updates.len() as u64, cfg.train.updates, "{m}");
+        let rollouts: u64 = updates
+            .iter()
+            .map(|u| u["rollouts_base"].as_u64().unwrap() + u["rollouts_rescue"].as_u64().unwrap())
+            .sum();
+        let row = format!("| {label} | {} | {rollouts} |", cfg.train.updates);
+        assert!(
+            report.contains(&row),
+            "report.md lacks the Table 9 row `{row}`"
+        );
+        assert!(run.join("final/config.json").is_file(), "{m}");
+        trained_labels.push(label.clone());
+        assert!(!label.contains("Top-K"), "{m}: {label}");
+
+        let groups = jsonl(&run.join("groups.jsonl"));
+        assert!(!groups.is_empty(), "{m}");
+        let strategy = updates[0]["strategy"].as_str().unwrap();
+        if spec.name.starts_with("mixture_") {
+            // The paper's split in every group, whatever its rewards: K/2 under H0 and K/2
+            // under the siblings with the best first-calibration validation success.
+            assert_eq!(strategy, "fixed_mixture");
+            let (h0_share, sibling_share) = mixture_split(k);
+            let success: BTreeMap<String, f64> = serde_json::from_value(
+                serde_json::from_str::<Value>(
+                    &std::fs::read_to_string(out.join("calibration/calibration-0000.json"))
+                        .unwrap(),
+                )
+                .unwrap()["validation_success"]
+                    .clone(),
+            )
+            .unwrap();
+            let mut first: Option<Vec<String>> = None;
+            for g in &groups {
+                assert_eq!(g["origin"], "mixture", "{m}: {g}");
+                assert!(g["rescue_harnesses"].as_array().unwrap().is_empty());
+                assert_eq!(g["retained_rewards"], g["base_rewards"], "{m}");
+                let harnesses: Vec<String> = g["retained_harnesses"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|h| h.as_str().unwrap().to_string())
+                    .collect();
+                assert_eq!(harnesses.len(), k);
+                let under_h0 = harnesses.iter().filter(|h| **h == base).count();
+                assert_eq!((under_h0, k - under_h0), (h0_share, sibling_share), "{m}");
+                let others: Vec<String> = harnesses.into_iter().filter(|h| *h != base).collect();
+                // The same siblings in every group.
+                assert_eq!(first.get_or_insert_with(|| others.clone()), &others, "{m}");
+            }
+            let others = first.unwrap();
+            let rate = |id: &String| success[id];
+            let best_rest = pool
+                .auxiliaries()
+                .map(|h| h.id().to_string())
+                .filter(|id| !others.contains(id))
+                .map(|id| rate(&id))
+                .fold(f64::NEG_INFINITY, f64::max);
+            for id in &others {
+                assert!(rate(id) >= best_rest, "{m}: {id} is not among the best");
+            }
+            let distinct: std::collections::BTreeSet<&String> = others.iter().collect();
+            let want = if spec.name == "mixture_sibling" { 1 } else { 2 };
+            assert_eq!(distinct.len(), want, "{m}: {others:?}");
+        } else if spec.name == "router_4x2" {
+            // Two rollouts on each selected sibling: Top-2 x 2 at K = 4.
+            assert_eq!(strategy, "router_top_2x2");
+            for g in groups.iter().filter(|g| g["origin"] == "rescue") {
+                assert_eq!(g["rescue_harnesses"].as_array().unwrap().len(), 2);
+            }
+        } else if spec.name == "dynamic_sampling" {
+            assert_eq!(strategy, "dynamic_sampling");
+            // Only groups with reward variance reach the learner.
+            for g in groups.iter().filter(|g| g["retained"] == true) {
+                let r = g["retained_rewards"].as_array().unwrap();
+                let wins = r.iter().filter(|x| x.as_f64() >= Some(1.0)).count();
+                assert!(wins > 0 && wins < r.len(), "{m}: {g}");
+            }
+        } else if spec.name == "rule_router" {
+            assert_eq!(strategy, "router_top_k");
+            assert!(label.starts_with("Rule-router rescue (Top-4"), "{label}");
+        }
+    }
+
+    // Table 2: one column per trained method, in table order, under the label that ran.
+    let header = format!("|  | {} |", trained_labels.join(" | "));
+    assert!(
+        report.lines().any(|l| l == header),
+        "report.md lacks Table 2's header `{header}`"
+    );
+    assert!(!report.contains("Not trained in"), "{report}");
+    assert_eq!(METHODS.len(), Method::ALL.len());
+}
