@@ -248,6 +248,29 @@ fn behaviour_record(
     record
 }
 
+/// The test record of `name` under Rank-1: each test task under its `choice`, with the same
+/// episode seeds as the H0 evaluation; `started` is when this evaluation began.
+async fn rank1_record(
+    wb: &Workbench,
+    policy: &dyn Policy,
+    pool: &SiblingPool,
+    choice: &BTreeMap<String, harness_core::HarnessId>,
+    name: &str,
+    label: &str,
+    started: Instant,
+) -> Result<TestRecord> {
+    let routed = test_episodes(wb, policy, pool, choice, &format!("{name} rank-1")).await?;
+    Ok(record(
+        wb,
+        name,
+        label,
+        EvalMode::Rank1.name(),
+        routed.per_task,
+        &routed.rewards,
+        started.elapsed().as_secs_f64(),
+    ))
+}
+
 fn record(
     wb: &Workbench,
     method: &str,
@@ -382,23 +405,9 @@ pub async fn evaluate(
                     .iter()
                     .filter_map(|(task, ids)| Some((task.clone(), ids.first()?.clone())))
                     .collect();
-                let routed = test_episodes(
-                    wb,
-                    policy.as_ref(),
-                    pool,
-                    &choice,
-                    &format!("{name} rank-1"),
-                )
-                .await?;
-                records.push(record(
-                    wb,
-                    name,
-                    &label,
-                    EvalMode::Rank1.name(),
-                    routed.per_task,
-                    &routed.rewards,
-                    started.elapsed().as_secs_f64(),
-                ));
+                records.push(
+                    rank1_record(wb, policy.as_ref(), pool, &choice, name, &label, started).await?,
+                );
             }
             for task in &wb.test {
                 let Some(first) = report.rankings.get(&task.id).and_then(|ids| ids.first()) else {
@@ -435,23 +444,8 @@ pub async fn evaluate(
         };
         let started = Instant::now();
         let choice = rank1_choices(wb, pool, calibration).await?;
-        let routed = test_episodes(
-            wb,
-            policy.as_ref(),
-            pool,
-            &choice,
-            &format!("{name} rank-1"),
-        )
-        .await?;
-        records.push(record(
-            wb,
-            name,
-            &label,
-            EvalMode::Rank1.name(),
-            routed.per_task,
-            &routed.rewards,
-            started.elapsed().as_secs_f64(),
-        ));
+        records
+            .push(rank1_record(wb, policy.as_ref(), pool, &choice, name, &label, started).await?);
     }
     replace_lines(&wb.layout.test_results(), name, &records)?;
     if let Some(behaviour) = behaviour.filter(|b| !b.choices.is_empty()) {
