@@ -333,14 +333,14 @@ async fn run() -> Result<()> {
                 let pool = stages::load_pool(&wb)?;
                 let methods = match &name {
                     Some(n) => vec![method(n)?],
-                    // A method that updates no weights (he_only) has nothing to train.
+                    // A method without a training stage (he_only) has nothing to train.
                     None => wb
                         .cfg
                         .train
                         .methods
                         .iter()
                         .copied()
-                        .filter(|m| m.updates_weights())
+                        .filter(|m| m.has_training_stage())
                         .collect(),
                 };
                 for m in methods {

@@ -43,6 +43,18 @@ impl std::str::FromStr for Preset {
 
 pub use crate::methods::Method;
 
+/// Table 6's split sizes (train, validation, test) of the paper's benchmarks, by the name of the
+/// environment that stands in for each: `appworld`, `dbbench`, `swe` (SWE-Gym). The paper
+/// preset uses them; an environment with fewer tasks runs all it has (the README lists where).
+pub fn paper_splits(env: &str) -> Option<(usize, usize, usize)> {
+    match env {
+        "appworld" => Some((320, 150, 262)),
+        "dbbench" => Some((1600, 200, 300)),
+        "swe" => Some((240, 100, 160)),
+        _ => None,
+    }
+}
+
 /// Where `env.tau_retail_data` points when unset: the shared data folder beside a checkout.
 pub const DEFAULT_TAU_RETAIL_DATA: &str = "../shared/data/tau2-retail";
 
@@ -312,6 +324,17 @@ pub struct TrainConfig {
     pub checkpoint_every: u64,
 }
 
+/// The search methods of Table 1 (Meta-Harness, WHALE). Their search budget is evolution's
+/// (`evolve.proposal_budgets`, scored on `evolve.train_tasks_per_round` training tasks).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SearchConfig {
+    /// WHALE's alternations of harness search and rejection-sampling fine-tuning; the search
+    /// budget and `train.updates` are split evenly over them. The paper gives no count; the
+    /// paper preset alternates at its re-anchoring cadence (40 updates, every 10: 4 rounds).
+    pub whale_rounds: usize,
+}
+
 /// The final test evaluation.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -320,6 +343,12 @@ pub struct EvalConfig {
     pub k: usize,
     /// Router ranks of Table 5 (paper: 3).
     pub ranks: usize,
+    /// Harnesses outside the training pool that every evaluated policy also runs the test
+    /// tasks under (RQ6, Figure 4): `"builtin"` for the environment's hand-written siblings,
+    /// or the path of a saved pool directory or of one harness JSON file. A harness that is
+    /// already in the training pool is left out (it is not unseen).
+    #[serde(default)]
+    pub harnesses: Vec<String>,
 }
 
 /// Every setting of a run.
@@ -351,8 +380,17 @@ pub struct RunConfig {
     pub calibration: CalibrationConfig,
     /// Training.
     pub train: TrainConfig,
+    /// The search methods (Meta-Harness, WHALE).
+    #[serde(default = "SearchConfig::quick")]
+    pub search: SearchConfig,
     /// Test evaluation.
     pub eval: EvalConfig,
+}
+
+impl SearchConfig {
+    fn quick() -> Self {
+        SearchConfig { whale_rounds: 2 }
+    }
 }
 
 impl Default for RunConfig {
@@ -440,12 +478,25 @@ impl RunConfig {
                 ],
                 updates: if quick { 16 } else { 40 },
                 group_size: if quick { 4 } else { 8 },
-                batch_tasks: if quick { 8 } else { 16 },
+                // Table 9: 40 updates x 8 tasks x G = 8 = 2,560 plain-GRPO rollouts
+                // (harness_rollout::PAPER_BATCH_TASKS).
+                batch_tasks: if quick {
+                    8
+                } else {
+                    harness_rollout::config::PAPER_BATCH_TASKS
+                },
                 eval_every: if quick { 2 } else { 5 },
                 eval_k: if quick { 2 } else { 3 },
                 checkpoint_every: if quick { 4 } else { 10 },
             },
-            eval: EvalConfig { k: 3, ranks: 3 },
+            search: SearchConfig {
+                whale_rounds: if quick { 2 } else { 4 },
+            },
+            eval: EvalConfig {
+                k: 3,
+                ranks: 3,
+                harnesses: Vec::new(),
+            },
         }
     }
 
@@ -499,6 +550,17 @@ impl RunConfig {
         };
         let mut merged = serde_json::to_value(RunConfig::preset(preset))
             .unwrap_or_else(|_| unreachable!("plain data"));
+        if preset == Preset::Paper
+            && let Some((train, validation, test)) = doc
+                .pointer("/env/name")
+                .and_then(Value::as_str)
+                .and_then(paper_splits)
+        {
+            // Table 6's split of the environment, under the document's own sizes.
+            merged["env"]["train_tasks"] = train.into();
+            merged["env"]["validation_tasks"] = validation.into();
+            merged["env"]["test_tasks"] = test.into();
+        }
         let tiny = doc.pointer("/policy/warm_start_preset") == Some(&Value::from("tiny"));
         if tiny {
             merged["policy"]["warm_start"] = warm_start_defaults(WarmStartPreset::Tiny);
@@ -651,6 +713,30 @@ impl RunConfig {
         }
         if self.train.methods.is_empty() {
             return bad("train.methods", "expected at least one method".into());
+        }
+        let whale = self
+            .train
+            .methods
+            .iter()
+            .any(|m| m.spec().strategy == crate::methods::StrategyKind::Whale);
+        if self.search.whale_rounds == 0
+            || (whale && self.search.whale_rounds as u64 > self.train.updates)
+        {
+            return bad(
+                "search.whale_rounds",
+                format!(
+                    "expected 1 to train.updates ({}) rounds (whale alternates once per round at least), found {}",
+                    self.train.updates, self.search.whale_rounds
+                ),
+            );
+        }
+        for (i, h) in self.eval.harnesses.iter().enumerate() {
+            if h.trim().is_empty() {
+                return bad(
+                    &format!("eval.harnesses[{i}]"),
+                    "expected \"builtin\", a pool directory or a harness JSON file, found an empty string".into(),
+                );
+            }
         }
         if let Some(m) = self.train.methods.iter().find(|m| {
             matches!(
@@ -994,6 +1080,58 @@ mod tests {
         assert_eq!(cfg.evolve.proposal_budgets, vec![7, 8, 8]);
         assert_eq!(cfg.evolve.parent_slots, 4);
         assert_eq!(cfg.eval.k, 3);
+        // Table 9: 2,560 plain-GRPO rollouts over 40 updates at G = 8.
+        assert_eq!(
+            cfg.train.updates as usize * cfg.train.batch_tasks * cfg.train.group_size,
+            2560
+        );
+        assert_eq!(cfg.search.whale_rounds, 4);
+        for (env, split) in [
+            ("appworld", (320, 150, 262)),
+            ("dbbench", (1600, 200, 300)),
+            ("swe", (240, 100, 160)),
+        ] {
+            let cfg = parse(
+                &format!("preset = \"paper\"\n[env]\nname = \"{env}\"\n"),
+                "a.toml",
+            )
+            .unwrap();
+            let got = (
+                cfg.env.train_tasks,
+                cfg.env.validation_tasks,
+                cfg.env.test_tasks,
+            );
+            assert_eq!(got, split, "{env}: Table 6");
+        }
+        // The document's own sizes still win.
+        let cfg = parse(
+            "preset = \"paper\"\n[env]\nname = \"dbbench\"\ntest_tasks = 50\n",
+            "a.toml",
+        )
+        .unwrap();
+        assert_eq!((cfg.env.train_tasks, cfg.env.test_tasks), (1600, 50));
+    }
+
+    #[test]
+    fn the_shipped_comparison_configs_load_and_run_every_method() {
+        for (name, text, preset) in [
+            (
+                "configs/compare.toml",
+                include_str!("../../../configs/compare.toml"),
+                Preset::Quick,
+            ),
+            (
+                "configs/paper.toml",
+                include_str!("../../../configs/paper.toml"),
+                Preset::Paper,
+            ),
+        ] {
+            let cfg = parse(text, name).unwrap_or_else(|e| panic!("{name}: {e}"));
+            cfg.validate(None).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(cfg.preset, preset, "{name}");
+            assert_eq!(cfg.train.methods, Method::ALL.to_vec(), "{name}");
+            assert_eq!(cfg.eval.harnesses, vec!["builtin".to_string()], "{name}");
+        }
     }
 
     #[test]
@@ -1155,7 +1293,7 @@ Run configuration (TOML or JSON; any subset; `preset` picks the defaults; flags 
   calibration.every             re-anchor every this many updates (paper: 10)
   calibration.rollouts_per_task paired rollouts per validation task and member (paper: 1)
   calibration.task_features     text (default: the task's environment and instruction) | metadata (also the generator's labels)
-  train.methods                 all (every method), or a list of grpo, h0_rescue, mixture_sibling, mixture_top4, dynamic_sampling, random_harness, rule_router, router_4x2, harness_s_fixed, he_only, harness_s (README's method table maps each to its paper row)
+  train.methods                 all (every method), or a list of grpo, h0_rescue, mixture_sibling, mixture_top4, dynamic_sampling, random_harness, rule_router, router_4x2, harness_s_fixed, meta_harness, he_only, whale, harness_s (README's method table maps each to its paper row)
   train.updates                 policy updates per method (paper: 40)
   train.group_size              K = G (paper: 8)
   train.batch_tasks             tasks per update
@@ -1164,6 +1302,8 @@ Run configuration (TOML or JSON; any subset; `preset` picks the defaults; flags 
   train.checkpoint_every        checkpoint every this many updates
   eval.k                        rollouts per test task (paper: 3)
   eval.ranks                    router ranks of Table 5 (paper: 3)
+  eval.harnesses                unseen harnesses every policy is also tested under (RQ6, Figure 4): \"builtin\" (the environment's hand-written siblings), a pool directory or a harness JSON file
+  search.whale_rounds           WHALE's alternations of harness search and rejection-sampling SFT (quick 2, paper 4); the search budget is evolve.proposal_budgets
 ";
 
 #[cfg(test)]

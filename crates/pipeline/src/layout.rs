@@ -5,12 +5,19 @@
 //! <out>/evolve/                  evolution: pool/, rounds.json, round-<g>.json, diversity.json, figure*.svg
 //! <out>/calibration/             the first calibration (profiles and validation statistics)
 //! <out>/train/<method>/          one rescue-training run per method (metrics.jsonl, groups.jsonl,
-//!                                trajectories.jsonl, cost.json, checkpoints/, calibrations/, final/)
+//!                                trajectories.jsonl, cost.json, checkpoints/, calibrations/, final/),
+//!                                or a search method's h_best.json, search.jsonl (sft.jsonl, final/)
+//! <out>/*/stage_cost.json        rollouts, seconds and external tokens of evolve/, calibration/
+//!                                and each train/<method>/ (Table 10)
 //! <out>/eval/test.jsonl          test Pass@k / Avg@k per method under H0, and Rank-1
 //! <out>/eval/rank.jsonl          Table 5: router ranks before and after training
 //! <out>/eval/behaviour.jsonl     decision-point choices of the H0 test episodes per method (Table 3)
 //!                                 and the decision-point probe (Table 3b)
 //! <out>/eval/routing.jsonl       the router's Rank-1 harness per test task and its family
+//! <out>/eval/cross.jsonl         test Pass@k / Avg@k per method under unseen harnesses (RQ6)
+//! <out>/eval/episodes.jsonl      reward and behaviour labels of every H0 test attempt per method
+//! <out>/eval/transfer.jsonl      Table 4: rescued kinds whose held-out instances a trained policy
+//!                                 solves under H0 where the initial policy failed
 //! <out>/report.md, report.html, plots/
 //! ```
 //! With several seeds each seed's run is `<out>/seed-<s>/` and the report sits in `<out>`.
@@ -79,6 +86,22 @@ impl Layout {
     /// The H0 test episodes' decision-point choices per method.
     pub fn behaviour_results(&self) -> PathBuf {
         self.root.join("eval").join("behaviour.jsonl")
+    }
+
+    /// Per test task and attempt of every H0 test evaluation: the reward and the behaviour
+    /// labels.
+    pub fn episode_results(&self) -> PathBuf {
+        self.root.join("eval").join("episodes.jsonl")
+    }
+
+    /// Table 4's transfer cases per method.
+    pub fn transfer_results(&self) -> PathBuf {
+        self.root.join("eval").join("transfer.jsonl")
+    }
+
+    /// The test evaluations under harnesses outside the training pool (RQ6).
+    pub fn cross_results(&self) -> PathBuf {
+        self.root.join("eval").join("cross.jsonl")
     }
 
     /// The router's Rank-1 choice per test task, with the task's family.

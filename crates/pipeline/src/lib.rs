@@ -137,7 +137,7 @@ pub async fn run_seed(wb: &Workbench) -> Result<()> {
     }
     let siblings = pool.auxiliaries().count();
     for &method in &wb.cfg.train.methods {
-        if method.updates_weights() {
+        if method.has_training_stage() {
             let needed = method.siblings_needed(wb.cfg.train.group_size, siblings);
             if siblings < needed {
                 // Evolution can keep fewer children than a method rescues with (none at all
@@ -150,12 +150,7 @@ pub async fn run_seed(wb: &Workbench) -> Result<()> {
                 ));
                 continue;
             }
-            if !wb
-                .layout
-                .final_checkpoint(method)
-                .join("config.json")
-                .is_file()
-            {
+            if !stages::is_trained(wb, method) {
                 let started = wb
                     .layout
                     .train(method)

@@ -74,6 +74,14 @@ pub enum StrategyKind {
         /// Task batches per update at most.
         max_batches: usize,
     },
+    /// Meta-Harness: the initial policy stays frozen while a proposer revises the harness from
+    /// the history of scored candidates; one H_best by training success is kept
+    /// ([`crate::stages`]' search stage, `harness_evolve::meta_harness`).
+    MetaHarness,
+    /// WHALE: `search.whale_rounds` rounds of a Meta-Harness search with the current policy,
+    /// each followed by rejection-sampling fine-tuning (SFT on the successful rollouts) under
+    /// the round's H_best; the final policy is evaluated under its H_best.
+    Whale,
 }
 
 /// Which harness selector a method's rescue asks, and how its evidence is re-anchored.
@@ -117,6 +125,9 @@ pub enum EvalMode {
     /// the method's final re-anchored calibration for a method that trains, with the first
     /// calibration for one that updates no weights.
     Rank1,
+    /// Every test task under the one harness the method's search selected (`H_best` of
+    /// Meta-Harness and WHALE, `train/<method>/h_best.json`).
+    HBest,
 }
 
 impl EvalMode {
@@ -125,6 +136,7 @@ impl EvalMode {
         match self {
             EvalMode::H0 => "h0",
             EvalMode::Rank1 => "rank1",
+            EvalMode::HBest => "hbest",
         }
     }
 }
@@ -261,6 +273,16 @@ pub const METHODS: &[MethodSpec] = &[
         rank_table: false,
     },
     MethodSpec {
+        name: "meta_harness",
+        label: "Meta-Harness (frozen policy, H_best)",
+        ran: None,
+        paper_row: "Tables 1 and 10: Meta-Harness, the frozen initial policy under H_best",
+        strategy: StrategyKind::MetaHarness,
+        selector: SelectorKind::None,
+        eval: &[EvalMode::HBest],
+        rank_table: false,
+    },
+    MethodSpec {
         name: "he_only",
         label: "Harness-S (HE only)",
         ran: None,
@@ -268,6 +290,16 @@ pub const METHODS: &[MethodSpec] = &[
         strategy: StrategyKind::Frozen,
         selector: SelectorKind::None,
         eval: &[EvalMode::Rank1],
+        rank_table: false,
+    },
+    MethodSpec {
+        name: "whale",
+        label: "WHALE (search + rejection-sampling SFT, H_best)",
+        ran: None,
+        paper_row: "Tables 1 and 10: WHALE, the final policy under its H_best",
+        strategy: StrategyKind::Whale,
+        selector: SelectorKind::None,
+        eval: &[EvalMode::HBest],
         rank_table: false,
     },
     MethodSpec {
@@ -307,15 +339,19 @@ pub enum Method {
     Router4x2,
     /// `harness_s_fixed`.
     HarnessSFixed,
+    /// `meta_harness`.
+    MetaHarness,
     /// `he_only`.
     HeOnly,
+    /// `whale`.
+    Whale,
     /// `harness_s`.
     HarnessS,
 }
 
 impl Method {
     /// Every method, in table order (what `train.methods = "all"` trains).
-    pub const ALL: [Method; 11] = [
+    pub const ALL: [Method; 13] = [
         Method::Grpo,
         Method::H0Rescue,
         Method::MixtureSibling,
@@ -325,7 +361,9 @@ impl Method {
         Method::RuleRouter,
         Method::Router4x2,
         Method::HarnessSFixed,
+        Method::MetaHarness,
         Method::HeOnly,
+        Method::Whale,
         Method::HarnessS,
     ];
 
@@ -398,9 +436,53 @@ impl Method {
         matches!(self.spec().strategy, StrategyKind::Router { .. })
     }
 
-    /// Whether the method updates the policy's weights (a training run under `train/<name>/`).
+    /// Whether the method updates the policy's weights (a trained checkpoint in
+    /// `train/<name>/final/`).
     pub fn updates_weights(self) -> bool {
+        !matches!(
+            self.spec().strategy,
+            StrategyKind::Frozen | StrategyKind::MetaHarness
+        )
+    }
+
+    /// Whether the method has a training stage (`harness-s train`): every method that updates
+    /// weights, and Meta-Harness, whose search for H_best is its training stage.
+    pub fn has_training_stage(self) -> bool {
         self.spec().strategy != StrategyKind::Frozen
+    }
+
+    /// Whether the method searches for one harness H_best (Meta-Harness, WHALE) instead of
+    /// rescue-training on the pool.
+    pub fn searches(self) -> bool {
+        matches!(
+            self.spec().strategy,
+            StrategyKind::MetaHarness | StrategyKind::Whale
+        )
+    }
+
+    /// The seed's shared stages the method's pipeline runs on (Table 10 counts their cost in
+    /// its row): `evolve` when it rescues, mixes or routes with the pool's siblings, and
+    /// `calibrate` when it reads the first calibration (its router's evidence, a mixture's
+    /// sibling ranking, Rank-1 of an untrained policy).
+    pub fn shared_stages(self) -> Vec<String> {
+        let spec = self.spec();
+        let pool = matches!(
+            spec.strategy,
+            StrategyKind::RandomHarness
+                | StrategyKind::Router { .. }
+                | StrategyKind::Mixture { .. }
+        ) || spec.eval.contains(&EvalMode::Rank1);
+        let calibration = spec.selector.reanchor().is_some()
+            || matches!(spec.strategy, StrategyKind::Mixture { .. })
+            || spec.eval.contains(&EvalMode::Rank1);
+        let mut out = Vec::new();
+        if pool {
+            out.push("evolve".to_string());
+        }
+        if calibration {
+            out.push("calibrate".to_string());
+        }
+        out
     }
 
     /// Parse a method name.
@@ -433,12 +515,15 @@ impl Method {
             StrategyKind::Frozen
             | StrategyKind::Grpo
             | StrategyKind::H0Rescue
-            | StrategyKind::DynamicSampling { .. } => 0,
+            | StrategyKind::DynamicSampling { .. }
+            | StrategyKind::MetaHarness
+            | StrategyKind::Whale => 0,
         }
     }
 
     /// The harness-rollout strategy of the method for a group of `group_size` on `pool`
-    /// (`None` for a method that trains nothing). A fixed mixture picks its siblings by
+    /// (`None` for a method that does not rescue-train: one that updates no weights, and the
+    /// search methods, which train their own way). A fixed mixture picks its siblings by
     /// `validation_success` (the first calibration's, per member id); an error says what is
     /// missing.
     pub fn strategy(
@@ -449,7 +534,9 @@ impl Method {
     ) -> Result<Option<Strategy>, String> {
         let siblings = pool.auxiliaries().count();
         Ok(Some(match self.spec().strategy {
-            StrategyKind::Frozen => return Ok(None),
+            StrategyKind::Frozen | StrategyKind::MetaHarness | StrategyKind::Whale => {
+                return Ok(None);
+            }
             StrategyKind::Grpo => Strategy::Grpo,
             StrategyKind::H0Rescue => Strategy::H0Rescue,
             StrategyKind::RandomHarness => Strategy::RandomHarness,

@@ -329,6 +329,23 @@ pub fn tau_retail_env(
     Ok(env)
 }
 
+/// A generated environment's split sizes: its defaults, grown to the configured ones under the
+/// paper preset (Table 6's sizes, which the defaults do not reach); the quick preset keeps the
+/// defaults, so its task sets stay what they were.
+fn generated_sizes<T>(
+    cfg: &RunConfig,
+    mut sizes: T,
+    fields: impl Fn(&mut T) -> (&mut usize, &mut usize, &mut usize),
+) -> T {
+    if cfg.preset == crate::config::Preset::Paper {
+        let (train, validation, test) = fields(&mut sizes);
+        *train = (*train).max(cfg.env.train_tasks);
+        *validation = (*validation).max(cfg.env.validation_tasks);
+        *test = (*test).max(cfg.env.test_tasks);
+    }
+    sizes
+}
+
 /// A built-in environment with its own base harness.
 fn builtin_environment(
     name: &str,
@@ -341,7 +358,9 @@ fn builtin_environment(
                 Some(path) => dbbench::DbBench::from_jsonl(path, Split::Test).at("dbbench")?,
                 None => dbbench::DbBench::generated(&dbbench::GeneratorConfig {
                     seed: cfg.seed,
-                    ..Default::default()
+                    ..generated_sizes(cfg, dbbench::GeneratorConfig::default(), |g| {
+                        (&mut g.train, &mut g.validation, &mut g.test)
+                    })
                 }),
             };
             (Arc::new(env), dbbench::base_harness(), dbbench::siblings())
@@ -349,7 +368,9 @@ fn builtin_environment(
         "appworld" => (
             Arc::new(appworld::AppWorld::with_config(appworld::AppWorldConfig {
                 base_seed: cfg.seed,
-                ..Default::default()
+                ..generated_sizes(cfg, appworld::AppWorldConfig::default(), |a| {
+                    (&mut a.train, &mut a.validation, &mut a.test)
+                })
             })),
             appworld::base_harness(),
             appworld::siblings(),

@@ -45,6 +45,11 @@ fn reduced(dir: &Path) -> RunConfig {
         ("eval.k", "1"),
         ("eval.ranks", "2"),
         ("rollout.concurrency", "8"),
+        // Meta-Harness and WHALE: three proposals in all, each scored on four training tasks;
+        // WHALE alternates twice.
+        ("evolve.proposal_budgets", "[3]"),
+        ("evolve.train_tasks_per_round", "4"),
+        ("search.whale_rounds", "2"),
     ] {
         cfg.set(path, value).unwrap();
     }
@@ -59,6 +64,11 @@ async fn every_method_trains_from_one_checkpoint_and_has_its_row_in_every_table(
     let wb = Workbench::new(cfg.clone(), Secrets::default(), Progress::hidden()).unwrap();
     let mut siblings = wb.builtin_siblings.clone();
     siblings.extend(harness_warmstart::environment::editor_repairs(&wb.base));
+    // One sibling is held out of the pool: every policy is also tested under it (RQ6).
+    let unseen = siblings.pop().unwrap();
+    let unseen_file = dir.path().join("unseen.json");
+    unseen.save(&unseen_file).unwrap();
+    cfg.eval.harnesses = vec![unseen_file.display().to_string()];
     // A starter pool is frozen, as evolution leaves it.
     let pool = SiblingPool::starter(
         wb.base.clone(),
@@ -93,9 +103,11 @@ async fn every_method_trains_from_one_checkpoint_and_has_its_row_in_every_table(
         // Table 1: one row per method, from its test records, in the modes its entry names.
         let h0 = record(m.name(), "h0");
         let rank1 = record(m.name(), "rank1");
+        let hbest = record(m.name(), "hbest");
         assert_eq!(h0.is_some(), spec.eval.contains(&EvalMode::H0), "{m}");
         assert_eq!(rank1.is_some(), spec.eval.contains(&EvalMode::Rank1), "{m}");
-        let label = h0.as_ref().or(rank1.as_ref()).unwrap()["label"]
+        assert_eq!(hbest.is_some(), spec.eval.contains(&EvalMode::HBest), "{m}");
+        let label = h0.as_ref().or(rank1.as_ref()).or(hbest.as_ref()).unwrap()["label"]
             .as_str()
             .unwrap()
             .to_string();
@@ -103,17 +115,151 @@ async fn every_method_trains_from_one_checkpoint_and_has_its_row_in_every_table(
             Some(r) => format!("{} | {}", pct(r, "pass_at_k"), pct(r, "avg_at_k")),
             None => "— | —".into(),
         };
-        let row = format!("| {label} | {} | {} |", cells(&h0), cells(&rank1));
+        let row = format!(
+            "| {label} | {} | {} | {} |",
+            cells(&h0),
+            cells(&rank1),
+            cells(&hbest)
+        );
         assert!(
             report.contains(&row),
             "report.md lacks the Table 1 row `{row}`"
         );
 
+        // RQ6: every policy under the held-out sibling, in eval/cross.jsonl and the Figure 4
+        // table.
+        let cross = jsonl(&out.join("eval/cross.jsonl"));
+        let line = cross
+            .iter()
+            .find(|c| c["method"] == m.name())
+            .unwrap_or_else(|| panic!("{m}: no line in eval/cross.jsonl"));
+        assert_eq!(line["harness"], unseen.id().to_string());
+        assert_eq!(line["mode"], "unseen");
+        assert!(
+            line["per_task"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|t| t["harness"] == unseen.id().to_string()),
+            "{m}"
+        );
+        let initial_line = cross.iter().find(|c| c["method"] == "initial").unwrap();
+        let diff = 100.0
+            * (line["pass_at_k"].as_f64().unwrap() - initial_line["pass_at_k"].as_f64().unwrap());
+        let cell = format!(
+            "{} ({}{:.2})",
+            pct(line, "pass_at_k"),
+            if diff >= 0.0 { "+" } else { "" },
+            diff
+        );
+        assert!(
+            report
+                .lines()
+                .any(|l| l.starts_with(&format!("| {label} |")) && l.contains(&cell)),
+            "report.md lacks the Figure 4 cell `{cell}` for {label}"
+        );
+
+        // Table 10: the method's own stage cost, read back from its file.
+        let cost: Value = serde_json::from_str(
+            &std::fs::read_to_string(run.join("stage_cost.json"))
+                .unwrap_or_else(|e| panic!("{m}: stage_cost.json: {e}")),
+        )
+        .unwrap();
+        let n = |kind: &str| cost["rollouts"][kind].as_u64().unwrap_or(0);
+        let calibration_shared = if cost["shared"]
+            .as_array()
+            .is_some_and(|s| s.iter().any(|x| x == "calibrate"))
+        {
+            let first: Value = serde_json::from_str(
+                &std::fs::read_to_string(out.join("calibration/stage_cost.json")).unwrap(),
+            )
+            .unwrap();
+            first["rollouts"]["calibration"].as_u64().unwrap()
+        } else {
+            0
+        };
+        let row10 = format!(
+            "| {label} | {} | {} | {} |",
+            n("search"),
+            n("training"),
+            n("calibration") + calibration_shared
+        );
+        assert!(
+            report.lines().any(|l| l.starts_with(&row10)),
+            "report.md lacks the Table 10 row `{row10} ...`"
+        );
+
+        if m.searches() {
+            // Meta-Harness and WHALE: one H_best for every test task, found by a search whose
+            // rounds are in search.jsonl; WHALE also trained on its successes.
+            let best: Value =
+                serde_json::from_str(&std::fs::read_to_string(run.join("h_best.json")).unwrap())
+                    .unwrap();
+            let best_id = harness_core::Harness::from_value(best)
+                .unwrap()
+                .id()
+                .to_string();
+            for t in hbest.as_ref().unwrap()["per_task"].as_array().unwrap() {
+                assert_eq!(t["harness"], best_id, "{m}");
+            }
+            let rounds = jsonl(&run.join("search.jsonl"));
+            assert_eq!(rounds.last().unwrap()["best"], best_id, "{m}");
+            let proposals: u64 = rounds.iter().map(|r| r["budget"].as_u64().unwrap()).sum();
+            assert_eq!(proposals, 3, "{m}: the search budget is evolution's");
+            let searched: u64 = rounds.iter().map(|r| r["rollouts"].as_u64().unwrap()).sum();
+            assert_eq!(searched, n("search"), "{m}");
+            if m.updates_weights() {
+                assert_eq!(rounds.len(), cfg.search.whale_rounds, "{m}");
+                let sft = jsonl(&run.join("sft.jsonl"));
+                assert_eq!(sft.len() as u64, cfg.train.updates, "{m}");
+                let sampled: u64 = sft.iter().map(|u| u["rollouts"].as_u64().unwrap()).sum();
+                assert_eq!(
+                    sampled,
+                    cfg.train.updates * (cfg.train.batch_tasks * k) as u64,
+                    "{m}: rejection sampling draws plain GRPO's rollouts"
+                );
+                assert_eq!(sampled, n("training"), "{m}");
+                let best_ids: Vec<&Value> = rounds.iter().map(|r| &r["best"]).collect();
+                for u in &sft {
+                    // Rejection sampling: the SFT data holds the successful rollouts only,
+                    // each under its round's H_best, and the step scored their tokens.
+                    let data = u["trained_on"].as_array().unwrap();
+                    assert_eq!(data.len() as u64, u["successes"].as_u64().unwrap(), "{u}");
+                    assert!(
+                        data.iter().all(|t| t["reward"].as_f64() >= Some(1.0)),
+                        "{u}"
+                    );
+                    let round = u["round"].as_u64().unwrap() as usize;
+                    assert!(
+                        data.iter().all(|t| &t["harness"] == best_ids[round - 1]),
+                        "{u}"
+                    );
+                    let tokens: u64 = data
+                        .iter()
+                        .map(|t| t["policy_tokens"].as_u64().unwrap())
+                        .sum();
+                    assert_eq!(tokens, u["tokens"].as_u64().unwrap(), "{u}");
+                    assert_eq!(u["skipped"], data.is_empty(), "{u}");
+                }
+                assert!(run.join("final/config.json").is_file(), "{m}");
+            } else {
+                assert_eq!(rounds.len(), 1, "{m}");
+                assert!(
+                    !run.join("final").exists(),
+                    "{m}: Meta-Harness froze the policy"
+                );
+            }
+            continue;
+        }
+
         if !m.updates_weights() {
             // Harness-S (HE only): no training run, no update record, no H0 evaluation; the
             // initial policy under the router's Rank-1 with the first calibration, which is
             // Table 5's "before" Rank-1 of Harness-S (the same calibration, ranks and seeds).
-            assert!(!run.exists(), "{m} left a training folder");
+            assert!(
+                !run.join("metrics.jsonl").exists(),
+                "{m} left a training run"
+            );
             let before: BTreeMap<String, String> = jsonl(&out.join("eval/routing.jsonl"))
                 .into_iter()
                 .filter(|r| r["stage"] == "before" && r["method"] == "harness_s")
@@ -226,6 +372,109 @@ async fn every_method_trains_from_one_checkpoint_and_has_its_row_in_every_table(
             assert_eq!(strategy, "router_top_k");
             assert!(label.starts_with("Rule-router rescue (Top-4"), "{label}");
         }
+    }
+
+    // Table 4: every transfer case agrees with the H0 test episodes it cites, and has its row.
+    let episodes = jsonl(&out.join("eval/episodes.jsonl"));
+    let attempts_of = |method: &str, task: &str| -> Vec<f64> {
+        let e = episodes
+            .iter()
+            .find(|e| e["method"] == method && e["task"] == task)
+            .unwrap_or_else(|| panic!("no episodes of {method} on {task}"));
+        e["attempts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a["reward"].as_f64().unwrap())
+            .collect()
+    };
+    for m in Method::ALL
+        .into_iter()
+        .filter(|m| m.spec().eval.contains(&EvalMode::H0))
+        .map(Method::name)
+        .chain(["initial"])
+    {
+        let lines: Vec<&Value> = episodes.iter().filter(|e| e["method"] == m).collect();
+        assert_eq!(lines.len(), cfg.env.test_tasks, "{m}: eval/episodes.jsonl");
+    }
+    // Table 3 from the labellers: the initial policy's share of attempts with each flag label,
+    // counted here from eval/episodes.jsonl.
+    let initial_attempts: Vec<&Value> = episodes
+        .iter()
+        .filter(|e| e["method"] == "initial")
+        .flat_map(|e| e["attempts"].as_array().unwrap())
+        .collect();
+    let features: std::collections::BTreeSet<String> = initial_attempts
+        .iter()
+        .flat_map(|a| a["labels"].as_object().unwrap().keys().cloned())
+        .collect();
+    assert!(!features.is_empty(), "the H0 test attempts carry no labels");
+    let label_lines: Vec<&str> = report
+        .lines()
+        .skip_while(|l| !l.starts_with("### Table 3 (labels)"))
+        .take_while(|l| !l.is_empty() || !l.starts_with("###"))
+        .collect();
+    for f in &features {
+        let values: Vec<f64> = episodes
+            .iter()
+            .flat_map(|e| e["attempts"].as_array().unwrap())
+            .map(|a| a["labels"][f.as_str()].as_f64().unwrap_or(0.0))
+            .collect();
+        if !values.iter().all(|&v| v == 0.0 || v == 1.0) {
+            continue;
+        }
+        let present = initial_attempts
+            .iter()
+            .filter(|a| a["labels"][f.as_str()].as_f64().unwrap_or(0.0) > 0.0)
+            .count();
+        let cell = format!(
+            "| {f} | {:.1}% ({present}/{}) |",
+            100.0 * present as f64 / initial_attempts.len() as f64,
+            initial_attempts.len()
+        );
+        assert!(
+            label_lines.iter().any(|l| l.starts_with(&cell)),
+            "Table 3 (labels) lacks `{cell} ...`"
+        );
+    }
+
+    let transfer_file = out.join("eval/transfer.jsonl");
+    let cases = if transfer_file.is_file() {
+        jsonl(&transfer_file)
+    } else {
+        Vec::new()
+    };
+    for c in &cases {
+        let method = c["method"].as_str().unwrap();
+        let groups = jsonl(&out.join("train").join(method).join("groups.jsonl"));
+        let rescue = &c["rescue"];
+        assert!(
+            groups.iter().any(|g| g["task_id"] == rescue["task"]
+                && g["update"] == rescue["update"]
+                && g["rescue_rewards"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|r| r.as_f64() >= Some(1.0))),
+            "{c}: no such successful rescue in groups.jsonl"
+        );
+        let Some(task) = c["test_task"].as_str() else {
+            continue;
+        };
+        assert!(attempts_of("initial", task).iter().all(|&r| r < 1.0), "{c}");
+        let a = c["attempt"].as_u64().unwrap() as usize;
+        assert!(attempts_of(method, task)[a] >= 1.0, "{c}");
+        let row = format!(
+            "| {} | {} |",
+            c["label"].as_str().unwrap(),
+            c["family"].as_str().unwrap()
+        );
+        assert!(
+            report
+                .lines()
+                .any(|l| l.starts_with(&row) && l.contains(task)),
+            "report.md lacks the Table 4 row of {c}"
+        );
     }
 
     // Table 2: one column per trained method, in table order, under the label that ran.

@@ -42,6 +42,153 @@ pub const RANK_FILE: &str = "eval/rank.jsonl";
 pub const BEHAVIOUR_FILE: &str = "eval/behaviour.jsonl";
 /// The router's Rank-1 harness per test task, one line per task, stage and method.
 pub const ROUTING_FILE: &str = "eval/routing.jsonl";
+/// Test evaluations under harnesses outside the training pool (RQ6), in a seed's folder.
+pub const CROSS_FILE: &str = "eval/cross.jsonl";
+/// A stage's spending, inside its folder (`evolve/`, `calibration/`, `train/<method>/`).
+pub const STAGE_COST_FILE: &str = "stage_cost.json";
+/// The first calibration's folder, in a seed's folder.
+pub const CALIBRATION_DIR: &str = "calibration";
+/// Every H0 test attempt's reward and behaviour labels, in a seed's folder.
+pub const EPISODES_FILE: &str = "eval/episodes.jsonl";
+
+/// One H0 test attempt.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AttemptRecord {
+    /// Its reward.
+    pub reward: f32,
+    /// Its behaviour labels (a labeller's features; `decision:<point>=<choice>` flags).
+    pub labels: BTreeMap<String, f64>,
+}
+
+/// One line of `eval/episodes.jsonl`: one test task's H0 attempts of one checkpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EpisodeLine {
+    /// The method (`initial` before training).
+    pub method: String,
+    /// The test task.
+    pub task: String,
+    /// Its family.
+    pub family: String,
+    /// Its attempts, in seed order (the same seeds for every method).
+    pub attempts: Vec<AttemptRecord>,
+}
+
+/// Table 4's transfer cases, in a seed's folder.
+pub const TRANSFER_FILE: &str = "eval/transfer.jsonl";
+
+/// External-model use of one role.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tokens {
+    /// Answered requests.
+    pub calls: u64,
+    /// Prompt tokens the provider reported.
+    pub prompt_tokens: u64,
+    /// Completion tokens the provider reported.
+    pub completion_tokens: u64,
+}
+
+impl Tokens {
+    /// Prompt plus completion tokens.
+    pub fn total(&self) -> u64 {
+        self.prompt_tokens + self.completion_tokens
+    }
+}
+
+/// `stage_cost.json`: what one stage spent (Table 10).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StageCost {
+    /// `evolve`, `calibrate`, `search` (Meta-Harness, WHALE), `train`, or `none` (a method
+    /// without a training stage, recorded for the stages it shares).
+    pub stage: String,
+    /// Episodes by kind: `search` (harness search), `training` (training rollouts, discarded
+    /// base attempts included), `calibration` (paired validation runs).
+    #[serde(default)]
+    pub rollouts: BTreeMap<String, u64>,
+    /// Wall seconds by the same kinds.
+    #[serde(default)]
+    pub seconds: BTreeMap<String, f64>,
+    /// External-model use by role (analyst, editor, proposer, profiler, voter, ...).
+    #[serde(default)]
+    pub tokens: BTreeMap<String, Tokens>,
+    /// The seed's shared stages this method's pipeline also ran on: `evolve` (the pool it
+    /// rescues or routes with) and `calibrate` (the first calibration it reads).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shared: Vec<String>,
+}
+
+/// A behaviour on which a transfer case's trained success differs from the initial failure.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BehaviourDiff {
+    /// The label (a labeller feature, or `decision:<point>=<choice>`).
+    pub feature: String,
+    /// Its value on the training rescue rollout.
+    pub rescue: f64,
+    /// On the trained policy's successful held-out attempt.
+    pub trained: f64,
+    /// On the initial policy's failed attempt with the same seed.
+    pub initial: f64,
+}
+
+/// The training rescue a case traces back to.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RescueEvidence {
+    /// The rescued training task.
+    pub task: String,
+    /// The update its group entered.
+    pub update: u64,
+    /// The sibling whose rollout succeeded: id.
+    pub harness: String,
+    /// Its name.
+    pub harness_name: String,
+}
+
+/// One line of `eval/transfer.jsonl` (Table 4): a kind a method rescued in training, traced to a
+/// held-out test instance that the trained policy solves under H0 where the initial policy
+/// failed, with the behaviours that made the difference.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TransferCase {
+    /// The trained method.
+    pub method: String,
+    /// Its label.
+    pub label: String,
+    /// The kind (task family).
+    pub family: String,
+    /// H0 attempts of the method's training on this family.
+    pub h0_training_attempts: usize,
+    /// Of which successful (0: never solved under H0 in training).
+    pub h0_training_successes: usize,
+    /// Training groups of this family with a successful rescue that entered an update.
+    pub rescued_groups: usize,
+    /// The first of them.
+    pub rescue: RescueEvidence,
+    /// The held-out test task (`None`: no held-out instance of the family qualifies).
+    pub test_task: Option<String>,
+    /// The attempt (seed) compared.
+    pub attempt: usize,
+    /// Attempts per test task.
+    pub attempts: usize,
+    /// The trained policy's successes on the test task under H0.
+    pub trained_successes: usize,
+    /// The initial policy's (0 in every case).
+    pub initial_successes: usize,
+    /// Plain GRPO's, when GRPO was evaluated.
+    pub grpo_successes: Option<usize>,
+    /// The behaviours that made the difference, largest change first.
+    pub behaviours: Vec<BehaviourDiff>,
+}
+
+/// One line of `eval/cross.jsonl`: a checkpoint on the test tasks under a harness that was
+/// never in its training pool.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CrossLine {
+    /// The unseen harness's id.
+    pub harness: String,
+    /// Its name.
+    pub harness_name: String,
+    /// The evaluation.
+    #[serde(flatten)]
+    pub test: TestEval,
+}
 
 /// One line of `eval/behaviour.jsonl`: what one checkpoint's H0 test episodes chose at each
 /// decision point, by task family.
@@ -115,6 +262,11 @@ pub enum EvalMode {
     H0,
     /// The router's top-ranked harness, chosen per task before its attempts.
     Rank1,
+    /// One harness selected by a search (Meta-Harness, WHALE), the same for every task.
+    #[serde(rename = "hbest")]
+    HBest,
+    /// A harness outside the training pool (`eval/cross.jsonl`).
+    Unseen,
 }
 
 /// One task of a test evaluation.
@@ -196,6 +348,8 @@ pub struct MethodRun {
     /// Each calibration in `calibrations/` (a routed method's re-anchorings), as paired
     /// outcomes of every sibling against H0, in index order.
     pub checkpoints: Vec<PairedCheckpoint>,
+    /// `stage_cost.json`, when written.
+    pub stage_cost: Option<StageCost>,
 }
 
 /// One calibration's paired outcomes (Figure 1c): per sibling, the validation tasks it solves
@@ -276,7 +430,7 @@ pub struct EvolveRun {
 }
 
 /// One seed's run.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct SeedRun {
     /// Its folder.
     pub dir: PathBuf,
@@ -298,6 +452,16 @@ pub struct SeedRun {
     pub first_calibration: Vec<PairedCheckpoint>,
     /// `evolve/`, when present.
     pub evolve: Option<EvolveRun>,
+    /// `eval/cross.jsonl`, when present.
+    pub cross: Option<Vec<CrossLine>>,
+    /// `evolve/stage_cost.json`, when present.
+    pub evolve_cost: Option<StageCost>,
+    /// `calibration/stage_cost.json`, when present.
+    pub calibration_cost: Option<StageCost>,
+    /// `eval/transfer.jsonl`, when present.
+    pub transfer: Option<Vec<TransferCase>>,
+    /// `eval/episodes.jsonl`, when present.
+    pub episodes: Option<Vec<EpisodeLine>>,
 }
 
 impl SeedRun {
@@ -347,6 +511,8 @@ pub fn builtin_label(method: &str) -> String {
         "rule_router" => "Rule-router rescue".into(),
         "router_4x2" => "LLM router (Top-4 x 2)".into(),
         "he_only" => "Harness-S (HE only)".into(),
+        "meta_harness" => "Meta-Harness (frozen policy, H_best)".into(),
+        "whale" => "WHALE (search + rejection-sampling SFT, H_best)".into(),
         other => other.into(),
     }
 }
@@ -381,7 +547,9 @@ pub const METHOD_ORDER: &[&str] = &[
     "rule_router",
     "router_4x2",
     "harness_s_fixed",
+    "meta_harness",
     "he_only",
+    "whale",
     "harness_s",
 ];
 
@@ -594,6 +762,8 @@ fn read_metrics(path: &Path, run: &mut MethodRun) -> Result<()> {
     Ok(())
 }
 
+const STAGE_COST_WHAT: &str = "a stage cost {stage, rollouts: {kind: n}, seconds: {kind: s}, tokens: {role: {calls, prompt_tokens, completion_tokens}}, shared}";
+
 fn read_method(dir: &Path) -> Result<MethodRun> {
     let mut run = MethodRun {
         dir: dir.to_path_buf(),
@@ -607,6 +777,7 @@ fn read_method(dir: &Path) -> Result<MethodRun> {
     .unwrap_or_default();
     run.cost = read_json(&dir.join(COST_FILE), "a harness-rollout Cost")?;
     run.checkpoints = read_checkpoints(&dir.join("calibrations"))?;
+    run.stage_cost = read_json(&dir.join(STAGE_COST_FILE), STAGE_COST_WHAT)?;
     Ok(run)
 }
 
@@ -721,7 +892,7 @@ pub fn read_seed(dir: &Path) -> Result<SeedRun> {
     let test_path = dir.join(TEST_FILE);
     let test: Option<Vec<(usize, TestEval)>> = read_jsonl(
         &test_path,
-        "a test evaluation {method, label, mode: \"h0\"|\"rank1\", k, tasks, pass_at_k, avg_at_k, rollouts, seconds, per_task}",
+        "a test evaluation {method, label, mode: \"h0\"|\"rank1\"|\"hbest\", k, tasks, pass_at_k, avg_at_k, rollouts, seconds, per_task}",
     )?;
     if let Some(test) = &test {
         for (i, (line, t)) in test.iter().enumerate() {
@@ -772,6 +943,23 @@ pub fn read_seed(dir: &Path) -> Result<SeedRun> {
         "a routing line {stage, method, task, family, rank1, rank1_name, rank1_is_h0}",
     )?);
     let evolve = read_evolve(&dir.join(EVOLVE_DIR))?;
+    let cross = without_lines(read_jsonl(
+        &dir.join(CROSS_FILE),
+        "a cross-harness evaluation {harness, harness_name, method, label, mode: \"unseen\", k, tasks, pass_at_k, avg_at_k, rollouts, seconds, per_task}",
+    )?);
+    let transfer = without_lines(read_jsonl(
+        &dir.join(TRANSFER_FILE),
+        "a transfer case {method, label, family, h0_training_attempts, h0_training_successes, rescued_groups, rescue: {task, update, harness, harness_name}, test_task, attempt, attempts, trained_successes, initial_successes, grpo_successes, behaviours}",
+    )?);
+    let episodes = without_lines(read_jsonl(
+        &dir.join(EPISODES_FILE),
+        "an episode line {method, task, family, attempts: [{reward, labels}]}",
+    )?);
+    let evolve_cost = read_json(&dir.join(EVOLVE_DIR).join(STAGE_COST_FILE), STAGE_COST_WHAT)?;
+    let calibration_cost = read_json(
+        &dir.join(CALIBRATION_DIR).join(STAGE_COST_FILE),
+        STAGE_COST_WHAT,
+    )?;
     if config.is_none()
         && methods.is_empty()
         && test.is_none()
@@ -792,8 +980,13 @@ pub fn read_seed(dir: &Path) -> Result<SeedRun> {
         rank,
         behaviour,
         routing,
-        first_calibration: read_checkpoints(&dir.join("calibration"))?,
+        first_calibration: read_checkpoints(&dir.join(CALIBRATION_DIR))?,
         evolve,
+        cross,
+        evolve_cost,
+        calibration_cost,
+        transfer,
+        episodes,
     })
 }
 

@@ -15,7 +15,12 @@
 //!   point of the H0 test episodes, before and after training.
 //! - Table 3b ([`tables::behaviour::table3b`]): the probability of the good decision at each
 //!   decision point under H0, read from each checkpoint on fixed contexts.
+//! - Table 4 ([`tables::table4`]): behaviour transfer cases from training rescues to held-out
+//!   instances under H0.
 //! - Table 9 ([`tables::table9`]): training rollouts and seconds beside H0 test Avg@k.
+//! - Table 10 ([`tables::table10`]): each method's whole pipeline: search, training and
+//!   calibration rollouts and seconds, external tokens per role.
+//! - Figure 4's view ([`tables::cross`]): Pass@k under harnesses outside the training pool.
 //! - The claimed directions ([`tables::directions`]), reported whichever way they fall.
 //! - Figure 3's panels ([`plots::figure3`]) and the evolution's diversity views, as SVG
 //!   (plotters' SVG backend only: PNG is not rendered).
@@ -62,12 +67,16 @@ pub use tables::behaviour::{
     FamilyRouting, Nonstationarity, ProbeRow, Table3, Table3b, nonstationarity, routing_by_family,
     table3, table3b,
 };
+pub use tables::cross::{CrossCell, CrossRow, CrossTable, cross_harness};
 pub use tables::directions::{DirectionRow, Verdict, directions};
 pub use tables::evolution::{EvolutionRow, SiblingRow, evolution, siblings};
+pub use tables::labels::{LabelCell, LabelRow, LabelTable, label_table};
 pub use tables::table1::{Table1, Table1Row, table1};
 pub use tables::table2::{RescueCount, StageSpan, Table2, Table2Column, stage_spans, table2};
+pub use tables::table4::{Table4, table4};
 pub use tables::table5::{RankCells, Table5, Table5Row, table5};
 pub use tables::table9::{CostSource, Table9, Table9Row, table9};
+pub use tables::table10::{Table10, Table10Row, seed_pipeline_cost, table10};
 
 /// The Markdown report's file name, in the run directory.
 pub const MARKDOWN_FILE: &str = "report.md";
@@ -87,6 +96,14 @@ pub struct Tables {
     pub table5: Vec<Table5>,
     /// Table 9.
     pub table9: Table9,
+    /// Table 10.
+    pub table10: Table10,
+    /// Table 4: behaviour transfer cases.
+    pub table4: Table4,
+    /// Table 3 from the labellers: labelled behaviours of the H0 test attempts.
+    pub labels: LabelTable,
+    /// Figure 4's view: Pass@k under harnesses outside the training pool.
+    pub cross: CrossTable,
     /// The claimed directions.
     pub directions: Vec<DirectionRow>,
     /// The evolution summary (empty: not run).
@@ -110,6 +127,10 @@ pub fn tables(run: &Run) -> Tables {
         table2: table2(run),
         table5: table5(run),
         table9: table9(run),
+        table10: table10(run),
+        table4: table4(run),
+        labels: label_table(run),
+        cross: cross_harness(run),
         directions: directions(run),
         evolution: evolution(run),
         table3: table3(run),
@@ -132,10 +153,14 @@ impl Tables {
         out.push(tables::behaviour::routing_text(&self.routing));
         out.push(self.table3.to_text());
         out.push(self.table3b.to_text());
+        out.push(self.labels.to_text());
+        out.push(self.table4.to_text(seeds));
         out.extend(tables::behaviour::nonstationarity_text(
             &self.nonstationarity,
         ));
+        out.push(self.cross.to_text());
         out.push(self.table9.to_text());
+        out.push(self.table10.to_text());
         out.push(tables::directions::directions_text(&self.directions, seeds));
         out.push(tables::evolution::evolution_text(&self.evolution));
         out.push(tables::evolution::siblings_text(&self.siblings));
@@ -297,6 +322,7 @@ pub fn write_report(out: &Path) -> Result<ReportFiles> {
     let plots_dir = out.join(PLOTS_DIR);
     std::fs::create_dir_all(&plots_dir).map_err(|e| Error::io(&plots_dir, e))?;
     let mut figures = plots::write_figure3(&figure3(&run), &plots_dir)?;
+    figures.extend(plots::write_figure4(&cross_harness(&run), &plots_dir)?);
     figures.extend(plots::write_diversity(&run, &plots_dir)?);
     let md_path = out.join(MARKDOWN_FILE);
     std::fs::write(&md_path, markdown(&run, &text, Some(&figures)))

@@ -304,3 +304,86 @@ pub fn write_diversity(run: &Run, plots: &Path) -> Result<Vec<Figure>> {
     }
     Ok(out)
 }
+
+/// Figure 4's view: one group of bars per harness (H0, then each unseen harness), one bar per
+/// method (its Pass@k, the mean over seeds), into `plots/figure4_cross_harness.svg`; nothing
+/// without cross-harness evaluations.
+pub fn write_figure4(table: &crate::CrossTable, plots: &Path) -> Result<Vec<Figure>> {
+    if table.rows.is_empty() {
+        return Ok(Vec::new());
+    }
+    let caption = format!(
+        "Figure 4. Test Pass@{} under H0 and under harnesses outside the training pool",
+        table.k
+    );
+    let file = plots.join("figure4_cross_harness.svg");
+    let groups: Vec<String> = std::iter::once("H0".to_string())
+        .chain(table.harnesses.iter().cloned())
+        .collect();
+    let n = table.rows.len();
+    let err = |e: &dyn std::fmt::Display| Error::plot(&file, e);
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (860, 480)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| err(&e))?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(&caption, ("sans-serif", 18))
+            .margin(12)
+            .x_label_area_size(10)
+            .y_label_area_size(50)
+            .build_cartesian_2d(0f64..groups.len() as f64, -0.1f64..1.05)
+            .map_err(|e| err(&e))?;
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .disable_x_axis()
+            .y_desc(format!("Pass@{}", table.k))
+            .draw()
+            .map_err(|e| err(&e))?;
+        for (g, name) in groups.iter().enumerate() {
+            chart
+                .draw_series(std::iter::once(Text::new(
+                    name.clone(),
+                    (g as f64 + 0.05, -0.06),
+                    ("sans-serif", 12),
+                )))
+                .map_err(|e| err(&e))?;
+        }
+        let width = 0.8 / n as f64;
+        for (i, row) in table.rows.iter().enumerate() {
+            let colour = COLOURS[i % COLOURS.len()];
+            let cells = std::iter::once(&row.h0).chain(row.unseen.iter());
+            let bars: Vec<Rectangle<(f64, f64)>> = cells
+                .enumerate()
+                .filter_map(|(g, c)| {
+                    let v = c.as_ref()?.pass.mean;
+                    let x0 = g as f64 + 0.1 + i as f64 * width;
+                    Some(Rectangle::new(
+                        [(x0, 0.0), (x0 + width, v)],
+                        colour.filled(),
+                    ))
+                })
+                .collect();
+            chart
+                .draw_series(bars)
+                .map_err(|e| err(&e))?
+                .label(row.label.clone())
+                .legend(move |(x, y)| {
+                    Rectangle::new([(x, y - 5), (x + 12, y + 5)], colour.filled())
+                });
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .position(SeriesLabelPosition::UpperRight)
+            .draw()
+            .map_err(|e| err(&e))?;
+        root.present().map_err(|e| err(&e))?;
+    }
+    std::fs::write(&file, svg).map_err(|e| Error::io(&file, e))?;
+    Ok(vec![Figure {
+        caption,
+        path: file,
+    }])
+}

@@ -5,6 +5,7 @@ use harness_core::CalibrationPoint;
 use harness_pool::SiblingPool;
 use harness_router::{Calibration, EvidenceCell, ReanchorMode, TokenCounter};
 
+use super::cost::{self, StageCost, counted_tokens};
 use super::roles::{calibrator, roles};
 use crate::error::{Result, StageExt};
 use crate::setup::Workbench;
@@ -28,6 +29,7 @@ pub async fn calibrate(wb: &Workbench, pool: &SiblingPool) -> Result<Calibration
         pool.len(),
         wb.validation.len()
     ));
+    let started = std::time::Instant::now();
     let (calibration, rollouts) = cal
         .run(&CalibrationPoint {
             index: 0,
@@ -46,6 +48,16 @@ pub async fn calibrate(wb: &Workbench, pool: &SiblingPool) -> Result<Calibration
         .await
         .at("calibrate")?;
     bar.finish_and_clear();
+    cost::write(
+        &StageCost {
+            stage: "calibrate".into(),
+            rollouts: [("calibration".to_string(), rollouts as u64)].into(),
+            seconds: [("calibration".to_string(), started.elapsed().as_secs_f64())].into(),
+            tokens: counted_tokens(&tokens),
+            shared: Vec::new(),
+        },
+        &wb.layout.calibration(),
+    )?;
     let mut rates: Vec<String> = calibration
         .validation_success
         .iter()

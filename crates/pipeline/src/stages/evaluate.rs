@@ -11,8 +11,8 @@ use std::time::Instant;
 
 use futures::StreamExt;
 use harness_core::{
-    EpisodeOptions, HarnessSelector, Policy, SamplingParams, SelectionMode, SelectionRequest, Task,
-    call_seed, pass_and_avg_at_k, run_episode_with,
+    EpisodeOptions, Harness, HarnessSelector, Policy, SamplingParams, SelectionMode,
+    SelectionRequest, Task, call_seed, pass_and_avg_at_k, run_episode_with,
 };
 use harness_pool::SiblingPool;
 use harness_router::{
@@ -21,7 +21,9 @@ use harness_router::{
 };
 use serde::{Deserialize, Serialize};
 
+use super::cost::{self, StageCost};
 use super::roles::{first_calibration, roles};
+use super::search::load_h_best;
 use super::train::{checkpoint_of, method_label};
 use crate::config::Method;
 use crate::error::{Error, Result, StageExt};
@@ -98,6 +100,55 @@ pub struct BehaviourRecord {
     pub probe: BTreeMap<String, harness_warmstart::FamilyProbe>,
 }
 
+/// One line of `eval/cross.jsonl` (RQ6, Figure 4): a checkpoint on the test tasks under a
+/// harness that was never in its training pool.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CrossRecord {
+    /// The unseen harness's id.
+    pub harness: String,
+    /// Its name.
+    pub harness_name: String,
+    /// The evaluation (`mode` is `unseen`).
+    #[serde(flatten)]
+    pub test: TestRecord,
+}
+
+/// The harnesses of `eval.harnesses` that are not in `pool` (`"builtin"`: the environment's
+/// hand-written siblings; a path: a saved pool's members besides its H0, or one harness JSON
+/// file), each once, in the order given.
+pub fn unseen_harnesses(wb: &Workbench, pool: &SiblingPool) -> Result<Vec<Harness>> {
+    let mut out: Vec<Harness> = Vec::new();
+    for (i, source) in wb.cfg.eval.harnesses.iter().enumerate() {
+        let found: Vec<Harness> = if source == "builtin" {
+            wb.builtin_siblings.clone()
+        } else {
+            let path = Path::new(source);
+            if path.join(harness_pool::POOL_FILE).is_file() {
+                let other = SiblingPool::load(path).at("evaluate")?;
+                other.auxiliaries().cloned().collect()
+            } else if path.is_file() {
+                vec![Harness::load(path).at("evaluate")?]
+            } else {
+                return Err(Error::Config {
+                    file: wb.layout.config(),
+                    field: format!("eval.harnesses[{i}]"),
+                    message: format!(
+                        "`{source}` is not \"builtin\", a pool directory (with {}) or a harness JSON file",
+                        harness_pool::POOL_FILE
+                    ),
+                });
+            }
+        };
+        for h in found {
+            let id = h.id();
+            if !pool.contains(&id) && !out.iter().any(|o| o.id() == id) {
+                out.push(h);
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// One line of `eval/routing.jsonl`: the router's Rank-1 harness for one test task.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RoutingRecord {
@@ -135,14 +186,25 @@ struct TestEpisodes {
     per_task: Vec<TaskResult>,
     rewards: Vec<Vec<f32>>,
     decisions: Vec<Vec<Vec<harness_envs::labels::Decision>>>,
+    /// Per task and attempt: the environment labeller's behaviour labels, with each
+    /// decision-point choice as a flag (`super::transfer::behaviour_labels`).
+    labels: Vec<Vec<harness_core::TrajectoryLabels>>,
 }
 
-/// Run `policy` k times per test task under the harness `choice` picks (H0 without one).
+/// The harness each test task runs under.
+enum Under<'a> {
+    /// The pool member `choice` names for the task (H0 for a task it does not name).
+    Choice(&'a BTreeMap<String, harness_core::HarnessId>),
+    /// One harness for every task (a search's H_best, an unseen harness).
+    Fixed(&'a Harness),
+}
+
+/// Run `policy` k times per test task under the harness `under` picks.
 async fn test_episodes(
     wb: &Workbench,
     policy: &dyn Policy,
     pool: &SiblingPool,
-    choice: &BTreeMap<String, harness_core::HarnessId>,
+    under: &Under<'_>,
     label: &str,
 ) -> Result<TestEpisodes> {
     let k = wb.cfg.eval.k;
@@ -158,14 +220,24 @@ async fn test_episodes(
         .collect();
     let bar = wb.progress.bar(jobs.len() as u64, format!("test {label}"));
     let seed = wb.cfg.seed ^ TEST_SEED_SALT;
-    type Outcome = (usize, f32, Vec<harness_envs::labels::Decision>);
+    type Outcome = (
+        usize,
+        f32,
+        Vec<harness_envs::labels::Decision>,
+        harness_core::TrajectoryLabels,
+    );
+    let labellers = harness_envs::labels::builtin_labellers();
+    let labellers = &labellers;
     let outcomes: Vec<harness_core::Result<Outcome>> = futures::stream::iter(jobs)
         .map(|(t, a)| {
             let task: &Task = &wb.test[t];
-            let harness = choice
-                .get(&task.id)
-                .and_then(|id| pool.get(id))
-                .unwrap_or(base);
+            let harness = match under {
+                Under::Choice(choice) => choice
+                    .get(&task.id)
+                    .and_then(|id| pool.get(id))
+                    .unwrap_or(base),
+                Under::Fixed(h) => h,
+            };
             let env = wb.env.clone();
             let options = options.clone();
             let bar = bar.clone();
@@ -181,7 +253,8 @@ async fn test_episodes(
                 } else {
                     Vec::new()
                 };
-                Ok((t, trajectory.reward(), decisions))
+                let labels = super::transfer::behaviour_labels(labellers, &trajectory);
+                Ok((t, trajectory.reward(), decisions, labels))
             }
         })
         .buffered(wb.cfg.rollout.concurrency)
@@ -190,10 +263,12 @@ async fn test_episodes(
     bar.finish_and_clear();
     let mut rewards = vec![Vec::new(); wb.test.len()];
     let mut decisions = vec![Vec::new(); wb.test.len()];
+    let mut labels = vec![Vec::new(); wb.test.len()];
     for outcome in outcomes {
-        let (t, r, d) = outcome.at("evaluate")?;
+        let (t, r, d, l) = outcome.at("evaluate")?;
         rewards[t].push(r);
         decisions[t].push(d);
+        labels[t].push(l);
     }
     let per_task = wb
         .test
@@ -201,9 +276,12 @@ async fn test_episodes(
         .zip(&rewards)
         .map(|(task, r)| TaskResult {
             task: task.id.clone(),
-            harness: choice
-                .get(&task.id)
-                .map_or_else(|| pool.base_id().to_string(), |id| id.to_string()),
+            harness: match under {
+                Under::Choice(choice) => choice
+                    .get(&task.id)
+                    .map_or_else(|| pool.base_id().to_string(), |id| id.to_string()),
+                Under::Fixed(h) => h.id().to_string(),
+            },
             successes: r.iter().filter(|&&x| x >= 1.0).count(),
             attempts: r.len(),
         })
@@ -212,6 +290,7 @@ async fn test_episodes(
         per_task,
         rewards,
         decisions,
+        labels,
     })
 }
 
@@ -259,7 +338,14 @@ async fn rank1_record(
     label: &str,
     started: Instant,
 ) -> Result<TestRecord> {
-    let routed = test_episodes(wb, policy, pool, choice, &format!("{name} rank-1")).await?;
+    let routed = test_episodes(
+        wb,
+        policy,
+        pool,
+        &Under::Choice(choice),
+        &format!("{name} rank-1"),
+    )
+    .await?;
     Ok(record(
         wb,
         name,
@@ -331,7 +417,8 @@ pub async fn evaluate(
     let mut behaviour = None;
     if modes.contains(&EvalMode::H0) {
         let started = Instant::now();
-        let h0 = test_episodes(wb, policy.as_ref(), pool, &BTreeMap::new(), name).await?;
+        let none = BTreeMap::new();
+        let h0 = test_episodes(wb, policy.as_ref(), pool, &Under::Choice(&none), name).await?;
         let mut record_h0 = behaviour_record(wb, name, &label, &h0);
         if wb.cfg.env.name == "default" {
             let bar = wb.progress.spinner("decision-point probe under H0");
@@ -346,6 +433,12 @@ pub async fn evaluate(
             bar.finish_and_clear();
         }
         behaviour = Some(record_h0);
+        let episodes = super::transfer::episode_records(wb, name, &h0.rewards, &h0.labels);
+        replace_lines(&wb.layout.episode_results(), name, &episodes)?;
+        if let Some(m) = method {
+            let cases = super::transfer::transfer_cases(wb, m, &label, &episodes)?;
+            replace_lines(&wb.layout.transfer_results(), name, &cases)?;
+        }
         records.push(record(
             wb,
             name,
@@ -447,7 +540,79 @@ pub async fn evaluate(
         records
             .push(rank1_record(wb, policy.as_ref(), pool, &choice, name, &label, started).await?);
     }
+    if let (Some(m), true) = (method, modes.contains(&EvalMode::HBest)) {
+        // Meta-Harness and WHALE: one searched harness for every test task, with the same
+        // episode seeds as every other evaluation.
+        let best = load_h_best(wb, m)?;
+        let started = Instant::now();
+        let run = test_episodes(
+            wb,
+            policy.as_ref(),
+            pool,
+            &Under::Fixed(&best),
+            &format!("{name} H_best"),
+        )
+        .await?;
+        records.push(record(
+            wb,
+            name,
+            &label,
+            EvalMode::HBest.name(),
+            run.per_task,
+            &run.rewards,
+            started.elapsed().as_secs_f64(),
+        ));
+    }
+    let mut cross = Vec::new();
+    for unseen in unseen_harnesses(wb, pool)? {
+        let started = Instant::now();
+        let run = test_episodes(
+            wb,
+            policy.as_ref(),
+            pool,
+            &Under::Fixed(&unseen),
+            &format!("{name} under {}", unseen.name),
+        )
+        .await?;
+        let r = record(
+            wb,
+            name,
+            &label,
+            "unseen",
+            run.per_task,
+            &run.rewards,
+            started.elapsed().as_secs_f64(),
+        );
+        cross.push(CrossRecord {
+            harness: unseen.id().to_string(),
+            harness_name: unseen.name.clone(),
+            test: r,
+        });
+    }
+    if let Some(m) = method
+        && !m.has_training_stage()
+    {
+        // No training stage writes this method's cost: record the shared stages its row of
+        // Table 10 counts (the pool and the first calibration of Rank-1).
+        cost::write(
+            &StageCost {
+                stage: "none".into(),
+                shared: m.shared_stages(),
+                ..StageCost::default()
+            },
+            &wb.layout.train(m),
+        )?;
+    }
     replace_lines(&wb.layout.test_results(), name, &records)?;
+    if !cross.is_empty() {
+        replace_lines(&wb.layout.cross_results(), name, &cross)?;
+    }
+    for c in &cross {
+        wb.progress.println(format!(
+            "test {} under unseen {}: Pass@{} {:.3}, Avg@{} {:.3}",
+            c.test.label, c.harness_name, c.test.k, c.test.pass_at_k, c.test.k, c.test.avg_at_k
+        ));
+    }
     if let Some(behaviour) = behaviour.filter(|b| !b.choices.is_empty()) {
         replace_lines(&wb.layout.behaviour_results(), name, &[behaviour])?;
     }
@@ -541,11 +706,21 @@ pub fn has_test_record(wb: &Workbench, method: Option<Method>) -> Result<bool> {
             found.push(record.mode);
         }
     }
-    Ok(modes.iter().all(|m| found.iter().any(|f| f == m.name())))
+    if !modes.iter().all(|m| found.iter().any(|f| f == m.name())) {
+        return Ok(false);
+    }
+    if wb.cfg.eval.harnesses.is_empty() {
+        return Ok(true);
+    }
+    // With unseen harnesses configured, the method's cross-harness lines are due too.
+    let cross = std::fs::read_to_string(wb.layout.cross_results()).unwrap_or_default();
+    Ok(cross.lines().any(|line| {
+        serde_json::from_str::<serde_json::Value>(line).is_ok_and(|v| v["method"] == name)
+    }))
 }
 
 /// Rewrite a JSONL file without `method`'s old lines, then with `lines` appended.
-fn replace_lines<T: Serialize>(path: &Path, method: &str, lines: &[T]) -> Result<()> {
+pub(crate) fn replace_lines<T: Serialize>(path: &Path, method: &str, lines: &[T]) -> Result<()> {
     let mut kept = String::new();
     if let Ok(text) = std::fs::read_to_string(path) {
         for (n, line) in text.lines().enumerate() {

@@ -2,15 +2,18 @@
 //! (paper Eqs. 2-4, Table 8), or the environment's built-in siblings; and loading the pool the
 //! later stages train on.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use harness_core::{Policy, SamplingParams};
-use harness_evolve::exec::{Executor, SharedPolicy};
+use harness_evolve::exec::{Executor, PolicySource};
 use harness_evolve::report::{round_summary, write_reports};
 use harness_evolve::{Analyst, BuiltinEditor, Editor, Evolution, EvolveSettings, RuleAnalyst};
 use harness_pool::SiblingPool;
 
+use super::cost::{self, StageCost, Tokens};
 use crate::config::PoolSource;
 use crate::error::{Error, Result, StageExt};
 use crate::setup::Workbench;
@@ -29,42 +32,13 @@ pub async fn evolve(wb: &Workbench) -> Result<SiblingPool> {
         ));
         return Ok(pool);
     }
-    let mut settings = EvolveSettings::paper();
-    settings.proposal_budgets = cfg.evolve.proposal_budgets.clone();
-    settings.parent_slots = cfg.evolve.parent_slots;
-    settings.train_tasks_per_round = cfg.evolve.train_tasks_per_round;
-    settings.local_eval_tasks = cfg.evolve.local_eval_tasks;
-    settings.local_eval_controls = cfg.evolve.local_eval_controls;
-    settings.revisions = cfg.evolve.revisions;
-    settings.seed = cfg.seed;
-    settings.concurrency = cfg.rollout.concurrency;
-    // The base harness's limits are the run's (the embedded default's compact H0 keeps episodes
-    // short); Table 8's limits are for the paper preset's real checkpoints.
-    settings.limits = None;
-    let analyst: Arc<dyn Analyst> = match &wb.chat {
-        Some(chat) if cfg.roles.asks_llm("analyst") => Arc::new(
-            harness_evolve::LlmAnalyst::new(chat.clone(), settings.llm_retries)
-                .with_batch(cfg.evolve.analyst_batch)
-                .with_max_tokens(cfg.roles.max_tokens),
-        ),
-        _ => Arc::new(RuleAnalyst),
-    };
-    let editor: Arc<dyn Editor> = match &wb.chat {
-        Some(chat) if cfg.roles.asks_llm("editor") => Arc::new(
-            harness_evolve::LlmEditor::new(chat.clone(), settings.llm_retries)
-                .with_max_tokens(cfg.roles.max_tokens),
-        ),
-        _ => Arc::new(BuiltinEditor),
-    };
+    let settings = evolve_settings(wb);
+    let (analyst, editor) = search_roles(wb, &settings);
     let policy = wb.local_policy(&wb.checkpoint, "initial-policy")?;
+    let (executor, counter) = counting_executor(wb, policy as Arc<dyn Policy>);
     let evolution = Evolution {
         settings,
-        executor: Executor {
-            policy: Arc::new(SharedPolicy(policy as Arc<dyn Policy>)),
-            env: wb.env.clone(),
-            sampling: SamplingParams::greedy(),
-            concurrency: cfg.rollout.concurrency,
-        },
+        executor,
         analyst,
         editor,
         train: wb.train.clone(),
@@ -76,6 +50,9 @@ pub async fn evolve(wb: &Workbench) -> Result<SiblingPool> {
     ));
     let started = Instant::now();
     let result = evolution.run(wb.base.clone()).await.at("evolve")?;
+    // The search's episodes; the diversity views below are analysis, not search.
+    let search_rollouts = counter.count();
+    let search_seconds = started.elapsed().as_secs_f64();
     bar.set_message("evolution: diversity views");
     let views = harness_evolve::diversity::measure(
         &evolution.executor,
@@ -112,7 +89,125 @@ pub async fn evolve(wb: &Workbench) -> Result<SiblingPool> {
         views.coverage.oracle_union,
         views.tasks,
     ));
+    cost::write(
+        &StageCost {
+            stage: "evolve".into(),
+            rollouts: [("search".to_string(), search_rollouts)].into(),
+            seconds: [("search".to_string(), search_seconds)].into(),
+            tokens: tokens_of(&result.usage),
+            shared: Vec::new(),
+        },
+        &wb.layout.evolve(),
+    )?;
     Ok(result.pool)
+}
+
+/// Directional Harness Evolution's settings: Table 8's, with the run's budgets, seed and
+/// concurrency (Meta-Harness and WHALE search with the same ones).
+pub(crate) fn evolve_settings(wb: &Workbench) -> EvolveSettings {
+    let cfg = &wb.cfg;
+    let mut settings = EvolveSettings::paper();
+    settings.proposal_budgets = cfg.evolve.proposal_budgets.clone();
+    settings.parent_slots = cfg.evolve.parent_slots;
+    settings.train_tasks_per_round = cfg.evolve.train_tasks_per_round;
+    settings.local_eval_tasks = cfg.evolve.local_eval_tasks;
+    settings.local_eval_controls = cfg.evolve.local_eval_controls;
+    settings.revisions = cfg.evolve.revisions;
+    settings.seed = cfg.seed;
+    settings.concurrency = cfg.rollout.concurrency;
+    // The base harness's limits are the run's (the embedded default's compact H0 keeps episodes
+    // short); Table 8's limits are for the paper preset's real checkpoints.
+    settings.limits = None;
+    settings
+}
+
+/// The analyst and editor of a harness search: LLM ones on the roles' endpoint when
+/// `roles.llm_roles` names them, else the built-in ones.
+pub(crate) fn search_roles(
+    wb: &Workbench,
+    settings: &EvolveSettings,
+) -> (Arc<dyn Analyst>, Arc<dyn Editor>) {
+    let cfg = &wb.cfg;
+    let analyst: Arc<dyn Analyst> = match &wb.chat {
+        Some(chat) if cfg.roles.asks_llm("analyst") => Arc::new(
+            harness_evolve::LlmAnalyst::new(chat.clone(), settings.llm_retries)
+                .with_batch(cfg.evolve.analyst_batch)
+                .with_max_tokens(cfg.roles.max_tokens),
+        ),
+        _ => Arc::new(RuleAnalyst),
+    };
+    let editor: Arc<dyn Editor> = match &wb.chat {
+        Some(chat) if cfg.roles.asks_llm("editor") => Arc::new(
+            harness_evolve::LlmEditor::new(chat.clone(), settings.llm_retries)
+                .with_max_tokens(cfg.roles.max_tokens),
+        ),
+        _ => Arc::new(BuiltinEditor),
+    };
+    (analyst, editor)
+}
+
+/// Counts the episodes an [`Executor`] runs (one policy hand-out per episode).
+#[derive(Clone, Default)]
+pub(crate) struct RolloutCounter(Arc<AtomicU64>);
+
+impl RolloutCounter {
+    /// Episodes so far.
+    pub(crate) fn count(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+struct CountingSource {
+    policy: Arc<dyn Policy>,
+    counter: RolloutCounter,
+}
+
+impl PolicySource for CountingSource {
+    fn policy_for(&self, _task: &harness_core::Task) -> harness_evolve::Result<Arc<dyn Policy>> {
+        self.counter.0.fetch_add(1, Ordering::Relaxed);
+        Ok(self.policy.clone())
+    }
+
+    fn name(&self) -> String {
+        self.policy.name().to_string()
+    }
+}
+
+/// A search's executor (greedy rollouts, Table 8) for `policy`, with a counter of the episodes
+/// it runs.
+pub(crate) fn counting_executor(
+    wb: &Workbench,
+    policy: Arc<dyn Policy>,
+) -> (Executor, RolloutCounter) {
+    let counter = RolloutCounter::default();
+    let executor = Executor {
+        policy: Arc::new(CountingSource {
+            policy,
+            counter: counter.clone(),
+        }),
+        env: wb.env.clone(),
+        sampling: SamplingParams::greedy(),
+        concurrency: wb.cfg.rollout.concurrency,
+    };
+    (executor, counter)
+}
+
+/// External-model tokens per role of a harness search.
+pub(crate) fn tokens_of(usage: &harness_evolve::usage::UsageByRole) -> BTreeMap<String, Tokens> {
+    usage
+        .iter()
+        .filter(|(_, u)| u.calls > 0)
+        .map(|(role, u)| {
+            (
+                role.clone(),
+                Tokens {
+                    calls: u.calls,
+                    prompt_tokens: u.prompt_tokens,
+                    completion_tokens: u.completion_tokens,
+                },
+            )
+        })
+        .collect()
 }
 
 /// The pool a stage trains on: `pool` from the config, else evolution's.

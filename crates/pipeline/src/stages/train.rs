@@ -11,13 +11,14 @@ use grpo_candle::trainer::{Schedule, TrainerConfig};
 use harness_core::{Calibrate, HarnessSelector, Policy, SamplingParams};
 use harness_pool::SiblingPool;
 use harness_rollout::{
-    METRICS_FILE, RandomSelector, RescueConfig, RescueTrainer, SaveAndReload, Strategy,
+    COST_FILE, METRICS_FILE, RandomSelector, RescueConfig, RescueTrainer, SaveAndReload, Strategy,
     TrainingSetup, WeightSync,
 };
 use harness_router::{
     AdaptiveRouter, EvidenceCell, RouterSettings, RuleRouter, TokenCounter, Voter,
 };
 
+use super::cost::{self, STAGE_COST_FILE, StageCost, counted_tokens};
 use super::roles::{calibrator, first_calibration, roles};
 use crate::config::{Method, RolloutEngine};
 use crate::error::{Error, Result, StageExt};
@@ -170,9 +171,12 @@ pub async fn train(
 ) -> Result<Trained> {
     let cfg = &wb.cfg;
     let run_dir = wb.layout.train(method);
-    if !method.updates_weights() {
+    if !method.has_training_stage() {
         // Refused before the folder exists: a method without updates has no training run.
         return Err(nothing_to_train(wb, method));
+    }
+    if method.searches() {
+        return super::search::search(wb, method).await;
     }
     let _lock = harness_core::fsutil::DirLock::acquire(&run_dir).at("train")?;
     let rescue = rescue_config(wb, pool, method)?;
@@ -287,6 +291,7 @@ pub async fn train(
     }
     let checkpoint = wb.layout.final_checkpoint(method);
     local.save_hf(&checkpoint).at("train")?;
+    write_train_cost(&run_dir, method, &tokens, resume)?;
     let seconds = started.elapsed().as_secs_f64();
     wb.progress.println(format!(
         "trained {} ({} updates) in {seconds:.0}s; metrics in {}",
@@ -300,6 +305,67 @@ pub async fn train(
         checkpoint,
         seconds,
     })
+}
+
+/// Whether `method`'s training stage finished: its final checkpoint, or a search method's
+/// H_best (and WHALE's policy).
+pub fn is_trained(wb: &Workbench, method: Method) -> bool {
+    if method.searches() {
+        return super::search::is_searched(wb, method);
+    }
+    wb.layout
+        .final_checkpoint(method)
+        .join("config.json")
+        .is_file()
+}
+
+/// The training stage's [`StageCost`]: rollouts and seconds from harness-rollout's
+/// `cost.json`, the external tokens of the profiler and voters from `tokens` (added to an
+/// earlier invocation's when `resume`d).
+fn write_train_cost(
+    run_dir: &Path,
+    method: Method,
+    tokens: &TokenCounter,
+    resume: bool,
+) -> Result<()> {
+    let path = run_dir.join(COST_FILE);
+    let text =
+        std::fs::read_to_string(&path).map_err(|e| Error::input("train", &path, e.to_string()))?;
+    let cost: harness_rollout::Cost = serde_json::from_str(&text)
+        .map_err(|e| Error::input("train", &path, format!("not a cost file: {e}")))?;
+    let mut counted = counted_tokens(tokens);
+    if resume
+        && let Ok(text) = std::fs::read_to_string(run_dir.join(STAGE_COST_FILE))
+        && let Ok(earlier) = serde_json::from_str::<StageCost>(&text)
+    {
+        for (role, t) in earlier.tokens {
+            let sum = counted.entry(role).or_default();
+            sum.calls += t.calls;
+            sum.prompt_tokens += t.prompt_tokens;
+            sum.completion_tokens += t.completion_tokens;
+        }
+    }
+    cost::write(
+        &StageCost {
+            stage: "train".into(),
+            rollouts: [
+                ("training".to_string(), cost.training_rollouts.total),
+                ("calibration".to_string(), cost.calibration_rollouts),
+            ]
+            .into(),
+            seconds: [
+                (
+                    "training".to_string(),
+                    cost.rollout_seconds + cost.update_seconds,
+                ),
+                ("calibration".to_string(), cost.calibration_seconds),
+            ]
+            .into(),
+            tokens: counted,
+            shared: method.shared_stages(),
+        },
+        run_dir,
+    )
 }
 
 /// A routed method's selector, and the Adaptive Harness Router behind it when there is one.

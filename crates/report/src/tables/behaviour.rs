@@ -559,6 +559,7 @@ mod tests {
             routing: Some(routing),
             first_calibration: Vec::new(),
             evolve: None,
+            ..SeedRun::default()
         }
     }
 

@@ -638,6 +638,7 @@ mod tests {
                 routing: None,
                 first_calibration: Vec::new(),
                 evolve: None,
+                ..SeedRun::default()
             }],
             shared_evolve: None,
         }

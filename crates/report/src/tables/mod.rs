@@ -2,9 +2,13 @@
 //! into a [`crate::TextTable`].
 
 pub mod behaviour;
+pub mod cross;
 pub mod directions;
 pub mod evolution;
+pub mod labels;
 pub mod table1;
+pub mod table10;
 pub mod table2;
+pub mod table4;
 pub mod table5;
 pub mod table9;

@@ -24,6 +24,10 @@ pub struct Table1Row {
     pub rank1_pass: Option<Stat>,
     /// Avg@k under Rank-1 over seeds.
     pub rank1_avg: Option<Stat>,
+    /// Pass@k under the method's searched H_best over seeds (`None` without an `hbest` line).
+    pub hbest_pass: Option<Stat>,
+    /// Avg@k under H_best over seeds.
+    pub hbest_avg: Option<Stat>,
 }
 
 /// Table 1 of a run.
@@ -61,6 +65,8 @@ pub fn table1(run: &Run) -> Table1 {
                 h0_avg: stat(&method, EvalMode::H0, |t| t.avg_at_k),
                 rank1_pass: stat(&method, EvalMode::Rank1, |t| t.pass_at_k),
                 rank1_avg: stat(&method, EvalMode::Rank1, |t| t.avg_at_k),
+                hbest_pass: stat(&method, EvalMode::HBest, |t| t.pass_at_k),
+                hbest_avg: stat(&method, EvalMode::HBest, |t| t.avg_at_k),
                 method,
             })
         })
@@ -84,25 +90,42 @@ impl Table1 {
                 pct(s.as_ref(), self.seeds)
             }
         };
+        let any_hbest = self.rows.iter().any(|r| r.hbest_pass.is_some());
         let rows = self
             .rows
             .iter()
             .map(|r| {
-                // A method evaluated under Rank-1 alone (Harness-S (HE only)) has no H0 cells.
+                // A method evaluated under Rank-1 or H_best alone (Harness-S (HE only),
+                // Meta-Harness, WHALE) has no H0 cells.
                 let h0 = |s: &Option<Stat>| {
-                    if r.h0_pass.is_none() && r.h0_avg.is_none() && r.rank1_pass.is_some() {
+                    if r.h0_pass.is_none()
+                        && r.h0_avg.is_none()
+                        && (r.rank1_pass.is_some() || r.hbest_pass.is_some())
+                    {
                         "—".to_string()
                     } else {
                         pct(s.as_ref(), self.seeds)
                     }
                 };
-                vec![
+                let mut cells = vec![
                     r.label.clone(),
                     h0(&r.h0_pass),
                     h0(&r.h0_avg),
                     dash_or(r, &r.rank1_pass),
                     dash_or(r, &r.rank1_avg),
-                ]
+                ];
+                if any_hbest {
+                    let hbest = |s: &Option<Stat>| {
+                        if r.hbest_pass.is_none() && r.hbest_avg.is_none() {
+                            "—".to_string()
+                        } else {
+                            pct(s.as_ref(), self.seeds)
+                        }
+                    };
+                    cells.push(hbest(&r.hbest_pass));
+                    cells.push(hbest(&r.hbest_avg));
+                }
+                cells
             })
             .collect();
         let mut notes = vec![format!(
@@ -125,15 +148,21 @@ impl Table1 {
                 self.seeds_with_test, self.seeds
             ));
         }
+        let mut header = vec![
+            "Method".into(),
+            format!("H0 Pass@{k}"),
+            format!("H0 Avg@{k}"),
+            format!("Rank-1 Pass@{k}"),
+            format!("Rank-1 Avg@{k}"),
+        ];
+        if any_hbest {
+            header.push(format!("H_best Pass@{k}"));
+            header.push(format!("H_best Avg@{k}"));
+            notes.push("H_best rows (Meta-Harness, WHALE) run every test task under the one harness their search selected on training tasks.".into());
+        }
         TextTable {
             title: "Table 1. Test performance under H0 and Rank-1".into(),
-            header: vec![
-                "Method".into(),
-                format!("H0 Pass@{k}"),
-                format!("H0 Avg@{k}"),
-                format!("Rank-1 Pass@{k}"),
-                format!("Rank-1 Avg@{k}"),
-            ],
+            header,
             rows,
             notes,
         }

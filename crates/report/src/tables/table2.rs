@@ -140,16 +140,19 @@ pub struct Table2 {
 
 /// Compute Table 2 from `groups.jsonl`, `metrics.jsonl` and `eval/test.jsonl`.
 pub fn table2(run: &Run) -> Table2 {
-    // A method that trained nothing and has no H0 score (Harness-S (HE only), evaluated under
-    // Rank-1 alone) has no cell here.
+    // A method without a rescue-training run and without an H0 score (Harness-S (HE only),
+    // evaluated under Rank-1 alone; Meta-Harness and WHALE, under their H_best) has no cell
+    // here.
+    let rescue_trained = |r: &MethodRun| r.update_count() > 0 || r.cost.is_some();
     let methods: Vec<String> = run
         .methods()
         .into_iter()
         .filter(|m| m != "initial")
         .filter(|m| {
-            run.seeds
-                .iter()
-                .any(|s| s.methods.contains_key(m) || s.test_eval(m, EvalMode::H0).is_some())
+            run.seeds.iter().any(|s| {
+                s.methods.get(m).is_some_and(rescue_trained)
+                    || s.test_eval(m, EvalMode::H0).is_some()
+            })
         })
         .collect();
     let mut stages: Option<Vec<StageSpan>> = None;
@@ -200,7 +203,10 @@ pub fn table2(run: &Run) -> Table2 {
                 method: m.clone(),
                 label: run.label(m),
                 rescue,
-                trained: run.seeds.iter().any(|s| s.methods.contains_key(m)),
+                trained: run
+                    .seeds
+                    .iter()
+                    .any(|s| s.methods.get(m).is_some_and(rescue_trained)),
                 stages: per_stage.iter().map(|v| Stat::of(v)).collect(),
                 counts: if rescue { counts } else { Vec::new() },
                 final_pass: test(|t| t.pass_at_k),

@@ -1,0 +1,436 @@
+//! Stage 3 for the search methods of Table 1, which look for one harness `H_best` instead of
+//! rescue-training on the pool (paper, "Implementation of Comparison Variants"):
+//!
+//! - **Meta-Harness**: with the initial policy frozen, `harness_evolve::meta_harness`'s search
+//!   (a proposer that reads the scored candidates and their trajectories revises the best one;
+//!   every candidate is validated and scored on training tasks) keeps the best candidate by
+//!   training success. Its budget is evolution's: the sum of `evolve.proposal_budgets`
+//!   proposals, each scored on `evolve.train_tasks_per_round` training tasks with greedy
+//!   rollouts (Table 8's executor).
+//! - **WHALE**: `search.whale_rounds` rounds, each a Meta-Harness search with the current policy
+//!   (the same total budget, split over the rounds, each round starting from the previous
+//!   round's `H_best`) followed by rejection-sampling fine-tuning: for the round's share of
+//!   `train.updates`, each update samples `train.group_size` rollouts of `train.batch_tasks`
+//!   training tasks under the round's `H_best` at the rollout temperature and takes one SFT step
+//!   (grpo-candle's trainer, the GRPO learning rate) on the successful ones. Training rollouts
+//!   therefore equal plain GRPO's for the same updates, as in Table 10.
+//!
+//! Both write `train/<method>/h_best.json` (the harness the test evaluation runs every task
+//! under), `search.jsonl` (one line per search round) and [`STAGE_COST_FILE`]; WHALE also
+//! `sft.jsonl` (one line per update) and its policy in `final/`. A killed search starts again
+//! from the beginning (its rounds are minutes on the default).
+//!
+//! [`STAGE_COST_FILE`]: super::cost::STAGE_COST_FILE
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures::StreamExt;
+use grpo_candle::sft::{SftConfig, SftTrainer, sft_sequences};
+use grpo_candle::trainer::{DecayKind, Schedule};
+use harness_core::{
+    EpisodeOptions, Harness, Policy, SamplingParams, Task, Trajectory, call_seed, run_episode_with,
+};
+use harness_evolve::meta_harness::{AnalystEditorProposer, MetaCandidate, MetaHarnessSearch};
+use serde::{Deserialize, Serialize};
+
+use super::cost::{self, StageCost, Tokens};
+use super::evolve::{counting_executor, evolve_settings, search_roles, tokens_of};
+use super::train::Trained;
+use crate::config::Method;
+use crate::error::{Error, Result, StageExt};
+use crate::methods::StrategyKind;
+use crate::setup::Workbench;
+
+/// The harness a search method is evaluated under, in `train/<method>/`.
+pub const H_BEST_FILE: &str = "h_best.json";
+/// One line per search round, in `train/<method>/`.
+pub const SEARCH_FILE: &str = "search.jsonl";
+/// One line per WHALE update, in `train/whale/`.
+pub const SFT_FILE: &str = "sft.jsonl";
+
+/// Seeds of WHALE's rejection-sampling rollouts, apart from every other stage's.
+const WHALE_SEED_SALT: u64 = 0x5741_4c45_5741_4c45;
+
+/// One search round (a line of `search.jsonl`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SearchRecord {
+    /// The round (1-based; Meta-Harness has one).
+    pub round: usize,
+    /// Policy updates applied before the round's search (WHALE; 0 for Meta-Harness).
+    pub updates_before: u64,
+    /// Proposals the round's search spent.
+    pub budget: usize,
+    /// Every scored candidate, the round's starting harness first.
+    pub candidates: Vec<MetaCandidate>,
+    /// Proposals rejected by validation.
+    pub rejected: usize,
+    /// Slots the proposer left empty.
+    pub empty: usize,
+    /// The round's H_best: id.
+    pub best: String,
+    /// Its name.
+    pub best_name: String,
+    /// Its training success.
+    pub best_score: f64,
+    /// Episodes the search ran.
+    pub rollouts: u64,
+    /// Wall seconds.
+    pub seconds: f64,
+}
+
+/// One rollout of WHALE's SFT data.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainedOn {
+    /// Its task.
+    pub task: String,
+    /// The harness it ran under.
+    pub harness: String,
+    /// Its reward.
+    pub reward: f32,
+    /// Its generated (policy) tokens.
+    pub policy_tokens: usize,
+}
+
+/// One WHALE update (a line of `sft.jsonl`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SftRecord {
+    /// The update (1-based).
+    pub update: u64,
+    /// The search round whose H_best the rollouts ran under.
+    pub round: usize,
+    /// That harness's name.
+    pub harness: String,
+    /// Rollouts sampled.
+    pub rollouts: usize,
+    /// Successful ones (the SFT data).
+    pub successes: usize,
+    /// Mean NLL of their policy tokens before the step.
+    pub loss: f64,
+    /// Policy tokens trained on.
+    pub tokens: usize,
+    /// No successful rollout: no step was taken.
+    pub skipped: bool,
+    /// The rollouts the step trained on: the successful ones, and only those.
+    pub trained_on: Vec<TrainedOn>,
+    /// Seconds of rollouts.
+    pub rollout_seconds: f64,
+    /// Seconds of the SFT step.
+    pub update_seconds: f64,
+}
+
+/// The H_best a search method saved, for the test evaluation.
+pub fn load_h_best(wb: &Workbench, method: Method) -> Result<Harness> {
+    let path = wb.layout.train(method).join(H_BEST_FILE);
+    if !path.is_file() {
+        return Err(Error::input(
+            "evaluate",
+            &path,
+            format!(
+                "no H_best: run `harness-s train --method {}` first",
+                method.name()
+            ),
+        ));
+    }
+    Harness::load(&path).at("evaluate")
+}
+
+/// Whether `method`'s search finished (its H_best, and WHALE's policy, are saved).
+pub fn is_searched(wb: &Workbench, method: Method) -> bool {
+    let dir = wb.layout.train(method);
+    dir.join(H_BEST_FILE).is_file()
+        && (!method.updates_weights() || dir.join("final").join("config.json").is_file())
+}
+
+/// Run the search of `method` (Meta-Harness or WHALE) into `train/<method>/`.
+pub async fn search(wb: &Workbench, method: Method) -> Result<Trained> {
+    let cfg = &wb.cfg;
+    let run_dir = wb.layout.train(method);
+    let _lock = harness_core::fsutil::DirLock::acquire(&run_dir).at("search")?;
+    for file in [H_BEST_FILE, SEARCH_FILE, SFT_FILE] {
+        // A killed search starts again: stale lines would mix two runs.
+        let _ = std::fs::remove_file(run_dir.join(file));
+    }
+    let started = Instant::now();
+    let policy = wb.local_policy(&wb.checkpoint, method.name())?;
+    let settings = evolve_settings(wb);
+    let total_budget: usize = settings.proposal_budgets.iter().sum();
+    let rounds = match method.spec().strategy {
+        StrategyKind::Whale => cfg.search.whale_rounds,
+        _ => 1,
+    };
+    let updates = if method.updates_weights() {
+        cfg.train.updates
+    } else {
+        0
+    };
+    let mut sft = SftTrainer::new(
+        policy.model(),
+        SftConfig {
+            schedule: Schedule {
+                lr: cfg.policy.learning_rate,
+                warmup_steps: 0,
+                total_steps: updates.max(1),
+                decay: DecayKind::Constant,
+                min_lr_ratio: 1.0,
+            },
+            seed: cfg.seed,
+            ..SftConfig::default()
+        },
+    )
+    .at("search")?;
+    let order = shuffled(&wb.train, cfg.seed);
+    let mut next_task = 0usize;
+    let mut best = wb.base.clone();
+    let mut tokens: BTreeMap<String, Tokens> = BTreeMap::new();
+    let mut search_rollouts = 0u64;
+    let mut search_seconds = 0.0;
+    let mut training_rollouts = 0u64;
+    let mut done = 0u64;
+    let bar = wb
+        .progress
+        .spinner(format!("{}: harness search", method.name()));
+    for round in 1..=rounds {
+        let budget = share(total_budget, rounds, round);
+        let mut round_settings = settings.clone();
+        round_settings.proposal_budgets = vec![budget];
+        round_settings.seed = call_seed(cfg.seed, round as u32);
+        let (analyst, editor) = search_roles(wb, &round_settings);
+        let (executor, counter) = counting_executor(wb, policy.clone() as Arc<dyn Policy>);
+        let meta = MetaHarnessSearch {
+            settings: round_settings.clone(),
+            executor,
+            proposer: Arc::new(AnalystEditorProposer {
+                analyst,
+                editor,
+                settings: round_settings,
+            }),
+            train: order.iter().map(|&i| wb.train[i].clone()).collect(),
+        };
+        bar.set_message(format!(
+            "{}: search round {round}/{rounds} ({budget} proposals)",
+            method.name()
+        ));
+        let round_started = Instant::now();
+        let result = meta.run(best.clone()).await.at("search")?;
+        let seconds = round_started.elapsed().as_secs_f64();
+        best = result.best.clone();
+        let score = result
+            .candidates
+            .iter()
+            .find(|c| c.id == best.id())
+            .map_or(0.0, MetaCandidate::score);
+        for (role, t) in tokens_of(&result.usage) {
+            let sum = tokens.entry(role).or_default();
+            sum.calls += t.calls;
+            sum.prompt_tokens += t.prompt_tokens;
+            sum.completion_tokens += t.completion_tokens;
+        }
+        search_rollouts += counter.count();
+        search_seconds += seconds;
+        append(
+            &run_dir.join(SEARCH_FILE),
+            &SearchRecord {
+                round,
+                updates_before: done,
+                budget,
+                candidates: result.candidates.clone(),
+                rejected: result.rejected.len(),
+                empty: result.empty,
+                best: best.id().to_string(),
+                best_name: best.name.clone(),
+                best_score: score,
+                rollouts: counter.count(),
+                seconds,
+            },
+        )?;
+        wb.progress.println(format!(
+            "{} round {round}: {} candidates scored, {} rejected; H_best {} solves {:.0}% of {} training tasks",
+            method.name(),
+            result.candidates.len(),
+            result.rejected.len(),
+            best.name,
+            100.0 * score,
+            result.candidates.first().map_or(0, |c| c.tasks)
+        ));
+        for _ in 0..share(updates as usize, rounds, round) {
+            bar.set_message(format!(
+                "{}: update {}/{updates} under {}",
+                method.name(),
+                done + 1,
+                best.name
+            ));
+            let tasks: Vec<&Task> = (0..cfg.train.batch_tasks)
+                .map(|j| &wb.train[order[(next_task + j) % order.len()]])
+                .collect();
+            next_task = (next_task + tasks.len()) % order.len();
+            let rollout_started = Instant::now();
+            let seed = call_seed(cfg.seed ^ WHALE_SEED_SALT, done as u32);
+            let rollouts = sample(wb, policy.as_ref(), &best, &tasks, seed).await?;
+            let rollout_seconds = rollout_started.elapsed().as_secs_f64();
+            training_rollouts += rollouts.len() as u64;
+            let successes: Vec<Trajectory> = rollouts
+                .iter()
+                .filter(|t| t.is_success())
+                .cloned()
+                .collect();
+            let update_started = Instant::now();
+            let seqs = sft_sequences(&successes, true).at("search")?;
+            let metrics = sft.fit_policy(&policy, &seqs, 1).at("search")?;
+            done += 1;
+            let m = metrics.first();
+            append(
+                &run_dir.join(SFT_FILE),
+                &SftRecord {
+                    update: done,
+                    round,
+                    harness: best.name.clone(),
+                    rollouts: rollouts.len(),
+                    successes: successes.len(),
+                    loss: m.map_or(0.0, |m| m.loss),
+                    tokens: m.map_or(0, |m| m.tokens),
+                    skipped: m.is_none_or(|m| m.skipped),
+                    trained_on: successes
+                        .iter()
+                        .map(|t| TrainedOn {
+                            task: t.task_id.clone(),
+                            harness: t.harness_id.to_string(),
+                            reward: t.reward(),
+                            policy_tokens: t.policy_tokens(),
+                        })
+                        .collect(),
+                    rollout_seconds,
+                    update_seconds: update_started.elapsed().as_secs_f64(),
+                },
+            )?;
+        }
+    }
+    bar.finish_and_clear();
+    best.save(run_dir.join(H_BEST_FILE)).at("search")?;
+    let checkpoint = if method.updates_weights() {
+        let dir = wb.layout.final_checkpoint(method);
+        policy.save_hf(&dir).at("search")?;
+        dir
+    } else {
+        wb.checkpoint.clone()
+    };
+    let mut rollouts = BTreeMap::from([("search".to_string(), search_rollouts)]);
+    let mut seconds = BTreeMap::from([("search".to_string(), search_seconds)]);
+    if method.updates_weights() {
+        rollouts.insert("training".into(), training_rollouts);
+        seconds.insert(
+            "training".into(),
+            started.elapsed().as_secs_f64() - search_seconds,
+        );
+    }
+    cost::write(
+        &StageCost {
+            stage: "search".into(),
+            rollouts,
+            seconds,
+            tokens,
+            shared: Vec::new(),
+        },
+        &run_dir,
+    )?;
+    let seconds = started.elapsed().as_secs_f64();
+    wb.progress.println(format!(
+        "{}: H_best {} after {rounds} search round(s) and {done} SFT updates, in {seconds:.0}s",
+        method.label(),
+        best.name
+    ));
+    Ok(Trained {
+        method,
+        run_dir,
+        checkpoint,
+        seconds,
+    })
+}
+
+/// The `round`-th (1-based) of `parts` near-equal shares of `total`; the first rounds take the
+/// remainder.
+fn share(total: usize, parts: usize, round: usize) -> usize {
+    total / parts + usize::from(round <= total % parts)
+}
+
+/// The indices of `tasks` in a seeded order.
+fn shuffled(tasks: &[Task], seed: u64) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..tasks.len()).collect();
+    order.sort_by_key(|&i| call_seed(seed ^ WHALE_SEED_SALT, i as u32));
+    order
+}
+
+/// `train.group_size` rollouts of each task under `harness` at the rollout temperature.
+async fn sample(
+    wb: &Workbench,
+    policy: &dyn Policy,
+    harness: &Harness,
+    tasks: &[&Task],
+    seed: u64,
+) -> Result<Vec<Trajectory>> {
+    let g = wb.cfg.train.group_size;
+    let options = EpisodeOptions {
+        sampling: SamplingParams {
+            temperature: wb.cfg.rollout.temperature,
+            ..SamplingParams::default()
+        },
+    };
+    let jobs: Vec<(usize, usize)> = (0..tasks.len())
+        .flat_map(|t| (0..g).map(move |a| (t, a)))
+        .collect();
+    let out: Vec<harness_core::Result<Trajectory>> = futures::stream::iter(jobs)
+        .map(|(t, a)| {
+            let options = options.clone();
+            let env = wb.env.clone();
+            let task = tasks[t];
+            async move {
+                run_episode_with(
+                    policy,
+                    harness,
+                    env.as_ref(),
+                    task,
+                    call_seed(seed, (t * g + a) as u32),
+                    &options,
+                )
+                .await
+            }
+        })
+        .buffered(wb.cfg.rollout.concurrency)
+        .collect()
+        .await;
+    out.into_iter()
+        .collect::<harness_core::Result<Vec<_>>>()
+        .at("search")
+}
+
+fn append<T: Serialize>(path: &PathBuf, line: &T) -> Result<()> {
+    use std::io::Write;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| Error::input("search", dir, e.to_string()))?;
+    }
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(|e| Error::input("search", path, e.to_string()))?;
+    let text = serde_json::to_string(line).unwrap_or_else(|_| unreachable!("plain data"));
+    writeln!(f, "{text}").map_err(|e| Error::input("search", path, e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::share;
+
+    #[test]
+    fn shares_add_up_and_differ_by_at_most_one() {
+        for total in 0..20 {
+            for parts in 1..6 {
+                let s: Vec<usize> = (1..=parts).map(|r| share(total, parts, r)).collect();
+                assert_eq!(s.iter().sum::<usize>(), total);
+                assert!(s.iter().max().unwrap() - s.iter().min().unwrap() <= 1);
+            }
+        }
+    }
+}

@@ -1,0 +1,196 @@
+//! Table 10: each method's whole pipeline, harness search and policy adaptation together:
+//! search rollouts, training rollouts, calibration rollouts, wall seconds of each, and
+//! external-model tokens per role.
+//!
+//! A method's row adds its own `train/<method>/stage_cost.json` to the seed's shared stages it
+//! names there (`shared`): evolution (`evolve/stage_cost.json`: the pool a rescue, mixture or
+//! router draws on) and the first calibration (`calibration/stage_cost.json`). So Harness-S's
+//! search rollouts are evolution's, Meta-Harness's and WHALE's their own searches', and plain
+//! GRPO has none. Shared stages are counted in every row that uses them, as each row is the
+//! cost of running that method alone.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+use crate::layout::{Run, SeedRun, StageCost};
+use crate::render::TextTable;
+use crate::stats::{Stat, fmt_stat};
+
+/// The rollout and seconds kinds of Table 10, in column order.
+pub const KINDS: [&str; 3] = ["search", "training", "calibration"];
+
+/// One method's row.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Table10Row {
+    /// The method.
+    pub method: String,
+    /// Its display label.
+    pub label: String,
+    /// Rollouts by kind ([`KINDS`]) over seeds.
+    pub rollouts: BTreeMap<String, Stat>,
+    /// Wall seconds by kind over seeds.
+    pub seconds: BTreeMap<String, Stat>,
+    /// External tokens (prompt + completion) by role over seeds.
+    pub tokens: BTreeMap<String, Stat>,
+    /// The shared stages counted in the row.
+    pub shared: Vec<String>,
+}
+
+/// Table 10 of a run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Table10 {
+    /// One row per method with a `stage_cost.json`, in display order.
+    pub rows: Vec<Table10Row>,
+    /// Every role with tokens in some row, in name order.
+    pub roles: Vec<String>,
+    /// Seeds in the run.
+    pub seeds: usize,
+}
+
+/// One seed's total for `method`: its own stage cost plus the shared stages it names.
+pub fn seed_pipeline_cost(seed: &SeedRun, method: &str) -> Option<StageCost> {
+    let own = seed.methods.get(method)?.stage_cost.as_ref()?;
+    let mut total = StageCost {
+        stage: "pipeline".into(),
+        shared: own.shared.clone(),
+        ..StageCost::default()
+    };
+    let shared = own.shared.iter().filter_map(|s| match s.as_str() {
+        "evolve" => seed.evolve_cost.as_ref(),
+        "calibrate" => seed.calibration_cost.as_ref(),
+        _ => None,
+    });
+    for part in std::iter::once(own).chain(shared) {
+        for (k, n) in &part.rollouts {
+            *total.rollouts.entry(k.clone()).or_default() += n;
+        }
+        for (k, s) in &part.seconds {
+            *total.seconds.entry(k.clone()).or_default() += s;
+        }
+        for (role, t) in &part.tokens {
+            let sum = total.tokens.entry(role.clone()).or_default();
+            sum.calls += t.calls;
+            sum.prompt_tokens += t.prompt_tokens;
+            sum.completion_tokens += t.completion_tokens;
+        }
+    }
+    Some(total)
+}
+
+/// Compute Table 10.
+pub fn table10(run: &Run) -> Table10 {
+    let mut roles = BTreeSet::new();
+    let rows: Vec<Table10Row> = run
+        .methods()
+        .into_iter()
+        .filter_map(|m| {
+            let costs: Vec<StageCost> = run
+                .seeds
+                .iter()
+                .filter_map(|s| seed_pipeline_cost(s, &m))
+                .collect();
+            let first = costs.first()?;
+            let by = |get: &dyn Fn(&StageCost) -> f64| {
+                Stat::of(&costs.iter().map(get).collect::<Vec<_>>())
+            };
+            let mut rollouts = BTreeMap::new();
+            let mut seconds = BTreeMap::new();
+            for kind in KINDS {
+                if let Some(s) = by(&|c| c.rollouts.get(kind).copied().unwrap_or(0) as f64) {
+                    rollouts.insert(kind.to_string(), s);
+                }
+                if let Some(s) = by(&|c| c.seconds.get(kind).copied().unwrap_or(0.0)) {
+                    seconds.insert(kind.to_string(), s);
+                }
+            }
+            let row_roles: BTreeSet<String> = costs
+                .iter()
+                .flat_map(|c| c.tokens.keys().cloned())
+                .collect();
+            let mut tokens = BTreeMap::new();
+            for role in row_roles {
+                if let Some(s) = by(&|c| c.tokens.get(&role).map_or(0.0, |t| t.total() as f64)) {
+                    tokens.insert(role.clone(), s);
+                }
+                roles.insert(role);
+            }
+            Some(Table10Row {
+                label: run.label(&m),
+                shared: first.shared.clone(),
+                rollouts,
+                seconds,
+                tokens,
+                method: m,
+            })
+        })
+        .collect();
+    Table10 {
+        rows,
+        roles: roles.into_iter().collect(),
+        seeds: run.seeds.len(),
+    }
+}
+
+impl Table10 {
+    /// As text.
+    pub fn to_text(&self) -> TextTable {
+        let n = self.seeds;
+        let mut header = vec!["Method".to_string()];
+        for kind in KINDS {
+            header.push(format!("{} rollouts", capitalise(kind)));
+        }
+        for kind in KINDS {
+            header.push(format!("{} s", capitalise(kind)));
+        }
+        for role in &self.roles {
+            header.push(format!("{role} tokens"));
+        }
+        let rows = self
+            .rows
+            .iter()
+            .map(|r| {
+                let mut cells = vec![r.label.clone()];
+                for kind in KINDS {
+                    cells.push(fmt_stat(r.rollouts.get(kind), 1.0, 0, n));
+                }
+                for kind in KINDS {
+                    cells.push(fmt_stat(r.seconds.get(kind), 1.0, 1, n));
+                }
+                for role in &self.roles {
+                    cells.push(
+                        r.tokens
+                            .get(role)
+                            .map_or_else(|| "0".into(), |s| fmt_stat(Some(s), 1.0, 0, n)),
+                    );
+                }
+                cells
+            })
+            .collect();
+        let mut notes = vec![
+            "Each row is the whole pipeline of one method, from the stage_cost.json files: its own training or search stage plus the seed's shared stages it uses (evolution for a method that rescues, mixes or routes with the pool; the first calibration for one that reads it), so shared stages count in every row that uses them. Search rollouts: evolution's, or a Meta-Harness / WHALE search's; training rollouts include discarded base attempts; calibration rollouts are the paired validation runs of the first calibration and of re-anchoring.".to_string(),
+            "Seconds are wall-clock, not GPU-hours. Tokens are prompt + completion tokens that the external model reported per role (0 with the offline built-in roles).".to_string(),
+        ];
+        if n > 1 {
+            notes.push(format!(
+                "Mean ± sample standard deviation (n - 1) over {n} seeds."
+            ));
+        }
+        if self.rows.is_empty() {
+            notes.push("No stage_cost.json under train/<method>/.".into());
+        }
+        TextTable {
+            title: "Table 10. Full-pipeline resources: harness search and policy adaptation".into(),
+            header,
+            rows,
+            notes,
+        }
+    }
+}
+
+fn capitalise(s: &str) -> String {
+    let mut c = s.chars();
+    c.next()
+        .map(|f| f.to_uppercase().chain(c).collect())
+        .unwrap_or_default()
+}
