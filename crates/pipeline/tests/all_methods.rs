@@ -397,6 +397,11 @@ async fn every_method_trains_from_one_checkpoint_and_has_its_row_in_every_table(
         let lines: Vec<&Value> = episodes.iter().filter(|e| e["method"] == m).collect();
         assert_eq!(lines.len(), cfg.env.test_tasks, "{m}: eval/episodes.jsonl");
     }
+    assert!(
+        out.join("plots/figure4_cross_harness.svg").is_file(),
+        "no Figure 4 plot"
+    );
+
     // Table 3 from the labellers: the initial policy's share of attempts with each flag label,
     // counted here from eval/episodes.jsonl.
     let initial_attempts: Vec<&Value> = episodes

@@ -132,10 +132,26 @@ pub fn behaviour_diffs(
             })
         })
         .collect();
+    // Decisions first (where the planted behaviours are decided), then other flags, then counts;
+    // within each, the largest change first.
+    let rank = |d: &BehaviourDiff| {
+        let flag = [d.rescue, d.trained, d.initial]
+            .iter()
+            .all(|&v| v == 0.0 || v == 1.0);
+        match (d.feature.starts_with(DECISION_PREFIX), flag) {
+            (true, _) => 0,
+            (false, true) => 1,
+            (false, false) => 2,
+        }
+    };
     out.sort_by(|a, b| {
-        (b.trained - b.initial)
-            .abs()
-            .total_cmp(&(a.trained - a.initial).abs())
+        rank(a)
+            .cmp(&rank(b))
+            .then_with(|| {
+                (b.trained - b.initial)
+                    .abs()
+                    .total_cmp(&(a.trained - a.initial).abs())
+            })
             .then_with(|| a.feature.cmp(&b.feature))
     });
     out
@@ -323,18 +339,35 @@ mod tests {
 
     #[test]
     fn a_difference_counts_only_where_the_rescue_went_the_same_way() {
-        let rescue = labels(&[("decision:after_change=commit", 1.0), ("sql_calls", 2.0)]);
-        let trained = labels(&[("decision:after_change=commit", 1.0), ("sql_calls", 5.0)]);
-        let initial = labels(&[("decision:after_change=check", 1.0), ("sql_calls", 3.0)]);
+        let rescue = labels(&[
+            ("decision:after_change=commit", 1.0),
+            ("sql_calls", 2.0),
+            ("env_actions", 2.0),
+            ("submitted", 1.0),
+        ]);
+        let trained = labels(&[
+            ("decision:after_change=commit", 1.0),
+            ("sql_calls", 5.0),
+            ("env_actions", 2.0),
+            ("submitted", 1.0),
+        ]);
+        let initial = labels(&[
+            ("decision:after_change=check", 1.0),
+            ("sql_calls", 3.0),
+            ("env_actions", 5.0),
+        ]);
         let d = behaviour_diffs(&rescue, &trained, &initial);
         let names: Vec<&str> = d.iter().map(|b| b.feature.as_str()).collect();
-        // The commit flag moved the same way in the rescue; the check flag dropped in both;
-        // sql_calls rose in the trained attempt but fell in the rescue.
+        // The commit flag moved the same way in the rescue and the check flag dropped in both
+        // (decisions first); then the other flag; then the count, though its change is the
+        // largest. sql_calls rose in the trained attempt but fell in the rescue: left out.
         assert_eq!(
             names,
             [
                 "decision:after_change=check",
-                "decision:after_change=commit"
+                "decision:after_change=commit",
+                "submitted",
+                "env_actions"
             ]
         );
         assert_eq!((d[1].rescue, d[1].trained, d[1].initial), (1.0, 1.0, 0.0));
