@@ -329,6 +329,11 @@ pub struct TrainConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SearchConfig {
+    /// Proposals of a Meta-Harness search, and of WHALE's searches together (`None`: the sum of
+    /// `evolve.proposal_budgets`, evolution's budget). The paper's Meta-Harness spends about
+    /// twice Harness-S's search rollouts (Table 10: 8,000 against 4,010).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proposals: Option<usize>,
     /// WHALE's alternations of harness search and rejection-sampling fine-tuning; the search
     /// budget and `train.updates` are split evenly over them. The paper gives no count; the
     /// paper preset alternates at its re-anchoring cadence (40 updates, every 10: 4 rounds).
@@ -389,7 +394,10 @@ pub struct RunConfig {
 
 impl SearchConfig {
     fn quick() -> Self {
-        SearchConfig { whale_rounds: 2 }
+        SearchConfig {
+            proposals: None,
+            whale_rounds: 2,
+        }
     }
 }
 
@@ -490,6 +498,7 @@ impl RunConfig {
                 checkpoint_every: if quick { 4 } else { 10 },
             },
             search: SearchConfig {
+                proposals: None,
                 whale_rounds: if quick { 2 } else { 4 },
             },
             eval: EvalConfig {
@@ -731,12 +740,17 @@ impl RunConfig {
             );
         }
         for (i, h) in self.eval.harnesses.iter().enumerate() {
-            if h.trim().is_empty() {
+            if h != "builtin" && !Path::new(h).exists() {
                 return bad(
                     &format!("eval.harnesses[{i}]"),
-                    "expected \"builtin\", a pool directory or a harness JSON file, found an empty string".into(),
+                    format!(
+                        "expected \"builtin\", a pool directory or a harness JSON file, found `{h}`, which does not exist"
+                    ),
                 );
             }
+        }
+        if self.search.proposals == Some(0) {
+            return bad("search.proposals", "expected at least 1, found 0".into());
         }
         if let Some(m) = self.train.methods.iter().find(|m| {
             matches!(
@@ -1103,6 +1117,27 @@ mod tests {
             );
             assert_eq!(got, split, "{env}: Table 6");
         }
+        // `--env` on the command line (a `set` after the file) gets Table 6's sizes too.
+        let mut cfg = parse("preset = \"paper\"\n", "a.toml").unwrap();
+        cfg.set("env.name", "\"appworld\"").unwrap();
+        assert_eq!(
+            (
+                cfg.env.train_tasks,
+                cfg.env.validation_tasks,
+                cfg.env.test_tasks
+            ),
+            (320, 150, 262)
+        );
+        cfg.set("env.test_tasks", "7").unwrap();
+        cfg.set("env.name", "\"swe\"").unwrap();
+        assert_eq!(
+            (
+                cfg.env.train_tasks,
+                cfg.env.validation_tasks,
+                cfg.env.test_tasks
+            ),
+            (240, 100, 7)
+        );
         // The document's own sizes still win.
         let cfg = parse(
             "preset = \"paper\"\n[env]\nname = \"dbbench\"\ntest_tasks = 50\n",
@@ -1234,6 +1269,33 @@ impl RunConfig {
                 .entry((*part).to_string())
                 .or_insert_with(|| Value::Object(Default::default()));
         }
+        if path == "env.name" && self.preset == Preset::Paper {
+            // The split sizes the paper preset gave the old environment follow the new one
+            // (Table 6); sizes set by hand stay.
+            let given = paper_splits(&self.env.name).unwrap_or_else(|| {
+                let p = RunConfig::preset(Preset::Paper).env;
+                (p.train_tasks, p.validation_tasks, p.test_tasks)
+            });
+            let wanted = parsed_name(&doc)
+                .and_then(|n| paper_splits(&n))
+                .unwrap_or_else(|| {
+                    let p = RunConfig::preset(Preset::Paper).env;
+                    (p.train_tasks, p.validation_tasks, p.test_tasks)
+                });
+            for (field, had, want) in [
+                ("train_tasks", self.env.train_tasks, (given.0, wanted.0)),
+                (
+                    "validation_tasks",
+                    self.env.validation_tasks,
+                    (given.1, wanted.1),
+                ),
+                ("test_tasks", self.env.test_tasks, (given.2, wanted.2)),
+            ] {
+                if had == want.0 {
+                    doc["env"][field] = want.1.into();
+                }
+            }
+        }
         if path == "policy.warm_start_preset"
             && let Some(policy) = doc.get_mut("policy").and_then(Value::as_object_mut)
         {
@@ -1243,6 +1305,11 @@ impl RunConfig {
         *self = RunConfig::from_value(doc, Some(&origin))?;
         Ok(())
     }
+}
+
+/// The environment a configuration document names.
+fn parsed_name(doc: &Value) -> Option<String> {
+    doc.pointer("/env/name")?.as_str().map(str::to_string)
 }
 
 /// Every setting with what it means, for `--help`.
@@ -1303,7 +1370,8 @@ Run configuration (TOML or JSON; any subset; `preset` picks the defaults; flags 
   eval.k                        rollouts per test task (paper: 3)
   eval.ranks                    router ranks of Table 5 (paper: 3)
   eval.harnesses                unseen harnesses every policy is also tested under (RQ6, Figure 4): \"builtin\" (the environment's hand-written siblings), a pool directory or a harness JSON file
-  search.whale_rounds           WHALE's alternations of harness search and rejection-sampling SFT (quick 2, paper 4); the search budget is evolve.proposal_budgets
+  search.proposals              proposals of a Meta-Harness search, and of WHALE's searches together (default: the sum of evolve.proposal_budgets)
+  search.whale_rounds           WHALE's rejection-sampling SFT phases (quick 2, paper 4), each after a search, with a last search for the final policy
 ";
 
 #[cfg(test)]

@@ -132,7 +132,7 @@ pub async fn run_seed(wb: &Workbench) -> Result<()> {
     if !calibrated {
         stages::calibrate(wb, &pool).await?;
     }
-    if !stages::has_test_record(wb, None)? {
+    if !stages::has_test_record(wb, &pool, None)? {
         stages::evaluate(wb, &pool, None).await?;
     }
     let siblings = pool.auxiliaries().count();
@@ -159,7 +159,7 @@ pub async fn run_seed(wb: &Workbench) -> Result<()> {
                 stages::train(wb, &pool, method, started).await?;
             }
         }
-        if !stages::has_test_record(wb, Some(method))? {
+        if !stages::has_test_record(wb, &pool, Some(method))? {
             stages::evaluate(wb, &pool, Some(method)).await?;
         }
     }

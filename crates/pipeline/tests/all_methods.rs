@@ -209,7 +209,13 @@ async fn every_method_trains_from_one_checkpoint_and_has_its_row_in_every_table(
             let searched: u64 = rounds.iter().map(|r| r["rollouts"].as_u64().unwrap()).sum();
             assert_eq!(searched, n("search"), "{m}");
             if m.updates_weights() {
-                assert_eq!(rounds.len(), cfg.search.whale_rounds, "{m}");
+                // A search before each fine-tuning phase, and a last one for the final policy.
+                assert_eq!(rounds.len(), cfg.search.whale_rounds + 1, "{m}");
+                assert_eq!(
+                    rounds.last().unwrap()["updates_before"].as_u64(),
+                    Some(cfg.train.updates),
+                    "{m}: the last search runs with the final policy"
+                );
                 let sft = jsonl(&run.join("sft.jsonl"));
                 assert_eq!(sft.len() as u64, cfg.train.updates, "{m}");
                 let sampled: u64 = sft.iter().map(|u| u["rollouts"].as_u64().unwrap()).sum();
@@ -417,7 +423,8 @@ async fn every_method_trains_from_one_checkpoint_and_has_its_row_in_every_table(
     let label_lines: Vec<&str> = report
         .lines()
         .skip_while(|l| !l.starts_with("### Table 3 (labels)"))
-        .take_while(|l| !l.is_empty() || !l.starts_with("###"))
+        .skip(1)
+        .take_while(|l| !l.starts_with("###"))
         .collect();
     for f in &features {
         let values: Vec<f64> = episodes

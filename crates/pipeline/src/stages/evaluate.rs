@@ -564,7 +564,14 @@ pub async fn evaluate(
         ));
     }
     let mut cross = Vec::new();
-    for unseen in unseen_harnesses(wb, pool)? {
+    let unseen = unseen_harnesses(wb, pool)?;
+    if unseen.is_empty() && !wb.cfg.eval.harnesses.is_empty() {
+        wb.progress.println(format!(
+            "eval.harnesses: every harness of {:?} is in the training pool; no cross-harness evaluation (Figure 4) for {name}",
+            wb.cfg.eval.harnesses
+        ));
+    }
+    for unseen in unseen {
         let started = Instant::now();
         let run = test_episodes(
             wb,
@@ -682,7 +689,7 @@ pub async fn rank1_choices(
 
 /// Whether `eval/test.jsonl` already holds every evaluation of `method` (`None`: the
 /// initial checkpoint under H0).
-pub fn has_test_record(wb: &Workbench, method: Option<Method>) -> Result<bool> {
+pub fn has_test_record(wb: &Workbench, pool: &SiblingPool, method: Option<Method>) -> Result<bool> {
     let name = method.map_or("initial", Method::name);
     let modes = method.map_or(INITIAL_MODES, |m| m.spec().eval);
     let path = wb.layout.test_results();
@@ -709,14 +716,19 @@ pub fn has_test_record(wb: &Workbench, method: Option<Method>) -> Result<bool> {
     if !modes.iter().all(|m| found.iter().any(|f| f == m.name())) {
         return Ok(false);
     }
-    if wb.cfg.eval.harnesses.is_empty() {
+    // With unseen harnesses configured, the method's line under each of them is due too.
+    let unseen = unseen_harnesses(wb, pool)?;
+    if unseen.is_empty() {
         return Ok(true);
     }
-    // With unseen harnesses configured, the method's cross-harness lines are due too.
     let cross = std::fs::read_to_string(wb.layout.cross_results()).unwrap_or_default();
-    Ok(cross.lines().any(|line| {
-        serde_json::from_str::<serde_json::Value>(line).is_ok_and(|v| v["method"] == name)
-    }))
+    let done: Vec<String> = cross
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|v| v["method"] == name)
+        .filter_map(|v| v["harness"].as_str().map(str::to_string))
+        .collect();
+    Ok(unseen.iter().all(|h| done.contains(&h.id().to_string())))
 }
 
 /// Rewrite a JSONL file without `method`'s old lines, then with `lines` appended.

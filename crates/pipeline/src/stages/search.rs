@@ -4,16 +4,18 @@
 //! - **Meta-Harness**: with the initial policy frozen, `harness_evolve::meta_harness`'s search
 //!   (a proposer that reads the scored candidates and their trajectories revises the best one;
 //!   every candidate is validated and scored on training tasks) keeps the best candidate by
-//!   training success. Its budget is evolution's: the sum of `evolve.proposal_budgets`
-//!   proposals, each scored on `evolve.train_tasks_per_round` training tasks with greedy
-//!   rollouts (Table 8's executor).
-//! - **WHALE**: `search.whale_rounds` rounds, each a Meta-Harness search with the current policy
-//!   (the same total budget, split over the rounds, each round starting from the previous
-//!   round's `H_best`) followed by rejection-sampling fine-tuning: for the round's share of
-//!   `train.updates`, each update samples `train.group_size` rollouts of `train.batch_tasks`
-//!   training tasks under the round's `H_best` at the rollout temperature and takes one SFT step
-//!   (grpo-candle's trainer, the GRPO learning rate) on the successful ones. Training rollouts
-//!   therefore equal plain GRPO's for the same updates, as in Table 10.
+//!   training success. Its budget is `search.proposals` (by default evolution's: the sum of
+//!   `evolve.proposal_budgets`) proposals, each scored on `evolve.train_tasks_per_round`
+//!   training tasks with greedy rollouts (Table 8's executor).
+//! - **WHALE**: alternating search and rejection-sampling fine-tuning: a Meta-Harness search
+//!   with the current policy, then the phase's share of `train.updates`, each update sampling
+//!   `train.group_size` rollouts of `train.batch_tasks` training tasks under that search's
+//!   `H_best` at the rollout temperature and taking one SFT step (grpo-candle's trainer, the
+//!   GRPO learning rate) on the successful ones; `search.whale_rounds` such phases, then a last
+//!   search with the final policy, whose `H_best` the policy is evaluated under ("the selected
+//!   policy and its fixed H_best"). The search budget (`search.proposals`, by default
+//!   evolution's) is split evenly over the searches, each starting from the previous `H_best`.
+//!   Training rollouts equal plain GRPO's for the same updates, as in Table 10.
 //!
 //! Both write `train/<method>/h_best.json` (the harness the test evaluation runs every task
 //! under), `search.jsonl` (one line per search round) and [`STAGE_COST_FILE`]; WHALE also
@@ -156,11 +158,18 @@ pub async fn search(wb: &Workbench, method: Method) -> Result<Trained> {
     let started = Instant::now();
     let policy = wb.local_policy(&wb.checkpoint, method.name())?;
     let settings = evolve_settings(wb);
-    let total_budget: usize = settings.proposal_budgets.iter().sum();
-    let rounds = match method.spec().strategy {
+    let total_budget: usize = cfg
+        .search
+        .proposals
+        .unwrap_or_else(|| settings.proposal_budgets.iter().sum());
+    // WHALE: search, fine-tune, ..., search: `whale_rounds` fine-tuning phases, each after a
+    // search with the current policy, and a last search with the final policy, so the H_best
+    // it is evaluated under was selected for it. Meta-Harness: one search.
+    let phases = match method.spec().strategy {
         StrategyKind::Whale => cfg.search.whale_rounds,
-        _ => 1,
+        _ => 0,
     };
+    let rounds = phases + 1;
     let updates = if method.updates_weights() {
         cfg.train.updates
     } else {
@@ -255,7 +264,12 @@ pub async fn search(wb: &Workbench, method: Method) -> Result<Trained> {
             100.0 * score,
             result.candidates.first().map_or(0, |c| c.tasks)
         ));
-        for _ in 0..share(updates as usize, rounds, round) {
+        let round_updates = if round <= phases {
+            share(updates as usize, phases, round)
+        } else {
+            0
+        };
+        for _ in 0..round_updates {
             bar.set_message(format!(
                 "{}: update {}/{updates} under {}",
                 method.name(),
@@ -308,14 +322,6 @@ pub async fn search(wb: &Workbench, method: Method) -> Result<Trained> {
         }
     }
     bar.finish_and_clear();
-    best.save(run_dir.join(H_BEST_FILE)).at("search")?;
-    let checkpoint = if method.updates_weights() {
-        let dir = wb.layout.final_checkpoint(method);
-        policy.save_hf(&dir).at("search")?;
-        dir
-    } else {
-        wb.checkpoint.clone()
-    };
     let mut rollouts = BTreeMap::from([("search".to_string(), search_rollouts)]);
     let mut seconds = BTreeMap::from([("search".to_string(), search_seconds)]);
     if method.updates_weights() {
@@ -335,6 +341,14 @@ pub async fn search(wb: &Workbench, method: Method) -> Result<Trained> {
         },
         &run_dir,
     )?;
+    best.save(run_dir.join(H_BEST_FILE)).at("search")?;
+    let checkpoint = if method.updates_weights() {
+        let dir = wb.layout.final_checkpoint(method);
+        policy.save_hf(&dir).at("search")?;
+        dir
+    } else {
+        wb.checkpoint.clone()
+    };
     let seconds = started.elapsed().as_secs_f64();
     wb.progress.println(format!(
         "{}: H_best {} after {rounds} search round(s) and {done} SFT updates, in {seconds:.0}s",

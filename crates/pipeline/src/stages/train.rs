@@ -18,7 +18,7 @@ use harness_router::{
     AdaptiveRouter, EvidenceCell, RouterSettings, RuleRouter, TokenCounter, Voter,
 };
 
-use super::cost::{self, STAGE_COST_FILE, StageCost, counted_tokens};
+use super::cost::{self, StageCost, counted_tokens};
 use super::roles::{calibrator, first_calibration, roles};
 use crate::config::{Method, RolloutEngine};
 use crate::error::{Error, Result, StageExt};
@@ -289,9 +289,10 @@ pub async fn train(
         wb.progress
             .println(format!("{}: {}", method.name(), voter_summary(&stats)));
     }
+    // The cost first: a kill between the two leaves no finished run without its cost.
+    write_train_cost(&run_dir, method, &tokens)?;
     let checkpoint = wb.layout.final_checkpoint(method);
     local.save_hf(&checkpoint).at("train")?;
-    write_train_cost(&run_dir, method, &tokens, resume)?;
     let seconds = started.elapsed().as_secs_f64();
     wb.progress.println(format!(
         "trained {} ({} updates) in {seconds:.0}s; metrics in {}",
@@ -319,31 +320,20 @@ pub fn is_trained(wb: &Workbench, method: Method) -> bool {
         .is_file()
 }
 
-/// The training stage's [`StageCost`]: rollouts and seconds from harness-rollout's
-/// `cost.json`, the external tokens of the profiler and voters from `tokens` (added to an
-/// earlier invocation's when `resume`d).
-fn write_train_cost(
-    run_dir: &Path,
-    method: Method,
-    tokens: &TokenCounter,
-    resume: bool,
-) -> Result<()> {
+/// The training stage's [`StageCost`]: rollouts, seconds and the calibrator's external tokens
+/// from harness-rollout's `cost.json` (which a resumed run carries over), and the tokens of the
+/// other roles (the voters) that this invocation's `tokens` counted.
+fn write_train_cost(run_dir: &Path, method: Method, tokens: &TokenCounter) -> Result<()> {
     let path = run_dir.join(COST_FILE);
     let text =
         std::fs::read_to_string(&path).map_err(|e| Error::input("train", &path, e.to_string()))?;
     let cost: harness_rollout::Cost = serde_json::from_str(&text)
         .map_err(|e| Error::input("train", &path, format!("not a cost file: {e}")))?;
     let mut counted = counted_tokens(tokens);
-    if resume
-        && let Ok(text) = std::fs::read_to_string(run_dir.join(STAGE_COST_FILE))
-        && let Ok(earlier) = serde_json::from_str::<StageCost>(&text)
-    {
-        for (role, t) in earlier.tokens {
-            let sum = counted.entry(role).or_default();
-            sum.calls += t.calls;
-            sum.prompt_tokens += t.prompt_tokens;
-            sum.completion_tokens += t.completion_tokens;
-        }
+    for (role, usage) in &cost.external_llm_tokens {
+        let t = counted.entry(role.clone()).or_default();
+        t.prompt_tokens = t.prompt_tokens.max(usage.prompt_tokens);
+        t.completion_tokens = t.completion_tokens.max(usage.completion_tokens);
     }
     cost::write(
         &StageCost {

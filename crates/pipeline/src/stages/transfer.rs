@@ -12,8 +12,8 @@
 //!    that family in training (0: the kind was never solved under H0 in training).
 //! 2. From `trajectories.jsonl`: the first such successful rescue rollout, labelled.
 //! 3. From `eval/episodes.jsonl`: held-out test instances of that family where an attempt of
-//!    the trained policy under H0 succeeds while the initial policy failed every attempt (the
-//!    same episode seeds for both), labelled.
+//!    the trained policy under H0 succeeds while the initial policy, and plain GRPO when it was
+//!    evaluated, failed every attempt (the same episode seeds for all), labelled.
 //! 4. The behaviours that made the difference: labels on which the trained success differs from
 //!    the initial policy's failed attempt with the same seed, in the direction the rescue rollout
 //!    also differs (the environment labeller's features, and for DBBench each decision-point
@@ -216,51 +216,68 @@ pub(crate) fn transfer_cases(
         }
     }
     let labellers = harness_envs::labels::builtin_labellers();
-    // The first successful rescue rollout of each family's first rescued group.
-    let mut wanted: BTreeMap<(String, u64), String> = BTreeMap::new();
-    for (family, f) in &families {
-        if let Some(g) = f.rescued.first() {
-            wanted.insert((g.task_id.clone(), g.update), family.clone());
-        }
-    }
-    let mut rescue_of: BTreeMap<String, (RescueEvidence, TrajectoryLabels)> = BTreeMap::new();
+    // `trajectories.jsonl` holds each group's rollouts, base then rescue, in `groups.jsonl`'s
+    // order: the first rescued group of a family owns the lines after its base attempts.
+    let first_rescue: BTreeMap<(String, u64), String> = families
+        .iter()
+        .filter_map(|(family, f)| {
+            let g = f.rescued.first()?;
+            Some(((g.task_id.clone(), g.update), family.clone()))
+        })
+        .collect();
     let path = run.join(TRAJECTORIES_FILE);
     let text = std::fs::read_to_string(&path)
         .map_err(|e| Error::input("evaluate", &path, e.to_string()))?;
-    for (n, line) in text.lines().enumerate() {
-        if rescue_of.len() == wanted.len() {
-            break;
-        }
-        if line.trim().is_empty() {
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    let mut rescue_of: BTreeMap<String, (RescueEvidence, TrajectoryLabels)> = BTreeMap::new();
+    let mut at = 0usize;
+    for g in &groups {
+        let rescue_lines =
+            at + g.base_rewards.len()..at + g.base_rewards.len() + g.rescue_rewards.len();
+        at = rescue_lines.end;
+        let Some(family) = first_rescue.get(&(g.task_id.clone(), g.update)) else {
+            continue;
+        };
+        if rescue_of.contains_key(family) {
             continue;
         }
-        // Cheap filter before parsing a whole trajectory.
-        if !wanted.keys().any(|(task, _)| line.contains(task.as_str())) {
-            continue;
-        }
-        let t: Trajectory = serde_json::from_str(line)
-            .map_err(|e| Error::input("evaluate", &path, format!("line {}: {e}", n + 1)))?;
-        if !t.is_success() {
-            continue;
-        }
-        for ((task, update), family) in &wanted {
-            let group = families[family].rescued[0];
-            if &t.task_id == task
-                && !rescue_of.contains_key(family)
-                && group.rescue_harnesses.contains(&t.harness_id)
-            {
-                rescue_of.insert(
-                    family.clone(),
-                    (
-                        RescueEvidence {
-                            task: task.clone(),
-                            update: *update,
-                            harness: t.harness_id.to_string(),
-                            harness_name: t.harness_name.clone(),
-                        },
-                        behaviour_labels(&labellers, &t),
+        for n in rescue_lines {
+            let Some(line) = lines.get(n) else {
+                return Err(Error::input(
+                    "evaluate",
+                    &path,
+                    format!(
+                        "{} lines, fewer than groups.jsonl's rollouts (line {} is due for task `{}` at update {})",
+                        lines.len(),
+                        n + 1,
+                        g.task_id,
+                        g.update
                     ),
-                );
+                ));
+            };
+            let t: Trajectory = serde_json::from_str(line)
+                .map_err(|e| Error::input("evaluate", &path, format!("line {}: {e}", n + 1)))?;
+            if t.task_id != g.task_id {
+                return Err(Error::input(
+                    "evaluate",
+                    &path,
+                    format!(
+                        "line {} is task `{}`, expected `{}` (groups.jsonl and trajectories.jsonl disagree)",
+                        n + 1,
+                        t.task_id,
+                        g.task_id
+                    ),
+                ));
+            }
+            if t.is_success() {
+                let evidence = RescueEvidence {
+                    task: g.task_id.clone(),
+                    update: g.update,
+                    harness: t.harness_id.to_string(),
+                    harness_name: t.harness_name.clone(),
+                };
+                rescue_of.insert(family.clone(), (evidence, behaviour_labels(&labellers, &t)));
+                break;
             }
         }
     }
@@ -307,6 +324,15 @@ pub(crate) fn transfer_cases(
                 continue;
             };
             if init.attempts.iter().any(|x| x.reward >= 1.0) {
+                continue;
+            }
+            // The paper's cases are ones "where GRPO fails": with plain GRPO evaluated, it
+            // must have failed every attempt too.
+            if method != Method::Grpo
+                && grpo
+                    .get(e.task.as_str())
+                    .is_some_and(|g| g.attempts.iter().any(|x| x.reward >= 1.0))
+            {
                 continue;
             }
             let Some(a) = (0..e.attempts.len().min(init.attempts.len()))

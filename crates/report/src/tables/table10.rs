@@ -33,6 +33,8 @@ pub struct Table10Row {
     pub seconds: BTreeMap<String, Stat>,
     /// External tokens (prompt + completion) by role over seeds.
     pub tokens: BTreeMap<String, Stat>,
+    /// All roles' tokens together over seeds (Table 10's "API tokens").
+    pub api_tokens: Stat,
     /// The shared stages counted in the row.
     pub shared: Vec<String>,
 }
@@ -115,7 +117,9 @@ pub fn table10(run: &Run) -> Table10 {
                 }
                 roles.insert(role);
             }
+            let api_tokens = by(&|c| c.tokens.values().map(|t| t.total() as f64).sum())?;
             Some(Table10Row {
+                api_tokens,
                 label: run.label(&m),
                 shared: first.shared.clone(),
                 rollouts,
@@ -146,6 +150,7 @@ impl Table10 {
         for role in &self.roles {
             header.push(format!("{role} tokens"));
         }
+        header.push("API tokens".into());
         let rows = self
             .rows
             .iter()
@@ -164,6 +169,7 @@ impl Table10 {
                             .map_or_else(|| "0".into(), |s| fmt_stat(Some(s), 1.0, 0, n)),
                     );
                 }
+                cells.push(fmt_stat(Some(&r.api_tokens), 1.0, 0, n));
                 cells
             })
             .collect();

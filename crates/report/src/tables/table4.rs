@@ -126,9 +126,22 @@ impl Table4 {
             .map(String::from),
         );
         let mut notes = vec![
-            "A case is a family the method rescued in training (all K initial H0 attempts failed, a sibling's rollout succeeded and entered the update), traced to a held-out test instance of that family which the trained policy solves under H0 while the initial policy failed every attempt (same episode seeds); \"H0 successes in training\" counts the method's own H0 attempts on the family (0: the kind was never solved under H0 in training). Up to three instances per family, the first in test order.".to_string(),
+            "A case is a family the method rescued in training (all K initial H0 attempts failed, a sibling's rollout succeeded and entered the update), traced to a held-out test instance of that family which the trained policy solves under H0 while the initial policy and, when evaluated, plain GRPO failed every attempt (same episode seeds); \"H0 successes in training\" counts the method's own H0 attempts on the family (0: the kind was never solved under H0 in training). Up to three instances per family, the first in test order.".to_string(),
             format!("Behaviour: the labels (the environment labeller's features; decision:<point>=<choice> flags for DBBench) on which the trained success differs from the initial policy's failed attempt with the same seed, in the direction the training rescue rollout also differs; the {BEHAVIOURS_SHOWN} largest changes, all of them in eval/transfer.jsonl."),
         ];
+        let held_out = self
+            .cases
+            .iter()
+            .filter(|(_, c)| c.test_task.is_some())
+            .count();
+        let strict = self
+            .cases
+            .iter()
+            .filter(|(_, c)| c.test_task.is_some() && c.h0_training_successes == 0)
+            .count();
+        notes.push(format!(
+            "{held_out} held-out cases; {strict} of them of a kind the method's H0 attempts never solved in training."
+        ));
         if self.seeds_with_file == 0 {
             notes.push("No eval/transfer.jsonl: no rescue-trained method was evaluated under H0 after the initial policy.".into());
         }
