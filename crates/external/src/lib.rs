@@ -1,0 +1,35 @@
+//! # harness-external
+//!
+//! Bring your own harness: the pieces that let an agent program in any language act in
+//! harness-s episodes, with the token bookkeeping right.
+//!
+//! - [`envserver`]: any [`harness_core::Environment`] served over HTTP with JSON bodies (list
+//!   tasks, start a session, step with a tool call, finish and verify on the server), with
+//!   session timeouts and isolated sessions; and [`envserver::client::RemoteEnv`], an
+//!   `Environment` that talks to such a server, so that the agent loop and the conformance
+//!   suite run on a remote environment unchanged.
+//!
+//! It sits beside harness-openai (whose wire types it reuses) and depends on harness-core's
+//! seams only: it never sees candle or the trainer.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use harness_core::{Environment, Split};
+//! use harness_external::envserver::client::RemoteEnv;
+//! use harness_external::envserver::server::{EnvServer, EnvServerConfig, EnvServerHandle};
+//!
+//! # async fn run(env: Arc<dyn Environment>) -> harness_external::Result<()> {
+//! let server = EnvServer::new(env, EnvServerConfig::default())?;
+//! let handle = EnvServerHandle::spawn("127.0.0.1:0".parse().unwrap(), server).await?;
+//! let remote = RemoteEnv::connect(handle.base_url()).await?;
+//! let tasks = remote.tasks(Split::Train)?;
+//! let session = remote.reset(&tasks[0], 7).await?;
+//! println!("{} tools", session.tools().len());
+//! # Ok(())
+//! # }
+//! ```
+
+pub mod envserver;
+pub mod error;
+
+pub use error::{Error, Result};
