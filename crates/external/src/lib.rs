@@ -8,6 +8,11 @@
 //!   session timeouts and isolated sessions; and [`envserver::client::RemoteEnv`], an
 //!   `Environment` that talks to such a server, so that the agent loop and the conformance
 //!   suite run on a remote environment unchanged.
+//! - [`proxy`]: a recording OpenAI-compatible proxy in front of the acting policy. A program
+//!   talks to it with its usual OpenAI client and a per-episode key; the proxy records each
+//!   call's prompt token ids, sampled token ids, log-probs and sampling settings, assembles
+//!   the episode's `Trajectory` from what was sampled (never by re-tokenising text), and
+//!   counts the turns whose prompt does not extend the previous context (the prefix check).
 //!
 //! It sits beside harness-openai (whose wire types it reuses) and depends on harness-core's
 //! seams only: it never sees candle or the trainer.
@@ -31,5 +36,6 @@
 
 pub mod envserver;
 pub mod error;
+pub mod proxy;
 
 pub use error::{Error, Result};
