@@ -13,6 +13,11 @@
 //!   call's prompt token ids, sampled token ids, log-probs and sampling settings, assembles
 //!   the episode's `Trajectory` from what was sampled (never by re-tokenising text), and
 //!   counts the turns whose prompt does not extend the previous context (the prefix check).
+//! - [`program`]: agent programs as harnesses (`{"kind": "external", "command": [...], "env":
+//!   {...}, "limits": {...}}`), each run once per episode by a [`program::ProgramRunner`]
+//!   with the proxy's and the environment server's addresses; a crash, a hang past the limit
+//!   or an unfinished session is a failed episode with its reason, and the program's process
+//!   group is killed when it ends.
 //!
 //! It sits beside harness-openai (whose wire types it reuses) and depends on harness-core's
 //! seams only: it never sees candle or the trainer.
@@ -36,6 +41,7 @@
 
 pub mod envserver;
 pub mod error;
+pub mod program;
 pub mod proxy;
 
 pub use error::{Error, Result};

@@ -80,6 +80,9 @@ pub enum Termination {
     MaxEnvActions,
     /// The rendered context exceeded `limits.max_context_tokens`.
     ContextLimit,
+    /// An external harness (an agent program) crashed, ran past its time limit, or exited
+    /// without finishing its session; the reason is in the outcome's details.
+    ProgramFailed,
 }
 
 /// Counters of an episode.

@@ -16,7 +16,8 @@
 //! | `POST /v1/sessions` | `{"task_id": "dbbench/train-0", "seed": 7, "max_steps": 30}` (`seed` defaults to the task's, `max_steps` to none) | 201 `{"session_id", "env", "task": {...}, "initial_observation", "tools": [{"name", "description", "parameters", "kind"}], "max_steps", "idle_timeout_s", "max_lifetime_s"}` |
 //! | `POST /v1/sessions/{id}/step` | `{"name": "execute_sql", "arguments": {"query": "SELECT 1"}}` | `{"observation": {"text", "error", "pagination", "done"}, "steps": 1}` |
 //! | `POST /v1/sessions/{id}/finish` | `{"final_answer": null, "action_format": null}` (both optional) | `{"outcome": {"reward": 1.0, "details": {...}}, "steps": 4}` |
-//! | `GET /v1/sessions/{id}` | | `{"session_id", "task_id", "state": "open" or "finished", "steps", "done", "outcome"}` |
+//! | `GET /v1/sessions/{id}` | | `{"session_id", "task_id", "state": "open" or "finished", "steps", "tool_errors", "done", "outcome"}` |
+//! | `GET /v1/sessions/{id}/episode` | | the start's answer again (task, initial observation, tools): what a program handed only the session id reads first |
 //! | `DELETE /v1/sessions/{id}` | | 204 |
 //!
 //! - **Tasks** are listed without their metadata: ground truth lives there and never leaves
@@ -206,6 +207,9 @@ pub struct SessionStatus {
     pub state: SessionState,
     /// Steps taken.
     pub steps: u32,
+    /// Steps answered with an error observation.
+    #[serde(default)]
+    pub tool_errors: u32,
     /// Whether an observation said the episode is done (a submit tool ran).
     pub done: bool,
     /// The outcome, once finished.

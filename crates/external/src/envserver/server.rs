@@ -82,6 +82,8 @@ impl EnvServerConfig {
 /// One session's state, behind its own lock so that sessions step concurrently.
 struct Slot {
     task_id: String,
+    /// What the start answered, for `GET /v1/sessions/{id}/episode`.
+    started_as: StartResponse,
     started: Instant,
     last_used: Mutex<Instant>,
     max_steps: Option<u32>,
@@ -92,6 +94,7 @@ struct SlotState {
     /// The environment's episode; dropped (freeing its database, files, ...) once verified.
     session: Option<Box<dyn EnvSession>>,
     steps: u32,
+    tool_errors: u32,
     done: bool,
     outcome: Option<Outcome>,
 }
@@ -348,12 +351,14 @@ async fn start_inner(server: &Arc<EnvServer>, body: &Bytes) -> ApiResult {
     let now = Instant::now();
     let slot = Slot {
         task_id: task.id.clone(),
+        started_as: response.clone(),
         started: now,
         last_used: Mutex::new(now),
         max_steps: req.max_steps,
         state: tokio::sync::Mutex::new(SlotState {
             session: Some(session),
             steps: 0,
+            tool_errors: 0,
             done: false,
             outcome: None,
         }),
@@ -398,6 +403,7 @@ async fn step_inner(server: &EnvServer, id: &str, body: &Bytes) -> ApiResult {
         )
     })?;
     state.steps += 1;
+    state.tool_errors += u32::from(observation.error);
     state.done |= observation.done;
     slot.touch();
     Ok(json(
@@ -488,10 +494,18 @@ async fn status_inner(server: &EnvServer, id: &str) -> ApiResult {
                 None => SessionState::Open,
             },
             steps: state.steps,
+            tool_errors: state.tool_errors,
             done: state.done,
             outcome: state.outcome.clone(),
         },
     ))
+}
+
+async fn episode(State(server): State<Arc<EnvServer>>, Path(id): Path<String>) -> Response {
+    match server.slot(&id) {
+        Ok(slot) => json(StatusCode::OK, &slot.started_as),
+        Err(e) => e.into_response(),
+    }
 }
 
 async fn close(State(server): State<Arc<EnvServer>>, Path(id): Path<String>) -> Response {
@@ -516,6 +530,7 @@ pub fn router(server: Arc<EnvServer>) -> Router {
         .route("/v1/tasks", get(list_tasks))
         .route("/v1/sessions", post(start))
         .route("/v1/sessions/{id}", get(status).delete(close))
+        .route("/v1/sessions/{id}/episode", get(episode))
         .route("/v1/sessions/{id}/step", post(step))
         .route("/v1/sessions/{id}/finish", post(finish))
         .fallback(not_found)
