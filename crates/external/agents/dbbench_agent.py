@@ -11,7 +11,10 @@ once per episode with these variables (see harness_external::program):
 The agent reads the task and the tools from the session, asks the policy for the next step
 through the proxy's /chat/completions (tools offered the OpenAI way), runs each tool call on
 the session, and keeps its history exactly as it was answered (so every turn passes the
-proxy's prefix check). When a tool ends the episode (commit_final_answer) it finishes the
+proxy's prefix check). With AGENT_HISTORY=text it instead keeps each reply as plain text
+(the calls written out, the results as user messages), as many hand-written agents do: the
+episode still works, and the proxy counts every later turn as a prefix break, because the
+policy never produced that text. When a tool ends the episode (commit_final_answer) it finishes the
 session, which runs the verifier on the server. With the OpenAI SDK the model calls would be
 `OpenAI(base_url=..., api_key=...).chat.completions.create(...)`; urllib keeps this file free
 of packages to install.
@@ -53,6 +56,9 @@ def main():
     key = os.environ["HARNESS_PROXY_KEY"]
     model = os.environ.get("HARNESS_MODEL", "policy")
     limits = json.loads(os.environ.get("HARNESS_LIMITS", "{}"))
+    history = os.environ.get("AGENT_HISTORY", "exact")
+    if history not in ("exact", "text"):
+        raise SystemExit("AGENT_HISTORY: expected exact or text, got %r" % history)
 
     episode = call("GET", session + "/episode")
     tools = [
@@ -79,12 +85,17 @@ def main():
             key,
         )
         message = answer["choices"][0]["message"]
-        # The history keeps the reply as the proxy sent it.
-        kept = {"role": "assistant", "content": message.get("content")}
-        if message.get("tool_calls"):
-            kept["tool_calls"] = message["tool_calls"]
-        messages.append(kept)
         calls = message.get("tool_calls") or []
+        if history == "exact":
+            # The history keeps the reply as the proxy sent it.
+            kept = {"role": "assistant", "content": message.get("content")}
+            if calls:
+                kept["tool_calls"] = calls
+        else:
+            written = ["%s(%s)" % (c["function"]["name"], c["function"]["arguments"]) for c in calls]
+            text = " ".join(filter(None, [message.get("content") or "", "; ".join(written)]))
+            kept = {"role": "assistant", "content": text}
+        messages.append(kept)
         if not calls:
             messages.append({"role": "user", "content": NUDGE})
             continue
@@ -99,13 +110,16 @@ def main():
                 {"name": tool_call["function"]["name"], "arguments": arguments},
             )
             observation = step["observation"]
-            messages.append(
-                {
-                    "role": "tool",
-                    "tool_call_id": tool_call["id"],
-                    "content": observation["text"],
-                }
-            )
+            if history == "exact":
+                messages.append(
+                    {
+                        "role": "tool",
+                        "tool_call_id": tool_call["id"],
+                        "content": observation["text"],
+                    }
+                )
+            else:
+                messages.append({"role": "user", "content": "Result: " + observation["text"]})
             if observation["done"]:
                 result = call("POST", session + "/finish", {})
                 print(json.dumps({"reward": result["outcome"]["reward"]}))

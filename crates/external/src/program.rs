@@ -37,19 +37,23 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use async_trait::async_trait;
 use harness_core::{
-    HarnessId, Limits, Location, Outcome, Task, Termination, Trajectory, canonical_json,
+    EnvSession, Environment, Harness, HarnessId, Limits, Location, Outcome, Policy, ProgramSpec,
+    SamplingParams, Split, Task, Termination, Trajectory,
 };
 use reqwest::Method;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
 use tokio::io::AsyncReadExt;
 
 use crate::envserver::SessionStatus;
 use crate::envserver::client::{RemoteEnv, call};
+use crate::envserver::server::{EnvServer, EnvServerConfig, EnvServerHandle};
 use crate::error::{Error, Result};
-use crate::proxy::{EpisodeEnd, EpisodeRecord, EpisodeSpec, RecordingProxy};
+use crate::proxy::{
+    EpisodeEnd, EpisodeRecord, EpisodeSpec, ProxyConfig, ProxyHandle, RecordingProxy,
+};
 
 /// The `kind` of an external pool member.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -264,17 +268,55 @@ impl ExternalHarness {
         Ok(())
     }
 
-    /// A content hash of the command, variables and limits (not the name or description), in
-    /// the shape of [`harness_core::Harness::id`].
-    pub fn id(&self) -> HarnessId {
-        let value = json!({
-            "kind": "external",
-            "command": self.command,
-            "env": self.env,
-            "limits": serde_json::to_value(self.limits).unwrap_or(Value::Null),
+    /// The harness as a pool member: a [`Harness`] whose [`Harness::program`] is set (its
+    /// prompt unused), with these limits.
+    pub fn to_harness(&self) -> Harness {
+        let mut harness = Harness::new(
+            self.name.clone(),
+            "(an external agent program: its prompts are its own)",
+        );
+        harness.description = self.description.clone();
+        harness.limits = self.limits.episode_limits();
+        harness.program = Some(ProgramSpec {
+            command: self.command.clone(),
+            env: self.env.clone(),
+            timeout_s: self.limits.timeout_s,
         });
-        let digest = Sha256::digest(canonical_json(&value).as_bytes());
-        HarnessId(digest.iter().take(8).map(|b| format!("{b:02x}")).collect())
+        harness
+    }
+
+    /// The external harness a pool member describes; an error naming `program` when it is not
+    /// one.
+    pub fn from_harness(harness: &Harness) -> Result<Self> {
+        let program = harness.program.as_ref().ok_or_else(|| {
+            invalid(
+                None,
+                "program",
+                format!("harness `{}` is not an agent program", harness.name),
+            )
+        })?;
+        let external = ExternalHarness {
+            kind: ExternalKind::External,
+            name: harness.name.clone(),
+            description: harness.description.clone(),
+            command: program.command.clone(),
+            env: program.env.clone(),
+            limits: ProgramLimits {
+                max_model_calls: harness.limits.max_model_calls,
+                max_env_actions: harness.limits.max_env_actions,
+                max_context_tokens: harness.limits.max_context_tokens,
+                max_output_tokens: harness.limits.max_output_tokens,
+                timeout_s: program.timeout_s,
+            },
+        };
+        external.validate()?;
+        Ok(external)
+    }
+
+    /// The pool member's id ([`Harness::id`] of [`ExternalHarness::to_harness`]): a content
+    /// hash of the command, variables and limits, not of the name.
+    pub fn id(&self) -> HarnessId {
+        self.to_harness().id()
     }
 }
 
@@ -387,6 +429,18 @@ impl ProgramRunner {
         task: &Task,
         seed: u64,
     ) -> Result<ProgramEpisode> {
+        self.run_with(program, task, seed, None).await
+    }
+
+    /// [`ProgramRunner::run`] with every model call of the episode sampled with `sampling`
+    /// (whatever the program asks for), as a training run needs.
+    pub async fn run_with(
+        &self,
+        program: &ExternalHarness,
+        task: &Task,
+        seed: u64,
+        sampling: Option<SamplingParams>,
+    ) -> Result<ProgramEpisode> {
         program.validate()?;
         let limits = program.limits;
         let session = self
@@ -397,6 +451,7 @@ impl ProgramRunner {
             task_id: task.id.clone(),
             seed,
             limits: limits.episode_limits(),
+            sampling,
         })?;
         let run = self
             .spawn_and_wait(program, task, seed, session.id(), &key)
@@ -422,7 +477,7 @@ impl ProgramRunner {
         }
         let (outcome, termination) = match (&run.failure, &status.outcome) {
             (None, Some(outcome)) => (
-                outcome.clone(),
+                with_prefix_check(outcome.clone(), &record),
                 if status.done {
                     Termination::EnvDone
                 } else {
@@ -437,6 +492,8 @@ impl ProgramRunner {
                         "exit_code": run.exit_code,
                         "stderr_tail": run.stderr_tail,
                         "verifier": verified,
+                        "prefix_breaks": record.prefix_breaks,
+                        "masked": record.masked(),
                     }
                 })),
                 Termination::ProgramFailed,
@@ -571,6 +628,132 @@ impl ProgramRunner {
             seconds,
             stderr_tail,
         })
+    }
+}
+
+/// The verifier's outcome with the proxy's prefix-check counts beside its details
+/// (`details.external`), so that a run's trajectories carry them.
+fn with_prefix_check(mut outcome: Outcome, record: &EpisodeRecord) -> Outcome {
+    let external = json!({"prefix_breaks": record.prefix_breaks, "masked": record.masked()});
+    match &mut outcome.details {
+        Value::Object(map) => {
+            map.insert("external".into(), external);
+        }
+        Value::Null => outcome.details = json!({ "external": external }),
+        other => {
+            outcome.details = json!({"verifier": other.take(), "external": external});
+        }
+    }
+    outcome
+}
+
+/// What a [`ProgramEnv`] starts.
+#[derive(Debug, Clone)]
+pub struct ProgramEnvConfig {
+    /// The recording proxy.
+    pub proxy: ProxyConfig,
+    /// The environment server's sessions.
+    pub env_server: EnvServerConfig,
+    /// How programs are run.
+    pub runner: RunnerSettings,
+}
+
+/// An environment that also runs external harnesses: the wrapped environment served on a
+/// loopback port, a recording proxy in front of the run's acting policy on another, and a
+/// [`ProgramRunner`]. In-process harnesses run on the wrapped environment as before;
+/// [`harness_core::run_episode`] hands external ones to [`Environment::run_program`], so
+/// they take part in rescue, calibration and evaluation like any pool member.
+///
+/// The programs' model calls go to the policy given here (the run's acting policy, whose
+/// weights the learner updates in place or a weight sync keeps current); an episode that
+/// names another policy is refused.
+pub struct ProgramEnv {
+    inner: Arc<dyn Environment>,
+    runner: ProgramRunner,
+    policy_name: String,
+    proxy: Arc<RecordingProxy>,
+    _env_server: EnvServerHandle,
+    _proxy: ProxyHandle,
+}
+
+impl ProgramEnv {
+    /// Serve `inner` and a proxy in front of `policy` on loopback ports.
+    pub async fn serve(
+        inner: Arc<dyn Environment>,
+        policy: Arc<dyn Policy>,
+        config: ProgramEnvConfig,
+    ) -> Result<Self> {
+        let loopback: std::net::SocketAddr = ([127, 0, 0, 1], 0).into();
+        let server = EnvServer::new(inner.clone(), config.env_server)?;
+        let env_server = EnvServerHandle::spawn(loopback, server).await?;
+        let policy_name = policy.name().to_string();
+        let proxy = RecordingProxy::new(policy, config.proxy)?;
+        let proxy_handle = ProxyHandle::spawn(loopback, proxy.clone()).await?;
+        let remote = RemoteEnv::connect(env_server.base_url()).await?;
+        let runner = ProgramRunner::new(
+            remote,
+            proxy.clone(),
+            proxy_handle.base_url(),
+            policy_name.clone(),
+            config.runner,
+        );
+        Ok(ProgramEnv {
+            inner,
+            runner,
+            policy_name,
+            proxy,
+            _env_server: env_server,
+            _proxy: proxy_handle,
+        })
+    }
+
+    /// The recording proxy (its [`RecordingProxy::stats`] are the run's prefix-check counts).
+    pub fn proxy(&self) -> &Arc<RecordingProxy> {
+        &self.proxy
+    }
+}
+
+#[async_trait]
+impl Environment for ProgramEnv {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    async fn reset(&self, task: &Task, seed: u64) -> harness_core::Result<Box<dyn EnvSession>> {
+        self.inner.reset(task, seed).await
+    }
+
+    fn tasks(&self, split: Split) -> harness_core::Result<Vec<Task>> {
+        self.inner.tasks(split)
+    }
+
+    async fn run_program(
+        &self,
+        policy: &dyn Policy,
+        harness: &Harness,
+        task: &Task,
+        seed: u64,
+        sampling: &SamplingParams,
+    ) -> harness_core::Result<Trajectory> {
+        if policy.name() != self.policy_name {
+            return Err(harness_core::Error::Environment {
+                env: self.name().to_string(),
+                message: format!(
+                    "external harness `{}` acts through the policy `{}` this environment's proxy serves, but the episode asks for `{}`",
+                    harness.name,
+                    self.policy_name,
+                    policy.name()
+                ),
+            });
+        }
+        let program =
+            ExternalHarness::from_harness(harness).map_err(|e| e.into_env_error(self.name()))?;
+        let episode = self
+            .runner
+            .run_with(&program, task, seed, Some(sampling.clone()))
+            .await
+            .map_err(|e| e.into_env_error(self.name()))?;
+        Ok(episode.trajectory)
     }
 }
 

@@ -169,6 +169,7 @@ fn spec(seed: u64) -> EpisodeSpec {
         task_id: "task-1".into(),
         seed,
         limits: Limits::default(),
+        sampling: None,
     }
 }
 
@@ -581,6 +582,7 @@ async fn keys_limits_and_bad_requests() {
             task_id: "t".into(),
             seed: 1,
             limits,
+            sampling: None,
         })
         .unwrap();
     let other = rig.proxy().open_episode(spec(1)).unwrap();
@@ -728,6 +730,7 @@ fn bad_configurations_name_the_field() {
                 max_model_calls: 0,
                 ..Limits::default()
             },
+            sampling: None,
         })
         .unwrap_err()
         .to_string();

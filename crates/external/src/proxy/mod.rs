@@ -22,8 +22,9 @@
 //!   history the prefix check counts it (see [`record`]).
 //! - The `k`-th call of an episode samples with seed [`harness_core::call_seed`]`(seed, k)`,
 //!   ignoring the request's `seed`, so that one seed drives a run. Temperature and `top_p`
-//!   are the request's unless the proxy pins them ([`ProxyConfig::sampling`]); either way the
-//!   turn records the settings it was drawn under.
+//!   are the request's unless the episode ([`EpisodeSpec::sampling`]) or the proxy
+//!   ([`ProxyConfig::sampling`]) pins them; either way the turn records the settings it was
+//!   drawn under.
 //! - `max_tokens` / `max_completion_tokens` are capped by the episode's
 //!   `limits.max_output_tokens`; a prompt over `limits.max_context_tokens` is answered 400
 //!   (`context_length_exceeded`) and recorded as a turn without tokens; calls beyond

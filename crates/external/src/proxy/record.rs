@@ -44,6 +44,10 @@ pub struct EpisodeSpec {
     /// Model calls, context and output tokens per call (`max_env_actions` is the environment
     /// server's business).
     pub limits: Limits,
+    /// Sampling settings every call of this episode uses, whatever the request says (a
+    /// runner pins the run's settings here); before [`super::ProxyConfig::sampling`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampling: Option<harness_core::SamplingParams>,
 }
 
 /// Everything recorded for one episode, handed back when the episode is closed.
@@ -345,6 +349,7 @@ mod tests {
                 max_model_calls: 2,
                 ..Limits::default()
             },
+            sampling: None,
         }
     }
 

@@ -99,6 +99,7 @@ async fn chat(
 /// The sampling settings of a request, or the pinned ones.
 fn sampling(
     proxy: &RecordingProxy,
+    pinned_for_episode: Option<&SamplingParams>,
     req: &ChatCompletionRequest,
 ) -> Result<SamplingParams, ApiError> {
     let stop = req.stop.clone().map(|s| s.into_vec()).unwrap_or_default();
@@ -108,7 +109,7 @@ fn sampling(
             stop.len()
         )));
     }
-    if let Some(pinned) = &proxy.config.sampling {
+    if let Some(pinned) = pinned_for_episode.or(proxy.config.sampling.as_ref()) {
         return Ok(SamplingParams {
             stop,
             ..pinned.clone()
@@ -216,7 +217,8 @@ async fn chat_inner(
         return Err(refuse(ApiError::bad("`messages`: must not be empty")));
     }
     let mut messages = from_wire_messages(&req.messages).map_err(|m| refuse(ApiError::bad(m)))?;
-    let params = sampling(proxy, &req).map_err(refuse)?;
+    let pinned = lock(&log).spec().sampling.clone();
+    let params = sampling(proxy, pinned.as_ref(), &req).map_err(refuse)?;
     let asked = req.max_completion_tokens.or(req.max_tokens);
     if let Some(n) = asked.filter(|n| *n < 1) {
         return Err(refuse(ApiError::bad(format!(
