@@ -156,7 +156,9 @@ async fn main() -> Result<()> {
             .map(|l| Ok(serde_json::from_str(l)?))
             .collect()
     };
-    println!("update  rescue trigger  rescue success  rescue rollouts (successes) by member");
+    println!(
+        "update  rescue trigger  rescue success  prefix breaks  rescue rollouts (successes) by member"
+    );
     for m in read("metrics.jsonl")?
         .iter()
         .filter(|m| m["kind"] == "update")
@@ -175,10 +177,11 @@ async fn main() -> Result<()> {
             })
             .collect();
         println!(
-            "{:>6}  {:>14}  {:>14}  {}",
+            "{:>6}  {:>14}  {:>14}  {:>13}  {}",
             m["update"].to_string(),
             m["rescue_trigger_rate"].to_string(),
             m["rescue_success"].to_string(),
+            m["prefix_breaks"].to_string(),
             uses.join(", ")
         );
     }
@@ -187,8 +190,7 @@ async fn main() -> Result<()> {
         let row = per_member.entry(t.harness_name.clone()).or_default();
         row.0 += 1;
         row.1 += usize::from(t.is_success());
-        let breaks = t.outcome.details["external"]["prefix_breaks"].as_u64();
-        row.2 += breaks.unwrap_or(0);
+        row.2 += u64::from(t.counts.prefix_breaks);
         row.3 += t.turns.len();
     }
     println!("\nmember                        episodes  successes  turns  prefix breaks");

@@ -229,6 +229,22 @@ async fn an_external_python_sibling_rescues_every_failed_group() {
         .unwrap();
     assert_eq!(update["rescue_trigger_rate"], 1.0, "{update}");
     assert_eq!(update["rescue_success"], 1.0, "{update}");
+    // The run's metrics count the text-history sibling's drift: one break per later turn.
+    let written: Vec<Trajectory> =
+        harness_core::read_jsonl(dir.path().join("trajectories.jsonl")).unwrap();
+    let drift: u64 = written
+        .iter()
+        .filter(|t| t.harness_id == text_id)
+        .map(|t| t.turns.len() as u64 - 1)
+        .sum();
+    assert!(drift >= 3);
+    assert_eq!(update["prefix_breaks"], drift, "{update}");
+    assert!(written.iter().all(|t| {
+        u64::from(t.counts.prefix_breaks)
+            == t.outcome.details["external"]["prefix_breaks"]
+                .as_u64()
+                .unwrap_or(0)
+    }));
     for id in [&sibling_id, &text_id] {
         assert_eq!(update["rescue_use"][&id.0]["successes"], 3, "{update}");
     }
@@ -251,8 +267,6 @@ async fn an_external_python_sibling_rescues_every_failed_group() {
             }
         }
     }
-    let written: Vec<Trajectory> =
-        harness_core::read_jsonl(dir.path().join("trajectories.jsonl")).unwrap();
     assert_eq!(written.len(), 12, "6 base and 6 rescue rollouts");
     let stats = env.proxy().stats();
     assert_eq!(stats.episodes, 6);

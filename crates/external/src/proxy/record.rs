@@ -126,6 +126,7 @@ impl EpisodeRecord {
                 tool_errors: end.tool_errors,
                 refused_actions: self.refused_calls,
                 policy_tokens,
+                prefix_breaks: self.prefix_breaks,
                 ..Counts::default()
             },
             turns,
@@ -406,6 +407,7 @@ mod tests {
         let trajectory = record.clone().into_trajectory(end.clone());
         assert!(trajectory.turns.iter().all(|t| t.tokens.is_empty()));
         assert_eq!(trajectory.counts.policy_tokens, 5);
+        assert_eq!(trajectory.counts.prefix_breaks, 2);
         assert_eq!(trajectory.reward(), 1.0);
         let kept = EpisodeRecord {
             prefix_policy: PrefixPolicy::OwnContext,
