@@ -8,6 +8,7 @@
 //! harness-s eval      --config run.toml --method harness_s
 //! harness-s report    --config run.toml
 //! harness-s serve     --config run.toml --method harness_s --port 8000
+//! harness-s env-serve --env dbbench --port 8100  # an environment over HTTP (harness-external)
 //! ```
 //!
 //! Every subcommand reads one run configuration (`--config`, TOML or JSON, every setting listed
@@ -101,6 +102,87 @@ enum Command {
         #[arg(long, value_name = "DIR")]
         reload_root: Option<PathBuf>,
     },
+    /// Serve an environment over HTTP for agent programs in any language: list tasks, start
+    /// sessions, step with tool calls, finish and verify on the server (protocol
+    /// `harness-s-env/1`, documented in the README's "Your own harness").
+    EnvServe(EnvServeArgs),
+}
+
+/// The `env-serve` command's flags.
+#[derive(Args, Clone)]
+struct EnvServeArgs {
+    /// The environment: dbbench or appworld.
+    #[arg(long, default_value = "dbbench")]
+    env: String,
+    /// The seed the built-in tasks are generated from.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// DBBench only: serve the tasks of an AgentBench DBBench JSONL file (all in the test
+    /// split) instead of generated ones.
+    #[arg(long, value_name = "FILE")]
+    dbbench_data: Option<PathBuf>,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: IpAddr,
+    /// Port (0 picks a free one).
+    #[arg(long, default_value_t = 8100)]
+    port: u16,
+    /// Seconds without a request after which a session is removed.
+    #[arg(long, default_value_t = 600.0)]
+    idle_timeout_s: f64,
+    /// Seconds after its start at which a session is removed.
+    #[arg(long, default_value_t = 3600.0)]
+    max_lifetime_s: f64,
+    /// The most sessions held at once.
+    #[arg(long, default_value_t = 1024)]
+    max_sessions: usize,
+}
+
+impl EnvServeArgs {
+    fn environment(&self) -> Result<std::sync::Arc<dyn harness_core::Environment>> {
+        use harness_envs::{appworld, dbbench};
+        Ok(match self.env.as_str() {
+            "dbbench" => match &self.dbbench_data {
+                Some(path) => std::sync::Arc::new(
+                    dbbench::DbBench::from_jsonl(path, harness_core::Split::Test)
+                        .with_context(|| format!("--dbbench-data {}", path.display()))?,
+                ),
+                None => {
+                    std::sync::Arc::new(dbbench::DbBench::generated(&dbbench::GeneratorConfig {
+                        seed: self.seed,
+                        ..Default::default()
+                    }))
+                }
+            },
+            "appworld" => {
+                anyhow::ensure!(
+                    self.dbbench_data.is_none(),
+                    "--dbbench-data: only --env dbbench reads a DBBench file"
+                );
+                std::sync::Arc::new(appworld::AppWorld::with_config(appworld::AppWorldConfig {
+                    base_seed: self.seed,
+                    ..Default::default()
+                }))
+            }
+            other => anyhow::bail!("--env {other}: expected dbbench or appworld"),
+        })
+    }
+
+    fn config(&self) -> Result<harness_external::envserver::server::EnvServerConfig> {
+        let secs = |flag: &str, v: f64| {
+            anyhow::ensure!(
+                v.is_finite() && v > 0.0,
+                "{flag} {v}: expected a number of seconds above zero"
+            );
+            Ok(std::time::Duration::from_secs_f64(v))
+        };
+        Ok(harness_external::envserver::server::EnvServerConfig {
+            idle_timeout: secs("--idle-timeout-s", self.idle_timeout_s)?,
+            max_lifetime: secs("--max-lifetime-s", self.max_lifetime_s)?,
+            max_sessions: self.max_sessions,
+            ..Default::default()
+        })
+    }
 }
 
 /// Flags every subcommand takes; each overrides the configuration file.
@@ -423,6 +505,26 @@ async fn run() -> Result<()> {
             );
             tokio::signal::ctrl_c().await?;
             server.shutdown().await?;
+        }
+        Command::EnvServe(args) => {
+            use harness_external::envserver::server::{EnvServer, EnvServerHandle};
+            let env = args.environment()?;
+            let counts: Vec<String> = harness_core::Split::ALL
+                .into_iter()
+                .map(|split| Ok(format!("{} {split}", env.tasks(split)?.len())))
+                .collect::<Result<_>>()?;
+            let server = EnvServer::new(env.clone(), args.config()?)?;
+            let handle =
+                EnvServerHandle::spawn(SocketAddr::new(args.host, args.port), server).await?;
+            println!(
+                "serving environment `{}` ({} tasks) at {} (protocol {}); Ctrl-C stops",
+                env.name(),
+                counts.join(", "),
+                handle.base_url(),
+                harness_external::envserver::PROTOCOL
+            );
+            tokio::signal::ctrl_c().await?;
+            handle.shutdown().await?;
         }
     }
     Ok(())

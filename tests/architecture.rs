@@ -243,6 +243,38 @@ fn the_tinker_learner_is_a_protocol_client() {
     );
 }
 
+#[test]
+fn external_harnesses_meet_the_policy_and_environments_only_through_the_core_traits() {
+    let graph = normal_dependency_graph();
+    assert!(graph.contains_key("harness-external"));
+    let forbidden: Vec<&str> = ML
+        .iter()
+        .copied()
+        .chain([
+            "grpo-candle",
+            "harness-envs",
+            "harness-rollout",
+            "harness-router",
+            "harness-evolve",
+            "harness-pipeline",
+        ])
+        .collect();
+    // harness-openai's optional `candle` adapters are switched on for the whole workspace by
+    // the crates that serve a candle checkpoint (cargo unifies features), so the graph is
+    // checked without it: harness-external's own dependencies, and theirs.
+    let mut pruned = graph.clone();
+    pruned
+        .get_mut("harness-external")
+        .expect("listed")
+        .remove("harness-openai");
+    assert_free_of(
+        &pruned,
+        "harness-external",
+        &forbidden,
+        "the environment server and the recording proxy serve any `Environment` and any `Policy`",
+    );
+}
+
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
         let path = entry.path();

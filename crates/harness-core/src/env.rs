@@ -7,7 +7,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::Result;
 use crate::action::{ActionParser, ToolCall};
+use crate::harness::Harness;
+use crate::policy::{Policy, SamplingParams};
 use crate::task::{Split, Task};
+use crate::trajectory::Trajectory;
 
 /// What a tool is for; the loop and some hook conditions treat the kinds differently.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -160,6 +163,30 @@ pub trait Environment: Send + Sync {
     fn tasks(&self, split: Split) -> Result<Vec<Task>> {
         let _ = split;
         Ok(Vec::new())
+    }
+
+    /// Run one episode of an external harness (an agent program, [`Harness::program`]) on
+    /// `task`: [`crate::run_episode`] hands such harnesses here instead of running its own
+    /// loop. An environment that can host programs serves itself over HTTP and puts a
+    /// recording proxy in front of `policy` (harness-external's `ProgramEnv`); the trajectory's
+    /// turns are the tokens the policy sampled, sampled with `sampling`. The default refuses.
+    async fn run_program(
+        &self,
+        policy: &dyn Policy,
+        harness: &Harness,
+        task: &Task,
+        seed: u64,
+        sampling: &SamplingParams,
+    ) -> Result<Trajectory> {
+        let _ = (policy, task, seed, sampling);
+        Err(crate::Error::invalid(
+            "program",
+            format!(
+                "harness `{}` is an agent program, and environment `{}` cannot run programs; wrap it in harness_external::program::ProgramEnv",
+                harness.name,
+                self.name()
+            ),
+        ))
     }
 }
 

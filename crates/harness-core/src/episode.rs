@@ -67,6 +67,12 @@ pub async fn run_episode_with(
     options: &EpisodeOptions,
 ) -> Result<Trajectory> {
     harness.validate()?;
+    if harness.is_external() {
+        // An agent program acts instead of this loop; the environment runs it.
+        return env
+            .run_program(policy, harness, task, seed, &options.sampling)
+            .await;
+    }
     let hooks = harness.compile_hooks()?;
     let mut session = env.reset(task, seed).await?;
     let env_tools = session.tools();

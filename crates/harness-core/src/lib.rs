@@ -67,7 +67,7 @@ pub use error::{Error, Location, Result};
 pub use harness::{
     CONDITIONS, CompiledHook, Condition, ContextPolicy, EditOp, Harness, HarnessEdit, HarnessId,
     HookAction, HookEvent, HookSpec, Limits, Lineage, LocalEval, MemoryPolicy, NOTE_TOOL,
-    PromptRule, PromptSpec, Skill, ToolView, canonical_json,
+    ProgramSpec, PromptRule, PromptSpec, Skill, ToolView, canonical_json,
 };
 pub use labels::{
     BehaviourFeature, FeatureKind, GenericLabeller, Step, TrajectoryLabeller, TrajectoryLabels,

@@ -80,6 +80,9 @@ pub enum Termination {
     MaxEnvActions,
     /// The rendered context exceeded `limits.max_context_tokens`.
     ContextLimit,
+    /// An external harness (an agent program) crashed, ran past its time limit, or exited
+    /// without finishing its session; the reason is in the outcome's details.
+    ProgramFailed,
 }
 
 /// Counters of an episode.
@@ -102,6 +105,15 @@ pub struct Counts {
     pub hook_messages: u32,
     /// Generated tokens.
     pub policy_tokens: u32,
+    /// Turns whose prompt tokens did not extend the previous turn's context and generated
+    /// tokens (the prefix check): counted for agent programs by harness-external's recording
+    /// proxy; the built-in loop does not count them (0).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub prefix_breaks: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// The complete record of one episode.

@@ -115,6 +115,16 @@ pub struct UpdateRecord {
     pub update_seconds: f64,
     /// Seconds in calibration before this update.
     pub calibration_seconds: f64,
+    /// Turns of this update's rollouts (base and rescue) whose prompt did not extend the
+    /// previous turn's context + completion (`Counts::prefix_breaks`: agent programs whose
+    /// history or chat template drifted from what the policy sampled). Left out of the line
+    /// when 0, so runs without agent programs write what they wrote before.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub prefix_breaks: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Compute an update's metrics from its group records and the learner's report.
@@ -198,6 +208,7 @@ pub fn summarize(
         lr: report.lr,
         learner_tokens: report.policy_tokens,
         policy_version: report.policy_version,
+        prefix_breaks: 0,
         rollout_seconds: 0.0,
         update_seconds: 0.0,
         calibration_seconds: 0.0,

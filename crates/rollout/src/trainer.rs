@@ -393,6 +393,10 @@ impl RescueTrainer {
         metrics.update_seconds = update_seconds;
         metrics.calibration_seconds = calibration_seconds;
         let trajectories: Vec<Trajectory> = formed.into_iter().flat_map(|f| f.all).collect();
+        metrics.prefix_breaks = trajectories
+            .iter()
+            .map(|t| u64::from(t.counts.prefix_breaks))
+            .sum();
         // Metrics last: a line in metrics.jsonl means the update's other lines are complete.
         self.files.append(TRAJECTORIES_FILE, &trajectories)?;
         self.files.append(GROUPS_FILE, &records)?;

@@ -85,6 +85,25 @@ pub struct Harness {
     /// Where the harness came from. Not part of the id.
     #[serde(default)]
     pub lineage: Lineage,
+    /// Set when the harness is an agent program (an *external* harness): the program acts in
+    /// the episode instead of this crate's loop, and the environment runs it
+    /// ([`crate::Environment::run_program`]). The prompt, hooks and tool view are then unused;
+    /// `limits` still apply (the program's model calls, actions and tokens).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub program: Option<ProgramSpec>,
+}
+
+/// An agent program run once per episode: what an external harness is.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProgramSpec {
+    /// The program and its arguments.
+    pub command: Vec<String>,
+    /// Extra environment variables it gets.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Wall-clock seconds before it is killed.
+    pub timeout_s: f64,
 }
 
 /// The prompt templates. Placeholders are `{name}`; `{{` and `}}` are literal braces.
@@ -339,7 +358,13 @@ impl Harness {
             tool_view: ToolView::default(),
             limits: Limits::default(),
             lineage: Lineage::default(),
+            program: None,
         }
+    }
+
+    /// Whether the harness is an agent program ([`Harness::program`]).
+    pub fn is_external(&self) -> bool {
+        self.program.is_some()
     }
 
     /// Parse a harness from JSON text. Errors name the JSON path and what was expected.

@@ -76,6 +76,23 @@ impl Harness {
         if self.name.trim().is_empty() {
             return Err(Error::invalid("name", "expected a non-empty harness name"));
         }
+        if let Some(program) = &self.program {
+            if program.command.first().is_none_or(|c| c.trim().is_empty()) {
+                return Err(Error::invalid(
+                    "program.command",
+                    "expected the program and its arguments, e.g. [\"python3\", \"agent.py\"]",
+                ));
+            }
+            if !(program.timeout_s.is_finite() && program.timeout_s > 0.0) {
+                return Err(Error::invalid(
+                    "program.timeout_s",
+                    format!(
+                        "expected a number of seconds above zero, got {}",
+                        program.timeout_s
+                    ),
+                ));
+            }
+        }
         if self.prompt.system.trim().is_empty() {
             return Err(Error::invalid(
                 "prompt.system",
