@@ -185,6 +185,10 @@ async fn every_method_trains_from_one_checkpoint_and_has_its_row_in_every_table(
             n("calibration") + calibration_shared
         );
         assert!(
+            !report.contains("| -0 |"),
+            "a zero in the report is printed as -0"
+        );
+        assert!(
             report.lines().any(|l| l.starts_with(&row10)),
             "report.md lacks the Table 10 row `{row10} ...`"
         );

@@ -26,7 +26,7 @@ use harness_core::{Trajectory, TrajectoryLabeller, TrajectoryLabels};
 use harness_rollout::{GROUPS_FILE, GroupRecord, TRAJECTORIES_FILE};
 
 use crate::config::Method;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, StageExt};
 use crate::setup::Workbench;
 
 /// The prefix of a decision-point flag among the labels (`decision:after_change=commit`).
@@ -91,20 +91,17 @@ pub(crate) fn episode_records(
         .collect()
 }
 
-fn read_jsonl<T: serde::de::DeserializeOwned>(path: &std::path::Path) -> Result<Vec<T>> {
-    let text = match std::fs::read_to_string(path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(Error::input("evaluate", path, e.to_string())),
-    };
-    text.lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-        .map(|(n, l)| {
-            serde_json::from_str(l)
-                .map_err(|e| Error::input("evaluate", path, format!("line {}: {e}", n + 1)))
-        })
-        .collect()
+/// The records of a JSONL run file (none when it is absent), read as the report reads them.
+fn read_jsonl<T: serde::de::DeserializeOwned>(
+    path: &std::path::Path,
+    what: &str,
+) -> Result<Vec<T>> {
+    Ok(harness_report::layout::read_jsonl(path, what)
+        .at("evaluate")?
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(_, t)| t)
+        .collect())
 }
 
 /// The behaviours on which `trained` differs from `initial` in the direction `rescue` does too.
@@ -166,11 +163,15 @@ pub(crate) fn transfer_cases(
     episodes: &[EpisodeRecord],
 ) -> Result<Vec<TransferCase>> {
     let run = wb.layout.train(method);
-    let groups: Vec<GroupRecord> = read_jsonl(&run.join(GROUPS_FILE))?;
+    let groups: Vec<GroupRecord> =
+        read_jsonl(&run.join(GROUPS_FILE), "a harness-rollout GroupRecord")?;
     if !groups.iter().any(GroupRecord::rescued) {
         return Ok(Vec::new());
     }
-    let all: Vec<EpisodeRecord> = read_jsonl(&wb.layout.episode_results())?;
+    let all: Vec<EpisodeRecord> = read_jsonl(
+        &wb.layout.episode_results(),
+        "an episode line {method, task, family, attempts}",
+    )?;
     let of = |m: &str| -> BTreeMap<&str, &EpisodeRecord> {
         all.iter()
             .filter(|e| e.method == m)

@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::layout::{Run, SeedRun, StageCost};
+use crate::layout::{Run, SeedRun, StageCost, Tokens};
 use crate::render::TextTable;
 use crate::stats::{Stat, fmt_stat};
 
@@ -117,7 +117,7 @@ pub fn table10(run: &Run) -> Table10 {
                 }
                 roles.insert(role);
             }
-            let api_tokens = by(&|c| c.tokens.values().map(|t| t.total() as f64).sum())?;
+            let api_tokens = by(&|c| c.tokens.values().map(Tokens::total).sum::<u64>() as f64)?;
             Some(Table10Row {
                 api_tokens,
                 label: run.label(&m),
