@@ -252,7 +252,6 @@ fn external_harnesses_meet_the_policy_and_environments_only_through_the_core_tra
         .copied()
         .chain([
             "grpo-candle",
-            "harness-envs",
             "harness-rollout",
             "harness-router",
             "harness-evolve",
@@ -272,6 +271,27 @@ fn external_harnesses_meet_the_policy_and_environments_only_through_the_core_tra
         "harness-external",
         &forbidden,
         "the environment server and the recording proxy serve any `Environment` and any `Policy`",
+    );
+    // harness-envs is a dependency for its sandbox alone (agent programs run in it): no
+    // environment is named.
+    let mut files = Vec::new();
+    rust_files(&root().join("crates/external/src"), &mut files);
+    let mut offenders = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).expect("readable");
+        for (i, line) in text.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or("");
+            for (start, _) in code.match_indices("harness_envs::") {
+                if !code[start..].starts_with("harness_envs::swe::sandbox::") {
+                    offenders.push(format!("{}:{}: {}", file.display(), i + 1, line.trim()));
+                }
+            }
+        }
+    }
+    assert!(
+        offenders.is_empty(),
+        "harness-external uses harness-envs only for `swe::sandbox`:\n{}",
+        offenders.join("\n")
     );
 }
 

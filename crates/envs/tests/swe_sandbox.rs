@@ -517,3 +517,65 @@ fn a_named_pipe_does_not_block_the_file_tools() {
         outcome.details
     );
 }
+
+/// With `share_network` a command reaches the host's loopback (as agent programs must), the
+/// paths bound read-only are readable but not writable, and a path that would hide the
+/// sandbox's own folders is refused.
+#[test]
+fn a_shared_network_reaches_the_loopback_and_extra_binds_are_read_only() {
+    let config = SandboxConfig {
+        share_network: true,
+        ..SandboxConfig::default()
+    };
+    let sandbox = sandbox::Sandbox::new(&config, "python3").unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let work = tempfile::tempdir().unwrap();
+    let work = work.path().canonicalize().unwrap();
+    let shared = tempfile::tempdir().unwrap();
+    let shared = shared.path().canonicalize().unwrap();
+    std::fs::write(shared.join("note.txt"), "bound read-only").unwrap();
+    let script = format!(
+        r#"
+import socket
+socket.create_connection(("127.0.0.1", {port}), timeout=2).close()
+print("connected")
+print(open({note:?}).read())
+try:
+    open({note:?}, "a")
+    print("writable")
+except OSError as e:
+    print("refused", type(e).__name__)
+"#,
+        note = shared.join("note.txt").display().to_string()
+    );
+    let python = sandbox.python().display().to_string();
+    let (command, _lease) = sandbox
+        .command_with(
+            &work,
+            true,
+            std::slice::from_ref(&shared),
+            &python,
+            &["-c", &script],
+        )
+        .unwrap();
+    let out = exec::run_command(command, Duration::from_secs(20), 4000).unwrap();
+    assert_eq!(out.status, Some(0), "{}", out.describe());
+    assert!(out.output.contains("connected"), "{}", out.output);
+    assert!(out.output.contains("bound read-only"), "{}", out.output);
+    assert!(out.output.contains("refused"), "{}", out.output);
+    assert!(listener.accept().is_ok());
+
+    for refused in ["/", "/tmp", "/proc/self", "relative"] {
+        let err = sandbox
+            .command_with(&work, true, &[refused.into()], "true", &[])
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidInput, "{refused}: {err}");
+    }
+    let above = work.parent().unwrap().to_path_buf();
+    assert!(
+        sandbox
+            .command_with(&work, true, &[above], "true", &[])
+            .is_err()
+    );
+}

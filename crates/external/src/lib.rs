@@ -17,10 +17,12 @@
 //!   {...}, "limits": {...}}`), each run once per episode by a [`program::ProgramRunner`]
 //!   with the proxy's and the environment server's addresses; a crash, a hang past the limit
 //!   or an unfinished session is a failed episode with its reason, and the program's process
-//!   group is killed when it ends.
+//!   group is killed when it ends; with a sandbox set, each program runs in harness-envs'
+//!   bubblewrap sandbox, and nothing it starts outlives it.
 //!
 //! It sits beside harness-openai (whose wire types it reuses) and depends on harness-core's
-//! seams only: it never sees candle or the trainer.
+//! seams and harness-envs' sandbox only: it never sees candle, the trainer or an environment's
+//! internals.
 //!
 //! ```no_run
 //! use std::sync::Arc;

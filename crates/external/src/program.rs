@@ -28,11 +28,28 @@
 //! program exits with an error or a signal (`crashed`), runs past `timeout_s` (`timed_out`:
 //! it is killed) or exits without finishing its session (`unfinished`). The program runs in
 //! its own process group, and the whole group is killed when the program ends, however it
-//! ends, so nothing it started outlives the episode (a process that leaves the group with
-//! `setsid` escapes this; the sandbox of policy-caused commands is not applied here yet).
+//! ends.
+//!
+//! # The sandbox
+//! With [`RunnerSettings::sandbox`] set (made by [`program_sandbox`]), the program runs inside
+//! harness-envs' sandbox of policy-caused commands (`harness_envs::swe::sandbox`): bubblewrap
+//! namespaces, resource limits and, when the runner is root, a user of its own. It then sees
+//! the system read-only, a private `/tmp`, a fresh working folder of its own (its current
+//! folder, removed after the episode), and, read-only, the folder of each command argument
+//! that names an existing file (a path relative to the runner's current folder is handed to
+//! the program made absolute), so `["python3", "agent.py"]` runs its script and may import
+//! its neighbours; the rest of the file system is not there. Its environment is the sandbox's
+//! (`PATH` with the sandbox's Python first, `HOME=/tmp`, ...) plus the harness's `env` and
+//! the variables above; the sandbox's `PATH` is kept. It runs in a pid namespace of its own:
+//! when it ends, or is killed, the kernel kills everything it left inside, a child that
+//! called `setsid` included. The network is the host's, not an empty one as for the policy's
+//! commands, because the program must reach the environment server and the proxy on the
+//! host's loopback; a sandboxed program can therefore still reach the network. Without a
+//! sandbox, a program runs with the runner's user and files, and a process that leaves the
+//! group with `setsid` outlives the episode.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -42,6 +59,7 @@ use harness_core::{
     EnvSession, Environment, Harness, HarnessId, Limits, Location, Outcome, Policy, ProgramSpec,
     SamplingParams, Split, Task, Termination, Trajectory,
 };
+use harness_envs::swe::sandbox::{Sandbox, SandboxConfig, UidLease};
 use reqwest::Method;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -335,7 +353,7 @@ pub enum ProgramFailure {
 /// What happened to the process.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ProgramRun {
-    /// The process id (also its process group's id).
+    /// The process id (also its process group's id); under a sandbox, bubblewrap's.
     pub pid: u32,
     /// Its exit code (`None` when a signal ended it).
     pub exit_code: Option<i32>,
@@ -368,6 +386,9 @@ pub struct RunnerSettings {
     pub path: String,
     /// The most bytes of stderr kept.
     pub stderr_tail_bytes: usize,
+    /// The sandbox programs run in ([`program_sandbox`]; see the module docs), or `None` to
+    /// run them directly with the runner's user, files and network (`path` applies only then).
+    pub sandbox: Option<Arc<Sandbox>>,
 }
 
 impl Default for RunnerSettings {
@@ -375,8 +396,40 @@ impl Default for RunnerSettings {
         RunnerSettings {
             path: "/usr/local/bin:/usr/bin:/bin".into(),
             stderr_tail_bytes: 4096,
+            sandbox: None,
         }
     }
+}
+
+/// The sandbox for [`RunnerSettings::sandbox`]: harness-envs' sandbox built from `config`
+/// with the host's network shared (programs reach the environment server and the proxy on
+/// the loopback; see [`SandboxConfig::share_network`]) and `python` as the interpreter first
+/// on its `PATH`. Blocks for the sandbox's probe (a fraction of a second). The error names
+/// the setting and says how to install bubblewrap.
+pub fn program_sandbox(config: &SandboxConfig, python: &str) -> Result<Arc<Sandbox>> {
+    let config = SandboxConfig {
+        share_network: true,
+        ..config.clone()
+    };
+    let sandbox = Sandbox::new(&config, python).map_err(|message| {
+        Error::config(
+            "runner.sandbox",
+            format!(
+                "agent programs are to run in a sandbox, and none can be made: {message}; to \
+                 run programs without one, leave the runner's sandbox unset"
+            ),
+        )
+    })?;
+    Ok(Arc::new(sandbox))
+}
+
+/// A program's command, with what must live as long as the program runs.
+struct Prepared {
+    command: tokio::process::Command,
+    /// The sandbox's working folder, removed after the run.
+    workdir: Option<tempfile::TempDir>,
+    /// The sandbox's user, leased until the program has ended.
+    lease: Option<UidLease>,
 }
 
 /// Runs programs, one per episode, against an environment server and a recording proxy.
@@ -525,25 +578,46 @@ impl ProgramRunner {
         session_id: &str,
         key: &str,
     ) -> Result<ProgramRun> {
-        let mut command = tokio::process::Command::new(&program.command[0]);
-        command
-            .args(&program.command[1..])
-            .env_clear()
-            .env("PATH", &self.settings.path)
-            .envs(&program.env)
-            .env("HARNESS_ENV_URL", self.env.base_url())
-            .env("HARNESS_SESSION_ID", session_id)
-            .env("HARNESS_PROXY_URL", &self.proxy_url)
-            .env("HARNESS_PROXY_KEY", key)
-            .env("OPENAI_BASE_URL", &self.proxy_url)
-            .env("OPENAI_API_KEY", key)
-            .env("HARNESS_MODEL", &self.proxy.config().model)
-            .env(
+        let variables = [
+            ("HARNESS_ENV_URL", self.env.base_url().to_string()),
+            ("HARNESS_SESSION_ID", session_id.to_string()),
+            ("HARNESS_PROXY_URL", self.proxy_url.clone()),
+            ("HARNESS_PROXY_KEY", key.to_string()),
+            ("OPENAI_BASE_URL", self.proxy_url.clone()),
+            ("OPENAI_API_KEY", key.to_string()),
+            ("HARNESS_MODEL", self.proxy.config().model.clone()),
+            (
                 "HARNESS_LIMITS",
                 serde_json::to_string(&program.limits).unwrap_or_default(),
-            )
-            .env("HARNESS_TASK_ID", &task.id)
-            .env("HARNESS_SEED", seed.to_string())
+            ),
+            ("HARNESS_TASK_ID", task.id.clone()),
+            ("HARNESS_SEED", seed.to_string()),
+        ];
+        let Prepared {
+            mut command,
+            workdir,
+            lease,
+        } = match &self.settings.sandbox {
+            Some(sandbox) => sandboxed(sandbox, program, &variables)?,
+            None => {
+                let mut command = tokio::process::Command::new(&program.command[0]);
+                command
+                    .args(&program.command[1..])
+                    .env_clear()
+                    .env("PATH", &self.settings.path)
+                    .envs(&program.env)
+                    .envs(variables);
+                Prepared {
+                    command,
+                    workdir: None,
+                    lease: None,
+                }
+            }
+        };
+        // Under a sandbox the group holds bubblewrap alone (the program runs in a session of
+        // its own), and killing bubblewrap takes the sandbox's pid namespace, with everything
+        // in it, along.
+        command
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -595,6 +669,18 @@ impl ProgramRunner {
             Ok(Ok(text)) => text,
             _ => "[stderr unavailable: a process outside the program's group kept it open]".into(),
         };
+        // The program and everything it started have ended: its user and its folder go.
+        drop(lease);
+        if let Some(workdir) = workdir {
+            let path = workdir.path().to_path_buf();
+            if let Err(e) = workdir.close() {
+                tracing::warn!(
+                    "cannot remove the working folder {} of external harness `{}`: {e}",
+                    path.display(),
+                    program.name
+                );
+            }
+        }
         let exit_code = status.and_then(|s| s.code());
         let (failure, reason) = if timed_out {
             (
@@ -628,6 +714,91 @@ impl ProgramRunner {
             seconds,
             stderr_tail,
         })
+    }
+}
+
+/// `program`'s command inside `sandbox`: a fresh working folder, the folders of its file
+/// arguments bound read-only (those arguments made absolute), and `variables` and the
+/// harness's `env` on top of the sandbox's environment, whose `PATH` is kept.
+fn sandboxed(
+    sandbox: &Sandbox,
+    program: &ExternalHarness,
+    variables: &[(&str, String)],
+) -> Result<Prepared> {
+    let workdir = tempfile::Builder::new()
+        .prefix("harness-program-")
+        .tempdir()
+        .map_err(|source| {
+            Error::Core(harness_core::Error::Io {
+                path: std::env::temp_dir(),
+                source,
+            })
+        })?;
+    let root = workdir.path().canonicalize().map_err(|source| {
+        Error::Core(harness_core::Error::Io {
+            path: workdir.path().to_path_buf(),
+            source,
+        })
+    })?;
+    let mut args = Vec::with_capacity(program.command.len());
+    let mut binds: Vec<PathBuf> = Vec::new();
+    for (i, arg) in program.command.iter().enumerate() {
+        // A bare program name is looked up on `PATH`, not in the current folder.
+        let file = if i == 0 && !arg.contains('/') {
+            None
+        } else {
+            Path::new(arg).canonicalize().ok().filter(|p| p.is_file())
+        };
+        match file.as_ref().and_then(|f| f.to_str().map(|s| (f, s))) {
+            Some((file, text)) => {
+                let bind = visible_part(file, &root);
+                if !binds.contains(&bind) {
+                    binds.push(bind);
+                }
+                args.push(text.to_string());
+            }
+            None => args.push(arg.clone()),
+        }
+    }
+    let rest: Vec<&str> = args[1..].iter().map(String::as_str).collect();
+    let (command, lease) = sandbox
+        .command_with(&root, true, &binds, &args[0], &rest)
+        .map_err(|e| {
+            Error::config(
+                "command",
+                format!(
+                    "cannot run `{}` of external harness `{}` in the sandbox: {e}",
+                    program.command[0], program.name
+                ),
+            )
+        })?;
+    let path = command
+        .get_envs()
+        .find(|(name, _)| *name == "PATH")
+        .and_then(|(_, value)| value.map(|v| v.to_os_string()));
+    let mut command = command;
+    command
+        .envs(&program.env)
+        .envs(variables.iter().map(|(k, v)| (*k, v.as_str())));
+    if let Some(path) = path {
+        command.env("PATH", path);
+    }
+    Ok(Prepared {
+        command: tokio::process::Command::from(command),
+        workdir: Some(workdir),
+        lease,
+    })
+}
+
+/// What of the host a file argument needs inside the sandbox: its folder, or the file alone
+/// where the folder is `/` or holds the working folder `root` (the host's `/tmp`, say), which
+/// would expose far more than the program.
+fn visible_part(file: &Path, root: &Path) -> PathBuf {
+    match file.parent() {
+        Some(folder) if folder != Path::new("/") && !root.starts_with(folder) => {
+            folder.to_path_buf()
+        }
+        _ => file.to_path_buf(),
     }
 }
 

@@ -1,7 +1,10 @@
 //! External harnesses: the standard-library Python agent (`agents/dbbench_agent.py`) solves
 //! DBBench tasks through the recording proxy and the environment server, its trajectories
 //! hold the tokens the policy sampled, and a crashing, a hanging and a never-finishing
-//! program each give a failed episode with its reason and leave no process behind.
+//! program each give a failed episode with its reason and leave no process behind. In the
+//! sandbox (bubblewrap) the agent still solves its tasks, a child that left the session with
+//! `setsid` and a hanging program are gone after the episode, and a file outside the
+//! sandbox's binds cannot be read.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -9,10 +12,12 @@ use std::time::{Duration, Instant};
 
 use harness_core::{Split, Task, Termination};
 use harness_envs::dbbench::{self, DbBench, GeneratorConfig};
+use harness_envs::swe::sandbox::{Sandbox, SandboxConfig};
 use harness_external::envserver::client::RemoteEnv;
 use harness_external::envserver::server::{EnvServer, EnvServerConfig, EnvServerHandle};
 use harness_external::program::{
     ExternalHarness, ExternalKind, ProgramFailure, ProgramLimits, ProgramRunner, RunnerSettings,
+    program_sandbox,
 };
 use harness_external::proxy::{ProxyConfig, ProxyHandle, RecordingProxy};
 use harness_testkit::{FnPolicy, byte_tokens};
@@ -26,13 +31,34 @@ fn python() -> Option<&'static str> {
     if found {
         return Some("python3");
     }
-    let ci = std::env::var("CI").is_ok_and(|v| matches!(v.trim(), "true" | "1"));
     assert!(
-        !ci,
+        !ci(),
         "python3 is not on PATH and CI=true: the external-harness tests need it"
     );
     println!("skipping: python3 is not on PATH (under CI=true this fails)");
     None
+}
+
+fn ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| matches!(v.trim(), "true" | "1"))
+}
+
+/// The program sandbox (bubblewrap with the network shared), or `None` to skip when bwrap is
+/// not installed. Under CI (`CI=true`) it must be there; where it is, the sandbox must work.
+fn sandbox(python: &str) -> Option<Arc<Sandbox>> {
+    let found = std::process::Command::new("bwrap")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !found {
+        assert!(
+            !ci(),
+            "bwrap is not on PATH and CI=true: the sandboxed program tests need bubblewrap"
+        );
+        println!("skipping: bwrap is not on PATH (under CI=true this fails)");
+        return None;
+    }
+    Some(program_sandbox(&SandboxConfig::default(), python).unwrap())
 }
 
 struct Rig {
@@ -46,6 +72,11 @@ struct Rig {
 /// the task by its instruction and says the oracle's next turn, with byte tokens of a
 /// prefix-stable rendering of the conversation (testkit's `FnPolicy`).
 async fn rig() -> Rig {
+    rig_with(None).await
+}
+
+/// [`rig`] whose programs run in `sandbox`.
+async fn rig_with(sandbox: Option<Arc<Sandbox>>) -> Rig {
     let local = DbBench::generated(&GeneratorConfig {
         seed: 21,
         train: 4,
@@ -96,6 +127,7 @@ async fn rig() -> Rig {
         "oracle",
         RunnerSettings {
             path: std::env::var("PATH").unwrap_or_default(),
+            sandbox,
             ..RunnerSettings::default()
         },
     );
@@ -160,6 +192,42 @@ fn assert_nothing_left(pgid: u32) {
         Vec::<u32>::new(),
         "processes left behind"
     );
+}
+
+/// A marker no other process carries: a sleep duration (`1000.<digits>`) unique to this call.
+fn marker() -> String {
+    static COUNT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    format!("1000.{}{n}{nanos:09}", std::process::id())
+}
+
+/// Live processes whose command line holds `marker`.
+fn marked(marker: &str) -> Vec<u32> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        if String::from_utf8_lossy(&cmdline).contains(marker) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+fn assert_no_marked(marker: &str) {
+    let start = Instant::now();
+    while !marked(marker).is_empty() && start.elapsed() < Duration::from_secs(3) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(marked(marker), Vec::<u32>::new(), "processes left behind");
 }
 
 fn tasks(rig: &Rig, split: Split) -> Vec<Task> {
@@ -297,6 +365,221 @@ async fn crashing_hanging_and_unfinished_programs_fail_with_their_reason() {
     );
     // Every proxy episode was closed, whatever happened.
     assert_eq!(rig.proxy.proxy().open_episodes(), 0);
+}
+
+#[tokio::test]
+async fn the_python_agent_solves_dbbench_in_the_sandbox() {
+    let Some(python) = python() else { return };
+    let Some(sandbox) = sandbox(python) else {
+        return;
+    };
+    let rig = rig_with(Some(sandbox)).await;
+    // A path relative to the runner's folder (the crate's, under cargo test): the runner
+    // binds its folder and hands the program the absolute path.
+    assert!(Path::new("agents/dbbench_agent.py").is_file());
+    let harness = program(&[python, "agents/dbbench_agent.py"], 60.0);
+    for task in tasks(&rig, Split::Train).into_iter().take(2) {
+        let episode = rig.runner.run(&harness, &task, 5).await.unwrap();
+        let t = &episode.trajectory;
+        assert_eq!(episode.run.failure, None, "{:?}", episode.run);
+        assert!(t.is_success(), "{}\n{:?}", t.transcript(), episode.run);
+        assert_eq!(t.termination, Termination::EnvDone);
+        let oracle = dbbench::oracle_turns(&task, false).unwrap();
+        assert_eq!(t.turns.len(), oracle.len());
+        assert_eq!(episode.record.prefix_breaks, 0);
+    }
+    assert_eq!(rig.proxy.proxy().open_episodes(), 0);
+}
+
+/// Starts `setsid sleep <marker>` with its output elsewhere, waits until the child runs
+/// `sleep` in a session of its own, reports that and its working folder, and exits.
+const DETACH: &str = r#"
+import os, subprocess, sys, time
+child = subprocess.Popen(["setsid", "sleep", sys.argv[1]], stdin=subprocess.DEVNULL,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+deadline = time.time() + 10
+while time.time() < deadline:
+    try:
+        with open("/proc/%d/cmdline" % child.pid, "rb") as handle:
+            if handle.read().startswith(b"sleep\0") and os.getsid(child.pid) != os.getsid(0):
+                break
+    except OSError:
+        pass
+    time.sleep(0.01)
+else:
+    sys.exit("the child never detached")
+sys.stderr.write("detached %d in %s\n" % (child.pid, os.getcwd()))
+"#;
+
+#[tokio::test]
+async fn a_sandboxed_program_leaves_nothing_behind_even_after_setsid() {
+    let Some(python) = python() else { return };
+    let Some(sandbox) = sandbox(python) else {
+        return;
+    };
+    // The control: without the sandbox the detached child outlives the episode.
+    let rig = rig().await;
+    let task = tasks(&rig, Split::Test)[0].clone();
+    let escaped = marker();
+    let episode = rig
+        .runner
+        .run(&program(&[python, "-c", DETACH, &escaped], 30.0), &task, 1)
+        .await
+        .unwrap();
+    assert!(
+        episode.run.stderr_tail.contains("detached"),
+        "{:?}",
+        episode.run
+    );
+    let left = marked(&escaped);
+    assert_eq!(left.len(), 1, "the control's child did not outlive it");
+    for pid in left {
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status();
+    }
+
+    let rig = rig_with(Some(sandbox)).await;
+    let inside = marker();
+    let episode = rig
+        .runner
+        .run(&program(&[python, "-c", DETACH, &inside], 30.0), &task, 1)
+        .await
+        .unwrap();
+    // It detached inside, then exited without finishing its session.
+    assert_eq!(
+        episode.run.failure,
+        Some(ProgramFailure::Unfinished),
+        "{:?}",
+        episode.run
+    );
+    let line = episode
+        .run
+        .stderr_tail
+        .lines()
+        .find(|l| l.starts_with("detached"))
+        .unwrap_or_else(|| panic!("{:?}", episode.run))
+        .to_string();
+    assert_no_marked(&inside);
+    // Its working folder was its own, and it is gone.
+    let workdir = line.rsplit(" in ").next().unwrap();
+    assert!(workdir.contains("harness-program-"), "{line}");
+    assert!(!Path::new(workdir).exists(), "{line}");
+}
+
+#[tokio::test]
+async fn a_hanging_sandboxed_program_is_killed_at_its_limit_with_everything_inside() {
+    let Some(python) = python() else { return };
+    let Some(sandbox) = sandbox(python) else {
+        return;
+    };
+    let rig = rig_with(Some(sandbox)).await;
+    let task = tasks(&rig, Split::Test)[0].clone();
+    let marker = marker();
+    let script = format!("sleep {marker} & setsid sleep {marker} & sleep {marker}");
+    let start = Instant::now();
+    let episode = rig
+        .runner
+        .run(&program(&["sh", "-c", &script], 1.0), &task, 1)
+        .await
+        .unwrap();
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!(
+        episode.run.failure,
+        Some(ProgramFailure::TimedOut),
+        "{:?}",
+        episode.run
+    );
+    assert!(
+        episode
+            .run
+            .reason
+            .as_deref()
+            .unwrap()
+            .contains("past its limit of 1 s"),
+        "{:?}",
+        episode.run
+    );
+    assert_eq!(episode.trajectory.termination, Termination::ProgramFailed);
+    assert_no_marked(&marker);
+}
+
+#[tokio::test]
+async fn a_sandboxed_program_cannot_read_files_outside_its_binds() {
+    let Some(python) = python() else { return };
+    let Some(sandbox) = sandbox(python) else {
+        return;
+    };
+    // A readable file in a fresh folder of the host, out of /tmp (private inside anyway).
+    let dir = tempfile::Builder::new()
+        .prefix("program-secret-")
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .unwrap();
+    let secret = dir.path().join("secret.txt");
+    std::fs::write(&secret, "the host's secret").unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o644)).unwrap();
+    // The path goes in a variable, not an argument (whose folder would be bound).
+    let mut reader = program(
+        &[
+            python,
+            "-c",
+            "import os, sys\ntry:\n    sys.stderr.write('read: ' + open(os.environ['SECRET_FILE']).read())\nexcept OSError as e:\n    sys.exit('cannot open: ' + type(e).__name__)\n",
+        ],
+        30.0,
+    );
+    reader
+        .env
+        .insert("SECRET_FILE".into(), secret.display().to_string());
+    let task = tasks(&rig().await, Split::Test)[0].clone();
+
+    let control = rig().await.runner.run(&reader, &task, 1).await.unwrap();
+    assert!(
+        control.run.stderr_tail.contains("read: the host's secret"),
+        "{:?}",
+        control.run
+    );
+    let episode = rig_with(Some(sandbox))
+        .await
+        .runner
+        .run(&reader, &task, 1)
+        .await
+        .unwrap();
+    assert_eq!(
+        episode.run.failure,
+        Some(ProgramFailure::Crashed),
+        "{:?}",
+        episode.run
+    );
+    assert!(
+        episode
+            .run
+            .stderr_tail
+            .contains("cannot open: FileNotFoundError"),
+        "{:?}",
+        episode.run
+    );
+    assert!(
+        !episode.run.stderr_tail.contains("secret"),
+        "{:?}",
+        episode.run
+    );
+}
+
+#[test]
+fn a_missing_sandbox_is_an_error_naming_the_setting_and_the_fix() {
+    let config = SandboxConfig {
+        bwrap: "/nonexistent/bwrap".into(),
+        ..SandboxConfig::default()
+    };
+    let err = program_sandbox(&config, "python3").unwrap_err().to_string();
+    assert!(err.contains("runner.sandbox"), "{err}");
+    assert!(err.contains("apt-get install bubblewrap"), "{err}");
 }
 
 #[test]

@@ -3,14 +3,16 @@
 //! an unprivileged user through `setpriv`.
 //!
 //! A sandboxed command sees:
-//! - no network (its own network namespace holds only a loopback device);
+//! - no network (its own network namespace holds only a loopback device), unless
+//!   [`SandboxConfig::share_network`] gives it the host's;
 //! - its own pid namespace with a fresh `/proc`: the trainer and other episodes are not there,
 //!   and when the sandbox's first process ends, the kernel kills everything left inside (a
 //!   `setsid` child included); bwrap also dies with the trainer's thread that started it;
 //! - the system read-only (`/usr`, `/bin`, `/lib*`, a few files of `/etc`, the Python
 //!   installation), a private `/tmp` (a size-capped tmpfs), `/dev` with only the basic devices;
 //! - one directory of the host, the episode's repository copy (writable for the policy's
-//!   commands, read-only for verification);
+//!   commands, read-only for verification), and the further paths a caller binds read-only
+//!   ([`Sandbox::command_with`]: an agent program's own folder);
 //! - an environment with only `PATH`, `HOME=/tmp`, `TMPDIR`, `LANG`, `USER` and the `PYTHON*`
 //!   flags the runners need;
 //! - limits on CPU seconds, address space, processes and file size ([`SandboxConfig`]), set by
@@ -28,8 +30,9 @@
 //! # Probe
 //! [`Sandbox::new`] resolves the Python interpreter, then runs a probe inside a sandbox built
 //! exactly like the real ones and checks from inside that the user is unprivileged, the system
-//! is read-only, the directory is writable and there is no network. When bwrap is missing or
-//! the probe fails, it returns an error that says how to install bubblewrap.
+//! is read-only, the directory is writable and, unless it is shared, there is no network. When
+//! bwrap is missing or the probe fails, it returns an error that says how to install
+//! bubblewrap.
 //!
 //! The trainer's own environment (API keys) is kept out of the sandbox by the empty environment
 //! and the pid namespace; [`set_non_dumpable`] also keeps it from processes of the same user
@@ -67,6 +70,12 @@ pub struct SandboxConfig {
     pub first_uid: u32,
     /// When the trainer runs as root: how many user ids from `first_uid` on may be leased.
     pub uid_count: u32,
+    /// Give commands the host's network namespace instead of an empty one of their own. This
+    /// gives up the network isolation: a command can reach every service listening on the
+    /// host's loopback and, through the host, the network. Agent programs need it to reach the
+    /// environment server and the recording proxy on `127.0.0.1`; the policy's commands of the
+    /// repository-repair world never do.
+    pub share_network: bool,
 }
 
 impl Default for SandboxConfig {
@@ -81,6 +90,7 @@ impl Default for SandboxConfig {
             tmp_bytes: 256 << 20,
             first_uid: 60_000,
             uid_count: 1_000,
+            share_network: false,
         }
     }
 }
@@ -185,7 +195,8 @@ const HOW: &str = "install bubblewrap (`apt-get install bubblewrap`; it needs us
 /// What the probe prints when every check inside held.
 const PROBE_OK: &str = "harness-sandbox-ok";
 
-/// The probe: checks from inside what the sandbox promises.
+/// The probe: checks from inside what the sandbox promises. Its argument is `isolated` when
+/// the sandbox has no network of its own to check.
 const PROBE: &str = r#"
 import os, socket, sys
 problems = []
@@ -206,11 +217,12 @@ try:
     os.remove(".harness-probe")
 except OSError as exc:
     problems.append("the working directory is not writable: %s" % exc)
-try:
-    socket.create_connection(("192.0.2.1", 9), timeout=0.2).close()
-    problems.append("the network is reachable")
-except OSError:
-    pass
+if sys.argv[1:] == ["isolated"]:
+    try:
+        socket.create_connection(("192.0.2.1", 9), timeout=0.2).close()
+        problems.append("the network is reachable")
+    except OSError:
+        pass
 print("; ".join(problems) if problems else "harness-sandbox-ok")
 "#;
 
@@ -258,6 +270,35 @@ impl Sandbox {
         program: &str,
         args: &[&str],
     ) -> std::io::Result<(Command, Option<UidLease>)> {
+        self.command_with(dir, writable, &[], program, args)
+    }
+
+    /// [`Sandbox::command`] that also binds the host paths `read_only` (existing folders or
+    /// files, such as an agent program's own folder) read-only at the same places inside. A
+    /// path already visible (under the system folders or under `dir`) is left as it is. A
+    /// path that is not absolute, `/`, a folder holding `dir`, or one of the sandbox's own
+    /// (`/tmp`, `/proc`, `/dev` and what lies under the latter two) is refused
+    /// (`InvalidInput`): binding it would hide the sandbox's own folders or expose the host's.
+    pub fn command_with(
+        &self,
+        dir: &Path,
+        writable: bool,
+        read_only: &[PathBuf],
+        program: &str,
+        args: &[&str],
+    ) -> std::io::Result<(Command, Option<UidLease>)> {
+        if let Some(path) = read_only.iter().find(|p| !bindable(p, dir)) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!(
+                    "`{}` cannot be bound into the sandbox: a read-only path must be absolute \
+                     and must not be `/`, `/tmp`, under `/proc` or `/dev`, or hold the command's \
+                     folder `{}`",
+                    path.display(),
+                    dir.display()
+                ),
+            ));
+        }
         let lease = if self.privileged {
             let lease = UidLease::take(self.config.first_uid, self.config.uid_count);
             hand_over(dir, lease.uid)?;
@@ -267,7 +308,7 @@ impl Sandbox {
         };
         let mut command = Command::new(&self.config.bwrap);
         command
-            .args(self.bwrap_args(dir, writable, lease.as_ref().map(|l| l.uid)))
+            .args(self.bwrap_args(dir, writable, read_only, lease.as_ref().map(|l| l.uid)))
             .arg(program)
             .args(args)
             .env_clear()
@@ -304,12 +345,19 @@ impl Sandbox {
     }
 
     /// bwrap's arguments up to and including the helpers that set the user and the limits.
-    fn bwrap_args(&self, dir: &Path, writable: bool, uid: Option<u32>) -> Vec<OsString> {
+    fn bwrap_args(
+        &self,
+        dir: &Path,
+        writable: bool,
+        read_only: &[PathBuf],
+        uid: Option<u32>,
+    ) -> Vec<OsString> {
         let mut args = Args::default();
+        args.flags(&["--unshare-ipc", "--unshare-pid"]);
+        if !self.config.share_network {
+            args.flag("--unshare-net");
+        }
         args.flags(&[
-            "--unshare-ipc",
-            "--unshare-pid",
-            "--unshare-net",
             "--unshare-uts",
             "--unshare-cgroup-try",
             "--die-with-parent",
@@ -373,6 +421,9 @@ impl Sandbox {
         }
         args.mounted.insert(PathBuf::from("/tmp"));
         args.bind(if writable { "--bind" } else { "--ro-bind" }, dir);
+        for path in read_only {
+            args.bind("--ro-bind", path);
+        }
         args.flag("--chdir");
         args.path(dir);
         if let Some(uid) = uid {
@@ -417,8 +468,13 @@ impl Sandbox {
             .canonicalize()
             .map_err(|e| format!("cannot resolve the probe's folder: {e}"))?;
         let python = self.python.display().to_string();
+        let network = if self.config.share_network {
+            "shared"
+        } else {
+            "isolated"
+        };
         let (command, _lease) = self
-            .command(&root, true, &python, &["-I", "-S", "-c", PROBE])
+            .command(&root, true, &python, &["-I", "-S", "-c", PROBE, network])
             .map_err(|e| format!("cannot prepare the sandbox probe: {e}; {how}"))?;
         let out =
             super::exec::run_command(command, Duration::from_secs(20), 4000).map_err(|e| {
@@ -492,6 +548,17 @@ impl Args {
         self.path(path);
         self.mounted.insert(path.to_path_buf());
     }
+}
+
+/// Whether `path` may be bound read-only beside the command's folder `dir` (see
+/// [`Sandbox::command_with`]).
+fn bindable(path: &Path, dir: &Path) -> bool {
+    path.is_absolute()
+        && path != Path::new("/")
+        && path != Path::new("/tmp")
+        && !path.starts_with("/proc")
+        && !path.starts_with("/dev")
+        && !dir.starts_with(path)
 }
 
 /// A program of the system folders, by its path.
