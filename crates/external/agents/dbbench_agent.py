@@ -18,10 +18,29 @@ policy never produced that text. When a tool ends the episode (commit_final_answ
 session, which runs the verifier on the server. With the OpenAI SDK the model calls would be
 `OpenAI(base_url=..., api_key=...).chat.completions.create(...)`; urllib keeps this file free
 of packages to install.
+
+These variables make it a sibling of a harness-s harness (the main job builds them from
+its H0 and a sibling's hooks), so that a policy trained under harness-s's agent loop meets the
+prompts it knows:
+
+  AGENT_SYSTEM   the system message (default: this file's own)
+  AGENT_USER     the first user message, `{instruction}` standing for the task's instruction;
+                 when set, the initial observation follows as a user message of its own and a
+                 reply without a tool call finishes the episode with that reply as the answer,
+                 as harness-s's loop does (unset: instruction and observation in one message,
+                 and a reply without a tool call gets a nudge)
+  AGENT_NO_CALL  with AGENT_USER: the user message a reply without a tool call gets instead of
+                 ending the episode (the loop's answer under an action format that needs a
+                 call in every turn), followed by the on_error hooks
+  AGENT_HOOKS    a JSON list of hooks in harness-s's form, {"event", "condition", "parameters",
+                 "message"}: events after_tool and on_error, conditions always, tool_error,
+                 remaining_steps_lte {threshold} and observation_matches {pattern}; a hook that
+                 fires adds its message as a user message (warn hooks only)
 """
 
 import json
 import os
+import re
 import sys
 import urllib.error
 import urllib.request
@@ -45,8 +64,67 @@ def call(method, url, body=None, key=None):
             raw = response.read()
     except urllib.error.HTTPError as e:
         detail = e.read().decode("utf-8", "replace")
+        if e.code == 400 and "context_length_exceeded" in detail:
+            raise ContextFull(detail)
         raise SystemExit("%s %s: HTTP %d: %s" % (method, url, e.code, detail))
     return json.loads(raw) if raw else None
+
+
+class ContextFull(Exception):
+    """The proxy refused a call: the prompt is longer than the episode's context limit."""
+
+
+def load_hooks(text):
+    """Parse AGENT_HOOKS; exit with the field that is wrong."""
+    try:
+        hooks = json.loads(text)
+    except ValueError as e:
+        raise SystemExit("AGENT_HOOKS: expected a JSON list of hooks: %s" % e)
+    if not isinstance(hooks, list):
+        raise SystemExit("AGENT_HOOKS: expected a JSON list of hooks")
+    for i, hook in enumerate(hooks):
+        where = "AGENT_HOOKS[%d]" % i
+        if not isinstance(hook, dict):
+            raise SystemExit("%s: expected an object" % where)
+        if hook.get("event") not in ("after_tool", "on_error"):
+            raise SystemExit("%s.event: expected after_tool or on_error" % where)
+        if hook.get("action", "warn") != "warn":
+            raise SystemExit("%s.action: only warn hooks are supported" % where)
+        condition = hook.get("condition")
+        parameters = hook.get("parameters") or {}
+        if condition == "remaining_steps_lte":
+            if not isinstance(parameters.get("threshold"), int):
+                raise SystemExit("%s.parameters.threshold: expected an integer" % where)
+        elif condition == "observation_matches":
+            try:
+                hook["regex"] = re.compile(parameters["pattern"])
+            except (KeyError, TypeError, re.error) as e:
+                raise SystemExit("%s.parameters.pattern: expected a regular expression: %s" % (where, e))
+        elif condition not in ("always", "tool_error"):
+            raise SystemExit(
+                "%s.condition: expected always, tool_error, remaining_steps_lte or observation_matches" % where
+            )
+        if not isinstance(hook.get("message"), str):
+            raise SystemExit("%s.message: expected a string" % where)
+    return hooks
+
+
+def fired(hooks, event, observation, remaining_steps):
+    """The messages of the hooks of `event` whose condition holds, in order."""
+    out = []
+    for hook in hooks:
+        if hook["event"] != event:
+            continue
+        condition = hook["condition"]
+        parameters = hook.get("parameters") or {}
+        if (
+            condition == "always"
+            or (condition == "tool_error" and observation["error"])
+            or (condition == "remaining_steps_lte" and remaining_steps <= parameters["threshold"])
+            or (condition == "observation_matches" and hook["regex"].search(observation["text"]))
+        ):
+            out.append(hook["message"])
+    return out
 
 
 def main():
@@ -72,18 +150,38 @@ def main():
         }
         for t in episode["tools"]
     ]
-    task = episode["task"]["instruction"]
-    if episode["initial_observation"]:
-        task += "\n" + episode["initial_observation"]
-    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task}]
+    instruction = episode["task"]["instruction"]
+    observation0 = episode["initial_observation"]
+    user = os.environ.get("AGENT_USER")
+    hooks = load_hooks(os.environ.get("AGENT_HOOKS", "[]"))
+    no_call = os.environ.get("AGENT_NO_CALL")
+    messages = [{"role": "system", "content": os.environ.get("AGENT_SYSTEM", SYSTEM)}]
+    if user is None:
+        task = instruction + ("\n" + observation0 if observation0 else "")
+        messages.append({"role": "user", "content": task})
+    else:
+        # harness-s's layout: the rendered user prompt, then the observation on its own.
+        messages.append({"role": "user", "content": user.replace("{instruction}", instruction)})
+        if observation0.strip():
+            messages.append({"role": "user", "content": observation0})
+    max_steps = limits.get("max_env_actions", 15)
+    steps = 0
+
+    def finish(final_answer=None):
+        result = call("POST", session + "/finish", {"final_answer": final_answer})
+        print(json.dumps({"reward": result["outcome"]["reward"]}))
+        return 0
 
     for _ in range(limits.get("max_model_calls", 15)):
-        answer = call(
-            "POST",
-            proxy + "/chat/completions",
-            {"model": model, "messages": messages, "tools": tools},
-            key,
-        )
+        try:
+            answer = call(
+                "POST",
+                proxy + "/chat/completions",
+                {"model": model, "messages": messages, "tools": tools},
+                key,
+            )
+        except ContextFull:
+            return finish()
         message = answer["choices"][0]["message"]
         calls = message.get("tool_calls") or []
         if history == "exact":
@@ -97,7 +195,16 @@ def main():
             kept = {"role": "assistant", "content": text}
         messages.append(kept)
         if not calls:
-            messages.append({"role": "user", "content": NUDGE})
+            if user is None:
+                messages.append({"role": "user", "content": NUDGE})
+            elif no_call is None:
+                return finish((message.get("content") or "").strip())
+            else:
+                # The loop's answer to a turn it cannot read as an action, then its error hooks.
+                messages.append({"role": "user", "content": no_call})
+                failed = {"text": no_call, "error": True}
+                for text in fired(hooks, "on_error", failed, max(max_steps - steps, 0)):
+                    messages.append({"role": "user", "content": text})
             continue
         for tool_call in calls:
             try:
@@ -109,6 +216,7 @@ def main():
                 session + "/step",
                 {"name": tool_call["function"]["name"], "arguments": arguments},
             )
+            steps += 1
             observation = step["observation"]
             if history == "exact":
                 messages.append(
@@ -120,13 +228,14 @@ def main():
                 )
             else:
                 messages.append({"role": "user", "content": "Result: " + observation["text"]})
-            if observation["done"]:
-                result = call("POST", session + "/finish", {})
-                print(json.dumps({"reward": result["outcome"]["reward"]}))
-                return 0
+            remaining = max(max_steps - steps, 0)
+            for event in (["on_error"] if observation["error"] else []) + ["after_tool"]:
+                for text in fired(hooks, event, observation, remaining):
+                    messages.append({"role": "user", "content": text})
+            if observation["done"] or steps >= max_steps:
+                return finish()
     # Out of model calls: finish, so the verifier judges what was done.
-    call("POST", session + "/finish", {})
-    return 0
+    return finish()
 
 
 if __name__ == "__main__":

@@ -13,6 +13,9 @@
 //!   call's prompt token ids, sampled token ids, log-probs and sampling settings, assembles
 //!   the episode's `Trajectory` from what was sampled (never by re-tokenising text), and
 //!   counts the turns whose prompt does not extend the previous context (the prefix check).
+//! - [`agents`]: the bundled standard-library Python DBBench agent, and
+//!   [`agents::mirror_sibling`], which makes it speak a declarative H0's prompts with a
+//!   sibling's hooks: an agent program as a sibling a harness-s-trained policy knows.
 //! - [`program`]: agent programs as harnesses (`{"kind": "external", "command": [...], "env":
 //!   {...}, "limits": {...}}`), each run once per episode by a [`program::ProgramRunner`]
 //!   with the proxy's and the environment server's addresses; a crash, a hang past the limit
@@ -41,6 +44,7 @@
 //! # }
 //! ```
 
+pub mod agents;
 pub mod envserver;
 pub mod error;
 pub mod program;

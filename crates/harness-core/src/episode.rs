@@ -186,14 +186,8 @@ pub async fn run_episode_with(
         match parser.parse(&turn.text, &ep.tools) {
             ParsedAction::Invalid(reason) => {
                 ep.counts.parse_failures += 1;
-                let hint = if parser.format() == TOOL_CALL_FORMAT {
-                    " Call a tool with <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>, or answer without a tool call to finish."
-                } else {
-                    ""
-                };
-                let observation = Observation::error(format!(
-                    "Your last message could not be read as an action: {reason}.{hint}"
-                ));
+                let observation =
+                    Observation::error(invalid_action_message(parser.format(), &reason));
                 ep.push(
                     Role::User,
                     Source::Harness,
@@ -255,6 +249,17 @@ pub async fn run_episode_with(
         termination,
         counts: ep.counts,
     })
+}
+
+/// What the loop tells the policy when its turn could not be read as an action in `format`
+/// (the parser's `reason`); an agent program that mirrors the loop sends the same text.
+pub fn invalid_action_message(format: &str, reason: &str) -> String {
+    let hint = if format == TOOL_CALL_FORMAT {
+        " Call a tool with <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>, or answer without a tool call to finish."
+    } else {
+        ""
+    };
+    format!("Your last message could not be read as an action: {reason}.{hint}")
 }
 
 fn check_turn(

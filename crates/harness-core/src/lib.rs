@@ -62,7 +62,9 @@ pub use action::{ActionParser, ParsedAction, TOOL_CALL_FORMAT, ToolCall, ToolCal
 pub use calibrate::{Calibrate, CalibrationPoint, CalibrationSummary};
 pub use chat::{ChatMessage, ChatModel, ChatRequest, ChatResponse, Role, Usage};
 pub use env::{EnvSession, Environment, Observation, Outcome, ToolKind, ToolSpec};
-pub use episode::{EpisodeOptions, call_seed, cut_text, run_episode, run_episode_with};
+pub use episode::{
+    EpisodeOptions, call_seed, cut_text, invalid_action_message, run_episode, run_episode_with,
+};
 pub use error::{Error, Location, Result};
 pub use harness::{
     CONDITIONS, CompiledHook, Condition, ContextPolicy, EditOp, Harness, HarnessEdit, HarnessId,

@@ -356,6 +356,86 @@ pub struct EvalConfig {
     pub harnesses: Vec<String>,
 }
 
+/// Agent programs in the pool: external harnesses (harness-external), each run once per
+/// episode against the run's environment served over HTTP and a recording proxy in front of the
+/// acting policy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ExternalConfig {
+    /// External pool members: JSON files `{"kind": "external", "name", "command": [...],
+    /// "env": {...}, "limits": {...}}`, joined to the pool as siblings after evolution (or
+    /// after the built-in siblings).
+    pub harnesses: Vec<PathBuf>,
+    /// An external H0: a program the policy is trained for (needs `evolve.source = "builtin"`:
+    /// evolution edits declarative harnesses, not programs).
+    pub h0: Option<PathBuf>,
+    /// The bundled standard-library Python DBBench agent joins the pool as an external
+    /// sibling, speaking H0's prompts and carrying the hook `python_sibling_hook`: unset means
+    /// on for `env.name = "default"` and off elsewhere.
+    pub python_sibling: Option<bool>,
+    /// The hook (by name) of the built-in sibling whose behaviour the bundled agent carries.
+    pub python_sibling_hook: String,
+    /// The Python interpreter of the bundled agent.
+    pub python: String,
+    /// What a turn whose prompt rewrites the program's history gets (the prefix check):
+    /// `own_context` (trained in its own recorded context) or `mask_episode` (the episode keeps
+    /// its reward and none of its tokens is scored).
+    pub prefix: PrefixMode,
+    /// Whether programs run inside the bubblewrap sandbox of policy-caused commands: `auto`
+    /// (when bubblewrap works, else unsandboxed with a warning), `on` (refuse to run without
+    /// it) or `off`.
+    pub sandbox: SandboxMode,
+    /// Wall-clock seconds one program episode may take before it is killed (the bundled
+    /// agent's; a member file's own `limits.timeout_s` applies to it).
+    pub timeout_s: f64,
+}
+
+impl Default for ExternalConfig {
+    fn default() -> Self {
+        ExternalConfig {
+            harnesses: Vec::new(),
+            h0: None,
+            python_sibling: None,
+            python_sibling_hook: "low-budget-commit".into(),
+            python: "python3".into(),
+            prefix: PrefixMode::OwnContext,
+            sandbox: SandboxMode::Auto,
+            timeout_s: 120.0,
+        }
+    }
+}
+
+impl ExternalConfig {
+    /// Whether the bundled Python agent joins the pool of a run on `env`.
+    pub fn wants_python_sibling(&self, env: &str) -> bool {
+        self.python_sibling.unwrap_or(env == "default")
+    }
+}
+
+/// `external.prefix`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PrefixMode {
+    /// A turn that rewrote history is trained in its own recorded context.
+    #[default]
+    OwnContext,
+    /// An episode with such a turn keeps its reward, but none of its tokens is scored.
+    MaskEpisode,
+}
+
+/// `external.sandbox`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SandboxMode {
+    /// The sandbox when bubblewrap works here, else none (with a warning).
+    #[default]
+    Auto,
+    /// The sandbox, or the run is refused.
+    On,
+    /// No sandbox: programs run with the trainer's user, files and network.
+    Off,
+}
+
 /// Every setting of a run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -390,6 +470,9 @@ pub struct RunConfig {
     pub search: SearchConfig,
     /// Test evaluation.
     pub eval: EvalConfig,
+    /// Agent programs in the pool.
+    #[serde(default)]
+    pub external: ExternalConfig,
 }
 
 impl SearchConfig {
@@ -506,6 +589,7 @@ impl RunConfig {
                 ranks: 3,
                 harnesses: Vec::new(),
             },
+            external: ExternalConfig::default(),
         }
     }
 
@@ -749,6 +833,7 @@ impl RunConfig {
                 );
             }
         }
+        self.validate_external(&file)?;
         if self.search.proposals == Some(0) {
             return bad("search.proposals", "expected at least 1, found 0".into());
         }
@@ -840,6 +925,86 @@ impl RunConfig {
                     "expected a DBBench JSONL file, found no file at {}",
                     data.display()
                 ),
+            );
+        }
+        Ok(())
+    }
+
+    /// The `[external]` settings: member files that exist, an external H0 only without
+    /// evolution, the bundled agent only on a DBBench world, a positive timeout.
+    fn validate_external(&self, file: &Path) -> Result<()> {
+        let x = &self.external;
+        let bad = |field: String, message: String| {
+            Err(Error::Config {
+                file: file.to_path_buf(),
+                field,
+                message,
+            })
+        };
+        for (i, path) in x.harnesses.iter().enumerate() {
+            if !path.is_file() {
+                return bad(
+                    format!("external.harnesses[{i}]"),
+                    format!(
+                        "expected an external harness JSON file ({{\"kind\": \"external\", ...}}), found no file at {}",
+                        path.display()
+                    ),
+                );
+            }
+        }
+        if let Some(h0) = &x.h0 {
+            if !h0.is_file() {
+                return bad(
+                    "external.h0".into(),
+                    format!(
+                        "expected an external harness JSON file, found no file at {}",
+                        h0.display()
+                    ),
+                );
+            }
+            if let Some(m) = self.train.methods.iter().find(|m| m.searches()) {
+                return bad(
+                    "external.h0".into(),
+                    format!(
+                        "{m} searches for a harness by editing H0, and an agent program cannot be edited: leave {m} out of train.methods"
+                    ),
+                );
+            }
+            if self.evolve.source != PoolSource::Builtin && self.pool.is_none() {
+                return bad(
+                    "external.h0".into(),
+                    "an external H0 cannot be evolved (evolution edits declarative harnesses): set evolve.source = \"builtin\" or give a saved pool".into(),
+                );
+            }
+        }
+        if x.python_sibling == Some(true)
+            && !matches!(self.env.name.as_str(), "default" | "dbbench")
+        {
+            return bad(
+                "external.python_sibling".into(),
+                format!(
+                    "the bundled Python agent acts on DBBench worlds (env.name = \"default\" or \"dbbench\"), not `{}`",
+                    self.env.name
+                ),
+            );
+        }
+        if x.python.trim().is_empty() {
+            return bad(
+                "external.python".into(),
+                "expected a Python interpreter, such as \"python3\"".into(),
+            );
+        }
+        if x.python_sibling_hook.trim().is_empty() {
+            return bad(
+                "external.python_sibling_hook".into(),
+                "expected the name of a built-in sibling's hook, such as \"low-budget-commit\""
+                    .into(),
+            );
+        }
+        if !(x.timeout_s.is_finite() && x.timeout_s > 0.0) {
+            return bad(
+                "external.timeout_s".into(),
+                format!("expected seconds above zero, found {}", x.timeout_s),
             );
         }
         Ok(())
@@ -1167,6 +1332,11 @@ mod tests {
             assert_eq!(cfg.train.methods, Method::ALL.to_vec(), "{name}");
             assert_eq!(cfg.eval.harnesses, vec!["builtin".to_string()], "{name}");
         }
+        let name = "configs/external.toml";
+        let cfg = parse(include_str!("../../../configs/external.toml"), name).unwrap();
+        cfg.validate(None).unwrap();
+        assert!(cfg.train.methods.contains(&Method::MixtureProgram));
+        assert_eq!(cfg.external.python_sibling, Some(true));
     }
 
     #[test]
@@ -1360,7 +1530,7 @@ Run configuration (TOML or JSON; any subset; `preset` picks the defaults; flags 
   calibration.every             re-anchor every this many updates (paper: 10)
   calibration.rollouts_per_task paired rollouts per validation task and member (paper: 1)
   calibration.task_features     text (default: the task's environment and instruction) | metadata (also the generator's labels)
-  train.methods                 all (every method), or a list of grpo, h0_rescue, mixture_sibling, mixture_top4, dynamic_sampling, random_harness, rule_router, router_4x2, harness_s_fixed, meta_harness, he_only, whale, harness_s (README's method table maps each to its paper row)
+  train.methods                 all (every method), or a list of grpo, h0_rescue, mixture_sibling, mixture_top4, mixture_program, dynamic_sampling, random_harness, rule_router, router_4x2, harness_s_fixed, meta_harness, he_only, whale, harness_s (README's method table maps each to its paper row)
   train.updates                 policy updates per method (paper: 40)
   train.group_size              K = G (paper: 8)
   train.batch_tasks             tasks per update
@@ -1371,6 +1541,14 @@ Run configuration (TOML or JSON; any subset; `preset` picks the defaults; flags 
   eval.ranks                    router ranks of Table 5 (paper: 3)
   eval.harnesses                unseen harnesses every policy is also tested under (RQ6, Figure 4): \"builtin\" (the environment's hand-written siblings), a pool directory or a harness JSON file
   search.proposals              proposals of a Meta-Harness search, and of WHALE's searches together (default: the sum of evolve.proposal_budgets)
+  external.harnesses            agent programs joined to the pool as siblings: external harness JSON files ({\"kind\": \"external\", \"command\": [...], ...})
+  external.h0                   an agent program as H0 (needs evolve.source = \"builtin\" or a saved pool)
+  external.python_sibling       the bundled standard-library Python DBBench agent joins the pool (default: on for env.name = default)
+  external.python_sibling_hook  the built-in sibling hook that agent carries (default low-budget-commit)
+  external.python               the interpreter of the bundled agent (default python3)
+  external.prefix               own_context (default) | mask_episode: what a turn that rewrote the program's history gets
+  external.sandbox              auto (default: bubblewrap when it works) | on | off: programs inside the sandbox of policy-caused commands
+  external.timeout_s            seconds one episode of the bundled agent may take (default 120)
   search.whale_rounds           WHALE's rejection-sampling SFT phases (quick 2, paper 4), each after a search, with a last search for the final policy
 ";
 
@@ -1470,5 +1648,48 @@ mod set_tests {
         }
         cfg.env.tau_retail_data = Some(dir.path().to_path_buf());
         cfg.validate(None).unwrap();
+    }
+
+    #[test]
+    fn external_settings_name_their_field() {
+        let mut cfg = RunConfig::preset(Preset::Quick);
+        assert!(cfg.external.wants_python_sibling("default"));
+        assert!(!cfg.external.wants_python_sibling("appworld"));
+        let e = cfg.set("external.progams", "[]").unwrap_err().to_string();
+        assert!(e.contains("progams"), "{e}");
+        cfg.set("external.harnesses", "[\"/no/such/agent.json\"]")
+            .unwrap();
+        let e = cfg.validate(None).unwrap_err().to_string();
+        assert!(
+            e.contains("external.harnesses[0]") && e.contains("/no/such/agent.json"),
+            "{e}"
+        );
+        cfg.set("external.harnesses", "[]").unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let h0 = dir.path().join("h0.json");
+        std::fs::write(&h0, "{}").unwrap();
+        cfg.set("external.h0", &format!("\"{}\"", h0.display()))
+            .unwrap();
+        let e = cfg.validate(None).unwrap_err().to_string();
+        assert!(e.contains("external.h0") && e.contains("builtin"), "{e}");
+        cfg.set("evolve.source", "\"builtin\"").unwrap();
+        cfg.validate(None).unwrap();
+        cfg.set("train.methods", "[\"whale\"]").unwrap();
+        let e = cfg.validate(None).unwrap_err().to_string();
+        assert!(e.contains("external.h0") && e.contains("whale"), "{e}");
+        let mut cfg = RunConfig::preset(Preset::Quick);
+        cfg.set("env.name", "\"appworld\"").unwrap();
+        cfg.set("external.python_sibling", "true").unwrap();
+        let e = cfg.validate(None).unwrap_err().to_string();
+        assert!(e.contains("external.python_sibling"), "{e}");
+        let mut cfg = RunConfig::preset(Preset::Quick);
+        cfg.set("external.timeout_s", "0").unwrap();
+        let e = cfg.validate(None).unwrap_err().to_string();
+        assert!(e.contains("external.timeout_s"), "{e}");
+        let e = cfg
+            .set("external.sandbox", "\"sometimes\"")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("external.sandbox"), "{e}");
     }
 }

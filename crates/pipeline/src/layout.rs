@@ -58,6 +58,11 @@ impl Layout {
         self.evolve().join("pool")
     }
 
+    /// The agent programs of the pool the seed trains on (harness-report's `programs.json`).
+    pub fn programs(&self) -> PathBuf {
+        self.root.join(harness_report::layout::PROGRAMS_FILE)
+    }
+
     /// The first calibration.
     pub fn calibration(&self) -> PathBuf {
         self.root.join("calibration")

@@ -139,6 +139,14 @@ pub async fn run_seed(wb: &Workbench) -> Result<()> {
     for &method in &wb.cfg.train.methods {
         if method.has_training_stage() {
             let needed = method.siblings_needed(wb.cfg.train.group_size, siblings);
+            if method.needs_program() && !pool.auxiliaries().any(|h| h.is_external()) {
+                wb.progress.println(format!(
+                    "{}: not trained: it mixes H0 with an agent program and the pool holds none \
+                     (add one with external.harnesses or external.python_sibling)",
+                    method.label()
+                ));
+                continue;
+            }
             if siblings < needed {
                 // Evolution can keep fewer children than a method rescues with (none at all
                 // when an LLM analyst or editor never answered usably): the run goes on with

@@ -67,6 +67,9 @@ pub enum StrategyKind {
     Mixture {
         /// Siblings wanted.
         siblings: usize,
+        /// Only agent programs (external harnesses) count as siblings: the paper's mixture
+        /// with another agent system (Claude Code) as the other harness.
+        programs: bool,
     },
     /// DAPO-style dynamic sampling: groups without reward variance are dropped and more tasks
     /// drawn, at most `max_batches` batches per update.
@@ -193,7 +196,10 @@ pub const METHODS: &[MethodSpec] = &[
         label: "GRPO mixed harness (H0 + best sibling)",
         ran: Some("GRPO mixed harness ({mixture}; the best sibling by validation success)"),
         paper_row: "Tables 1 and 9: GRPO Mixed Harness (DSH H0 + Claude Code), with the best single sibling in Claude Code's place",
-        strategy: StrategyKind::Mixture { siblings: 1 },
+        strategy: StrategyKind::Mixture {
+            siblings: 1,
+            programs: false,
+        },
         selector: SelectorKind::None,
         eval: &[EvalMode::H0],
         rank_table: false,
@@ -205,6 +211,20 @@ pub const METHODS: &[MethodSpec] = &[
         paper_row: "Tables 1 and 9: GRPO Mixed Harness (DSH H0 + Top-4)",
         strategy: StrategyKind::Mixture {
             siblings: PAPER_MIXTURE_SIBLINGS,
+            programs: false,
+        },
+        selector: SelectorKind::None,
+        eval: &[EvalMode::H0],
+        rank_table: false,
+    },
+    MethodSpec {
+        name: "mixture_program",
+        label: "GRPO mixed harness (H0 + agent program)",
+        ran: Some("GRPO mixed harness ({mixture}; an agent program as the other harness)"),
+        paper_row: "Tables 1 and 9: GRPO Mixed Harness (DSH H0 + Claude Code), with an agent program of the pool (an external harness) as the other agent system",
+        strategy: StrategyKind::Mixture {
+            siblings: 1,
+            programs: true,
         },
         selector: SelectorKind::None,
         eval: &[EvalMode::H0],
@@ -329,6 +349,8 @@ pub enum Method {
     MixtureSibling,
     /// `mixture_top4`.
     MixtureTop4,
+    /// `mixture_program`.
+    MixtureProgram,
     /// `dynamic_sampling`.
     DynamicSampling,
     /// `random_harness`.
@@ -351,11 +373,12 @@ pub enum Method {
 
 impl Method {
     /// Every method, in table order (what `train.methods = "all"` trains).
-    pub const ALL: [Method; 13] = [
+    pub const ALL: [Method; 14] = [
         Method::Grpo,
         Method::H0Rescue,
         Method::MixtureSibling,
         Method::MixtureTop4,
+        Method::MixtureProgram,
         Method::DynamicSampling,
         Method::RandomHarness,
         Method::RuleRouter,
@@ -485,6 +508,15 @@ impl Method {
         out
     }
 
+    /// Whether the method needs an agent program (an external harness) among the pool's
+    /// siblings: the mixture with another agent system.
+    pub fn needs_program(self) -> bool {
+        matches!(
+            self.spec().strategy,
+            StrategyKind::Mixture { programs: true, .. }
+        )
+    }
+
     /// Parse a method name.
     pub fn parse(name: &str) -> Option<Method> {
         Method::ALL.into_iter().find(|m| m.name() == name)
@@ -543,7 +575,10 @@ impl Method {
             StrategyKind::Router { per_harness } => Strategy::Router {
                 allocation: allocation(group_size, per_harness, siblings),
             },
-            StrategyKind::Mixture { siblings: wanted } => {
+            StrategyKind::Mixture {
+                siblings: wanted,
+                programs,
+            } => {
                 let success = validation_success.ok_or_else(|| {
                     format!(
                         "{} picks its siblings by validation success: it needs the first calibration",
@@ -551,7 +586,7 @@ impl Method {
                     )
                 })?;
                 Strategy::FixedMixture {
-                    mixture: mixture(group_size, wanted, pool, success)?,
+                    mixture: mixture(group_size, wanted, programs, pool, success)?,
                 }
             }
             StrategyKind::DynamicSampling { max_batches } => {
@@ -667,11 +702,13 @@ pub fn siblings_by_success<'a>(
 
 /// A fixed mixture of `group_size` rollouts: H0's share ([`mixture_split`]) under H0, the rest
 /// spread evenly over the best `wanted` siblings by validation success (the most siblings, at
-/// most `wanted` and at most the pool's, that divide the siblings' share). A sibling is named
-/// by its name when that is unique in the pool, else by its id.
+/// most `wanted` and at most the pool's, that divide the siblings' share), among the agent
+/// programs only when `programs`. A sibling is named by its name when that is unique in the
+/// pool, else by its id.
 pub fn mixture(
     group_size: usize,
     wanted: usize,
+    programs: bool,
     pool: &SiblingPool,
     success: &BTreeMap<HarnessId, f64>,
 ) -> Result<Vec<MixtureEntry>, String> {
@@ -681,7 +718,15 @@ pub fn mixture(
             "a fixed mixture splits each group between H0 and siblings: expected a group size of at least 2, found {group_size}"
         ));
     }
-    let ranked = siblings_by_success(pool, success)?;
+    let mut ranked = siblings_by_success(pool, success)?;
+    if programs {
+        ranked.retain(|h| h.is_external());
+        if ranked.is_empty() {
+            return Err(
+                "a mixture with an agent program needs one among the pool's siblings; the pool has none (add one with external.harnesses or external.python_sibling)".into(),
+            );
+        }
+    }
     if ranked.is_empty() {
         return Err(
             "a fixed mixture needs at least one sibling; the pool has none besides H0".into(),
@@ -834,14 +879,14 @@ mod tests {
         let p = pool(6);
         let success = rising(&p);
         // The best single sibling: S6 has the highest validation success.
-        let best = mixture(8, 1, &p, &success).unwrap();
+        let best = mixture(8, 1, false, &p, &success).unwrap();
         let entries: Vec<(&str, usize)> = best
             .iter()
             .map(|e| (e.harness.as_str(), e.rollouts))
             .collect();
         assert_eq!(entries, [("base", 4), ("S6", 4)]);
         // H0 + Top-4: four H0 rollouts and one under each of the four best.
-        let top4 = mixture(8, 4, &p, &success).unwrap();
+        let top4 = mixture(8, 4, false, &p, &success).unwrap();
         let entries: Vec<(&str, usize)> = top4
             .iter()
             .map(|e| (e.harness.as_str(), e.rollouts))
@@ -851,7 +896,7 @@ mod tests {
             [("base", 4), ("S6", 1), ("S5", 1), ("S4", 1), ("S3", 1)]
         );
         // A group of 4 has room for two siblings.
-        let small = mixture(4, 4, &p, &success).unwrap();
+        let small = mixture(4, 4, false, &p, &success).unwrap();
         assert_eq!(small.len(), 3);
         let label = Method::parse("mixture_top4")
             .unwrap()
@@ -860,17 +905,44 @@ mod tests {
             label,
             "GRPO mixed harness (4 H0 + 1 S6 + 1 S5 + 1 S4 + 1 S3; Top-4 by validation success)"
         );
-        let e = mixture(1, 1, &p, &success).unwrap_err();
+        let e = mixture(1, 1, false, &p, &success).unwrap_err();
         assert!(e.contains("at least 2"), "{e}");
-        let e = mixture(8, 1, &pool(0), &BTreeMap::new()).unwrap_err();
+        let e = mixture(8, 1, false, &pool(0), &BTreeMap::new()).unwrap_err();
         assert!(e.contains("at least one sibling"), "{e}");
-        let e = mixture(8, 1, &p, &BTreeMap::new()).unwrap_err();
+        let e = mixture(8, 1, false, &p, &BTreeMap::new()).unwrap_err();
         assert!(e.contains("another pool"), "{e}");
+        // The mixture with an agent program takes the best program, however good the
+        // declarative siblings are, and says so when the pool has none.
+        let e = mixture(8, 1, true, &p, &success).unwrap_err();
+        assert!(e.contains("agent program") && e.contains("external"), "{e}");
+        let mut program = Harness::new("agent", "unused");
+        program.program = Some(harness_core::ProgramSpec {
+            command: vec!["python3".into(), "agent.py".into()],
+            env: BTreeMap::new(),
+            timeout_s: 60.0,
+        });
+        let with = SiblingPool::starter(
+            p.base().clone(),
+            p.auxiliaries().cloned().chain([program.clone()]),
+            serde_json::Value::Null,
+        )
+        .unwrap();
+        let mut rates = success.clone();
+        rates.insert(program.id(), 0.0);
+        let mixed = mixture(8, 1, true, &with, &rates).unwrap();
+        assert_eq!(
+            mixed
+                .iter()
+                .map(|e| (e.harness.as_str(), e.rollouts))
+                .collect::<Vec<_>>(),
+            vec![("base", 4), ("agent", 4)]
+        );
+        assert!(Method::MixtureProgram.needs_program() && !Method::MixtureTop4.needs_program());
         // Every mixture validates against the pool with the group size.
         for k in [2, 3, 4, 8] {
             for wanted in [1, 4] {
                 let strategy = Strategy::FixedMixture {
-                    mixture: mixture(k, wanted, &p, &success).unwrap(),
+                    mixture: mixture(k, wanted, false, &p, &success).unwrap(),
                 };
                 RescueConfig {
                     group_size: k,

@@ -1,6 +1,7 @@
 //! What every stage shares: the environment and its task splits, the base harness H0, the
 //! initial policy checkpoint, the LLM roles and the progress display.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -11,7 +12,7 @@ use harness_envs::{appworld, dbbench, swe, tau_retail};
 use harness_openai::{ChatClient, ChatClientConfig, EngineKind, RemotePolicy, RemotePolicyConfig};
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use crate::config::{RolloutEngine, RunConfig, TauUser};
+use crate::config::{PrefixMode, RolloutEngine, RunConfig, SandboxMode, TauUser};
 use crate::error::{Error, Result, StageExt};
 use crate::layout::Layout;
 use harness_openai::candle::CandleEncoder;
@@ -129,6 +130,11 @@ pub struct Workbench {
     pub secrets: Secrets,
     /// Progress display.
     pub progress: Progress,
+    /// Agent programs that join the pool as siblings (`external.harnesses` and the bundled
+    /// Python agent), as harnesses whose `program` is set.
+    pub programs: Vec<Harness>,
+    /// How programs run (the sandbox, chosen once per run).
+    pub runner: harness_external::program::RunnerSettings,
 }
 
 impl Workbench {
@@ -209,6 +215,37 @@ impl Workbench {
         let train = take(Split::Train, cfg.env.train_tasks)?;
         let validation = take(Split::Validation, cfg.env.validation_tasks)?;
         let test = take(Split::Test, cfg.env.test_tasks)?;
+        let base = match &cfg.external.h0 {
+            Some(path) => external_harness(path, "external.h0")?,
+            None => base,
+        };
+        let mut programs = Vec::new();
+        for (i, path) in cfg.external.harnesses.iter().enumerate() {
+            programs.push(external_harness(path, &format!("external.harnesses[{i}]"))?);
+        }
+        // The bundled agent mirrors a declarative H0; beside a program H0 only when asked for.
+        let mirrorable = !base.is_external() || cfg.external.python_sibling == Some(true);
+        if cfg.external.wants_python_sibling(&cfg.env.name) && mirrorable {
+            if interpreter_runs(&cfg.external.python) {
+                programs.push(python_sibling(&cfg, &layout, &base, &builtin_siblings)?);
+            } else if cfg.external.python_sibling == Some(true) {
+                return Err(Error::Config {
+                    file: PathBuf::from("<run config>"),
+                    field: "external.python".into(),
+                    message: format!(
+                        "`{}` does not run here, and external.python_sibling asks for the bundled Python agent: install Python 3 or name its interpreter",
+                        cfg.external.python
+                    ),
+                });
+            } else {
+                progress.println(format!(
+                    "pool: no agent program: `{}` does not run here, so the bundled Python agent stays out (install Python 3, or set external.python)",
+                    cfg.external.python
+                ));
+            }
+        }
+        let uses_programs = !programs.is_empty() || base.is_external();
+        let runner = program_runner(&cfg, uses_programs, &progress)?;
         Ok(Workbench {
             cfg,
             layout,
@@ -222,6 +259,8 @@ impl Workbench {
             chat,
             secrets,
             progress,
+            programs,
+            runner,
         })
     }
 
@@ -265,6 +304,102 @@ impl Workbench {
         Ok(Arc::new(remote))
     }
 
+    /// The environment episodes of `policy` run on: the run's own, or, when `pool` holds agent
+    /// programs, the run's served over HTTP with a recording proxy in front of `policy`
+    /// (harness-external's `ProgramEnv`), so that its programs act through `policy` and their
+    /// episodes are recorded token for token. Keep it for as long as the episodes run.
+    pub async fn env_for(
+        &self,
+        pool: &harness_pool::SiblingPool,
+        policy: Arc<dyn Policy>,
+    ) -> Result<Arc<dyn Environment>> {
+        if !pool.members().iter().any(Harness::is_external) {
+            return Ok(self.env.clone());
+        }
+        let mut proxy = harness_external::proxy::ProxyConfig::new(policy.name());
+        proxy.prefix_policy = match self.cfg.external.prefix {
+            PrefixMode::OwnContext => harness_external::proxy::PrefixPolicy::OwnContext,
+            PrefixMode::MaskEpisode => harness_external::proxy::PrefixPolicy::MaskEpisode,
+        };
+        let served = harness_external::program::ProgramEnv::serve(
+            self.env.clone(),
+            policy,
+            harness_external::program::ProgramEnvConfig {
+                proxy,
+                env_server: Default::default(),
+                runner: self.runner.clone(),
+            },
+        )
+        .await
+        .at("external")?;
+        Ok(Arc::new(served))
+    }
+
+    /// The environments by name, as the router's paired runs want them, for episodes of
+    /// `policy` on `pool` ([`Workbench::env_for`]).
+    pub async fn environments_for(
+        &self,
+        pool: &harness_pool::SiblingPool,
+        policy: Arc<dyn Policy>,
+    ) -> Result<harness_router::Environments> {
+        let env = self.env_for(pool, policy).await?;
+        Ok([(env.name().to_string(), env)].into())
+    }
+
+    /// `pool` with the run's agent programs ([`Workbench::programs`]) among its siblings: the
+    /// same pool when it holds them all already, else a new frozen pool of its members and
+    /// the missing programs (siblings of generation 1, in the configuration's order). The
+    /// programs of the result, H0 among them when it is one, are written to `programs.json`
+    /// for the report.
+    pub fn with_programs(
+        &self,
+        pool: harness_pool::SiblingPool,
+    ) -> Result<harness_pool::SiblingPool> {
+        let pool = self.add_programs(pool)?;
+        let programs: BTreeMap<String, &str> = pool
+            .members()
+            .iter()
+            .filter(|h| h.is_external())
+            .map(|h| (h.id().to_string(), h.name.as_str()))
+            .collect();
+        let path = self.layout.programs();
+        std::fs::create_dir_all(self.layout.root())
+            .map_err(|e| Error::input("pool", self.layout.root(), e.to_string()))?;
+        let text = serde_json::to_string_pretty(&programs).expect("names serialise");
+        harness_core::fsutil::write_atomic(&path, text.as_bytes()).at("pool")?;
+        Ok(pool)
+    }
+
+    fn add_programs(&self, pool: harness_pool::SiblingPool) -> Result<harness_pool::SiblingPool> {
+        let missing: Vec<&Harness> = self
+            .programs
+            .iter()
+            .filter(|p| !pool.contains(&p.id()))
+            .collect();
+        if missing.is_empty() {
+            return Ok(pool);
+        }
+        let mut out = harness_pool::SiblingPool::new(pool.base().clone()).at("pool")?;
+        for member in pool.auxiliaries() {
+            out.add(member.clone()).at("pool")?;
+        }
+        for program in missing {
+            let direction = format!("agent program: {}", program.description);
+            out.add_sibling(program.clone(), 1, Some(direction))
+                .at("pool")?;
+        }
+        let mut settings = pool.settings().clone();
+        if let serde_json::Value::Object(map) = &mut settings {
+            map.insert(
+                "programs".into(),
+                serde_json::json!(self.programs.iter().map(|p| &p.name).collect::<Vec<_>>()),
+            );
+        }
+        out.set_settings(settings).at("pool")?;
+        out.freeze();
+        Ok(out)
+    }
+
     /// H0 with the environment's hand-written siblings, as a frozen pool.
     pub fn builtin_pool(&self) -> Result<harness_pool::SiblingPool> {
         harness_pool::SiblingPool::starter(
@@ -274,11 +409,128 @@ impl Workbench {
         )
         .at("pool")
     }
+}
 
-    /// The environments by name, as the router's paired runs want them.
-    pub fn environments(&self) -> harness_router::Environments {
-        [(self.env.name().to_string(), self.env.clone())].into()
+/// Whether `python -c ""` runs.
+fn interpreter_runs(python: &str) -> bool {
+    std::process::Command::new(python)
+        .args(["-c", ""])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// An external harness file of the configuration, as a pool member.
+fn external_harness(path: &Path, field: &str) -> Result<Harness> {
+    let harness =
+        harness_external::program::ExternalHarness::load(path).map_err(|e| Error::Config {
+            file: path.to_path_buf(),
+            field: field.to_string(),
+            message: e.to_string(),
+        })?;
+    Ok(harness.to_harness())
+}
+
+/// The bundled Python DBBench agent as a sibling of `base`: installed into `<out>/external/`,
+/// speaking H0's prompts and carrying the hook `external.python_sibling_hook` of the built-in
+/// sibling that has it.
+fn python_sibling(
+    cfg: &RunConfig,
+    layout: &Layout,
+    base: &Harness,
+    siblings: &[Harness],
+) -> Result<Harness> {
+    let x = &cfg.external;
+    let bad = |field: &str, message: String| Error::Config {
+        file: PathBuf::from("<run config>"),
+        field: field.to_string(),
+        message,
+    };
+    let hook = &x.python_sibling_hook;
+    let Some(sibling) = siblings.iter().find(|s| s.hooks.contains_key(hook)) else {
+        let hooks: Vec<&String> = siblings.iter().flat_map(|s| s.hooks.keys()).collect();
+        return Err(bad(
+            "external.python_sibling_hook",
+            format!(
+                "no built-in sibling of env `{}` has the hook `{hook}`; expected one of {hooks:?}",
+                cfg.env.name
+            ),
+        ));
+    };
+    let hooks = sibling
+        .hooks
+        .iter()
+        .filter(|(name, spec)| base.hooks.get(*name) != Some(*spec))
+        .map(|(name, spec)| (name.clone(), spec.clone()))
+        .collect();
+    let format = base.tool_view.format.as_str();
+    let parser: Arc<dyn harness_core::ActionParser> = if format == harness_core::TOOL_CALL_FORMAT {
+        Arc::new(harness_core::ToolCallParser)
+    } else if format == dbbench::TOOL_FORMAT {
+        Arc::new(dbbench::DbBenchToolParser)
+    } else {
+        return Err(bad(
+            "external.python_sibling",
+            format!(
+                "the bundled agent speaks the `<tool_call>` formats, and H0 `{}` uses `{format}`",
+                base.name
+            ),
+        ));
+    };
+    let no_call_reply = match parser.parse("", &[]) {
+        harness_core::ParsedAction::Invalid(reason) => {
+            Some(harness_core::invalid_action_message(format, &reason))
+        }
+        _ => None,
+    };
+    let dir = std::path::absolute(layout.root().join("external"))
+        .map_err(|e| Error::input("external", layout.root(), e.to_string()))?;
+    let script = harness_external::agents::install_dbbench_agent(&dir).at("external")?;
+    let name = format!("python-agent-{hook}");
+    let mirrored = harness_external::agents::mirror_sibling(harness_external::agents::MirrorSpec {
+        base,
+        hooks,
+        no_call_reply,
+        command: vec![x.python.clone(), script.display().to_string()],
+        name,
+        timeout_s: x.timeout_s,
+    })
+    .map_err(|e| bad("external.python_sibling", e.to_string()))?;
+    Ok(mirrored.to_harness())
+}
+
+/// How programs run: inside the sandbox of policy-caused commands when `external.sandbox`
+/// asks for it and bubblewrap works (`auto` goes without, saying so, when it does not).
+fn program_runner(
+    cfg: &RunConfig,
+    uses_programs: bool,
+    progress: &Progress,
+) -> Result<harness_external::program::RunnerSettings> {
+    let mut settings = harness_external::program::RunnerSettings::default();
+    if !uses_programs || cfg.external.sandbox == SandboxMode::Off {
+        return Ok(settings);
     }
+    let config = swe::sandbox::SandboxConfig {
+        // An agent episode's program is one process tree for its whole episode.
+        cpu_seconds: cfg.external.timeout_s.ceil() as u64 + 60,
+        ..swe::sandbox::SandboxConfig::default()
+    };
+    match harness_external::program::program_sandbox(&config, &cfg.external.python) {
+        Ok(sandbox) => settings.sandbox = Some(sandbox),
+        Err(e) if cfg.external.sandbox == SandboxMode::On => {
+            return Err(Error::Config {
+                file: PathBuf::from("<run config>"),
+                field: "external.sandbox".into(),
+                message: format!("no sandbox for agent programs: {e}"),
+            });
+        }
+        Err(e) => progress.println(format!(
+            "agent programs run without a sandbox (external.sandbox = \"auto\"): {e}"
+        )),
+    }
+    Ok(settings)
 }
 
 /// The LLM roles' client on `roles.llm`, when one is configured (the retail world's LLM

@@ -95,6 +95,9 @@ async fn every_method_trains_from_one_checkpoint_and_has_its_row_in_every_table(
     let pct = |r: &Value, field: &str| format!("{:.2}", 100.0 * r[field].as_f64().unwrap());
     let k = cfg.train.group_size;
     let base = pool.base_id().to_string();
+    // The embedded default's pool gets the bundled Python agent as a sibling program.
+    assert_eq!(wb.programs.len(), 1, "{:?}", wb.programs);
+    let program = wb.programs[0].id().to_string();
 
     let mut trained_labels = Vec::new();
     for m in Method::ALL {
@@ -351,10 +354,17 @@ async fn every_method_trains_from_one_checkpoint_and_has_its_row_in_every_table(
                 assert_eq!(first.get_or_insert_with(|| others.clone()), &others, "{m}");
             }
             let others = first.unwrap();
+            if spec.name == "mixture_program" {
+                // H0 and the agent program, whatever the declarative siblings' success.
+                assert_eq!(others, vec![program.clone(); sibling_share], "{m}");
+                assert!(label.contains(&wb.programs[0].name), "{m}: {label}");
+                continue;
+            }
             let rate = |id: &String| success[id];
             let best_rest = pool
                 .auxiliaries()
                 .map(|h| h.id().to_string())
+                .chain([program.clone()])
                 .filter(|id| !others.contains(id))
                 .map(|id| rate(&id))
                 .fold(f64::NEG_INFINITY, f64::max);
@@ -383,6 +393,44 @@ async fn every_method_trains_from_one_checkpoint_and_has_its_row_in_every_table(
             assert!(label.starts_with("Rule-router rescue (Top-4"), "{label}");
         }
     }
+
+    // The agent-program table: the mixture's program rollouts and successes and its prefix
+    // breaks, as groups.jsonl and metrics.jsonl give them.
+    let mixed_run = out.join("train/mixture_program");
+    let (mut n, mut ok) = (0usize, 0usize);
+    for g in jsonl(&mixed_run.join("groups.jsonl")) {
+        let hs = g["retained_harnesses"].as_array().unwrap();
+        let rs = g["retained_rewards"].as_array().unwrap();
+        for (h, r) in hs.iter().zip(rs) {
+            if h.as_str() == Some(program.as_str()) {
+                n += 1;
+                ok += usize::from(r.as_f64().unwrap() >= 1.0);
+            }
+        }
+    }
+    assert_eq!(
+        n,
+        cfg.train.updates as usize * cfg.train.batch_tasks * mixture_split(k).1
+    );
+    let breaks: u64 = jsonl(&mixed_run.join("metrics.jsonl"))
+        .iter()
+        .filter(|l| l["kind"] == "update")
+        .map(|l| l["prefix_breaks"].as_u64().unwrap())
+        .sum();
+    let mixed_label = record("mixture_program", "h0").unwrap()["label"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let row = format!(
+        "| {mixed_label} | {} | {n}.0 | {ok}.0 | ",
+        wb.programs[0].name
+    );
+    assert!(report.contains(&row), "no `{row}` in the report");
+    assert!(
+        report.contains(&format!("| {breaks}.0 |")),
+        "no prefix-break count {breaks} in the report"
+    );
+    assert!(report.contains("Agent programs in the pool"));
 
     // Table 4: every transfer case agrees with the H0 test episodes it cites, and has its row.
     let episodes = jsonl(&out.join("eval/episodes.jsonl"));

@@ -50,6 +50,8 @@ pub const STAGE_COST_FILE: &str = "stage_cost.json";
 pub const CALIBRATION_DIR: &str = "calibration";
 /// Every H0 test attempt's reward and behaviour labels, in a seed's folder.
 pub const EPISODES_FILE: &str = "eval/episodes.jsonl";
+/// The agent programs (external harnesses) of the pool a seed trained on, names by id.
+pub const PROGRAMS_FILE: &str = "programs.json";
 
 /// One H0 test attempt.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -462,6 +464,8 @@ pub struct SeedRun {
     pub transfer: Option<Vec<TransferCase>>,
     /// `eval/episodes.jsonl`, when present.
     pub episodes: Option<Vec<EpisodeLine>>,
+    /// `programs.json`: the pool's agent programs, names by id (empty without the file).
+    pub programs: BTreeMap<HarnessId, String>,
 }
 
 impl SeedRun {
@@ -542,6 +546,7 @@ pub const METHOD_ORDER: &[&str] = &[
     "h0_rescue",
     "mixture_sibling",
     "mixture_top4",
+    "mixture_program",
     "dynamic_sampling",
     "random_harness",
     "rule_router",
@@ -987,6 +992,11 @@ pub fn read_seed(dir: &Path) -> Result<SeedRun> {
         calibration_cost,
         transfer,
         episodes,
+        programs: read_json(
+            &dir.join(PROGRAMS_FILE),
+            "the pool's agent programs {harness id: name}",
+        )?
+        .unwrap_or_default(),
     })
 }
 

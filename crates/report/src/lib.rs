@@ -21,6 +21,8 @@
 //! - Table 10 ([`tables::table10`]): each method's whole pipeline: search, training and
 //!   calibration rollouts and seconds, external tokens per role.
 //! - Figure 4's view ([`tables::cross`]): Pass@k under harnesses outside the training pool.
+//! - The pool's agent programs ([`tables::programs`]): each method's training rollouts under
+//!   them and the recording proxy's prefix-break counts.
 //! - The claimed directions ([`tables::directions`]), reported whichever way they fall.
 //! - Figure 3's panels ([`plots::figure3`]) and the evolution's diversity views, as SVG
 //!   (plotters' SVG backend only: PNG is not rendered).
@@ -71,6 +73,7 @@ pub use tables::cross::{CrossCell, CrossRow, CrossTable, cross_harness};
 pub use tables::directions::{DirectionRow, Verdict, directions};
 pub use tables::evolution::{EvolutionRow, SiblingRow, evolution, siblings};
 pub use tables::labels::{LabelCell, LabelRow, LabelTable, label_table};
+pub use tables::programs::{ProgramCalibration, ProgramRow, ProgramTable, programs};
 pub use tables::table1::{Table1, Table1Row, table1};
 pub use tables::table2::{RescueCount, StageSpan, Table2, Table2Column, stage_spans, table2};
 pub use tables::table4::{Table4, table4};
@@ -118,6 +121,8 @@ pub struct Tables {
     pub siblings: Vec<SiblingRow>,
     /// Figure 1c: the siblings' paired outcomes against H0 at each calibration.
     pub nonstationarity: Vec<Nonstationarity>,
+    /// The pool's agent programs: training rollouts and the prefix check.
+    pub programs: ProgramTable,
 }
 
 /// Compute every table of `run`.
@@ -138,6 +143,7 @@ pub fn tables(run: &Run) -> Tables {
         routing: routing_by_family(run),
         siblings: siblings(run),
         nonstationarity: nonstationarity(run),
+        programs: programs(run),
     }
 }
 
@@ -164,6 +170,7 @@ impl Tables {
         out.push(tables::directions::directions_text(&self.directions, seeds));
         out.push(tables::evolution::evolution_text(&self.evolution));
         out.push(tables::evolution::siblings_text(&self.siblings));
+        out.push(self.programs.to_text());
         out
     }
 }

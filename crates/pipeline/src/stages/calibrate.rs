@@ -23,7 +23,8 @@ pub async fn calibrate(wb: &Workbench, pool: &SiblingPool) -> Result<Calibration
         EvidenceCell::new(),
         ReanchorMode::Adaptive,
         wb.layout.calibration(),
-    )?;
+    )
+    .await?;
     let bar = wb.progress.spinner(format!(
         "calibration: {} members x {} validation tasks",
         pool.len(),

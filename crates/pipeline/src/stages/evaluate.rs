@@ -202,7 +202,7 @@ enum Under<'a> {
 /// Run `policy` k times per test task under the harness `under` picks.
 async fn test_episodes(
     wb: &Workbench,
-    policy: &dyn Policy,
+    policy: &Arc<dyn Policy>,
     pool: &SiblingPool,
     under: &Under<'_>,
     label: &str,
@@ -215,6 +215,15 @@ async fn test_episodes(
         },
     };
     let base = pool.base();
+    // Agent programs in the pool (or an unseen one) act through a proxy in front of `policy`.
+    let env = match under {
+        Under::Fixed(h) if h.is_external() && !pool.contains(&h.id()) => {
+            let mut with = harness_pool::SiblingPool::new(pool.base().clone()).at("evaluate")?;
+            with.add((*h).clone()).at("evaluate")?;
+            wb.env_for(&with, policy.clone()).await?
+        }
+        _ => wb.env_for(pool, policy.clone()).await?,
+    };
     let jobs: Vec<(usize, usize)> = (0..wb.test.len())
         .flat_map(|t| (0..k).map(move |a| (t, a)))
         .collect();
@@ -238,15 +247,21 @@ async fn test_episodes(
                     .unwrap_or(base),
                 Under::Fixed(h) => h,
             };
-            let env = wb.env.clone();
+            let env = env.clone();
             let options = options.clone();
             let bar = bar.clone();
             async move {
                 // The same episode seed per (task, attempt) for every method and harness.
                 let episode_seed = call_seed(seed, (t * k + a) as u32);
-                let trajectory =
-                    run_episode_with(policy, harness, env.as_ref(), task, episode_seed, &options)
-                        .await?;
+                let trajectory = run_episode_with(
+                    policy.as_ref(),
+                    harness,
+                    env.as_ref(),
+                    task,
+                    episode_seed,
+                    &options,
+                )
+                .await?;
                 bar.inc(1);
                 let decisions = if trajectory.env == harness_envs::dbbench::ENV_NAME {
                     harness_envs::labels::dbbench_decisions(&trajectory)
@@ -331,7 +346,7 @@ fn behaviour_record(
 /// episode seeds as the H0 evaluation; `started` is when this evaluation began.
 async fn rank1_record(
     wb: &Workbench,
-    policy: &dyn Policy,
+    policy: &Arc<dyn Policy>,
     pool: &SiblingPool,
     choice: &BTreeMap<String, harness_core::HarnessId>,
     name: &str,
@@ -418,9 +433,9 @@ pub async fn evaluate(
     if modes.contains(&EvalMode::H0) {
         let started = Instant::now();
         let none = BTreeMap::new();
-        let h0 = test_episodes(wb, policy.as_ref(), pool, &Under::Choice(&none), name).await?;
+        let h0 = test_episodes(wb, &policy, pool, &Under::Choice(&none), name).await?;
         let mut record_h0 = behaviour_record(wb, name, &label, &h0);
-        if wb.cfg.env.name == "default" {
+        if wb.cfg.env.name == "default" && !wb.base.is_external() {
             let bar = wb.progress.spinner("decision-point probe under H0");
             record_h0.probe = harness_warmstart::probe_decisions(
                 &local,
@@ -468,11 +483,12 @@ pub async fn evaluate(
                 .progress
                 .spinner(format!("router ranks ({stage} training)"));
             let started = Instant::now();
+            let environments = wb.environments_for(pool, stage_policy.clone()).await?;
             let report = evaluate_ranks(
                 &router,
                 stage_policy.as_ref(),
                 pool,
-                &wb.environments(),
+                &environments,
                 &wb.test,
                 &RankEvalSettings {
                     ranks: wb.cfg.eval.ranks.min(pool.len()),
@@ -498,9 +514,8 @@ pub async fn evaluate(
                     .iter()
                     .filter_map(|(task, ids)| Some((task.clone(), ids.first()?.clone())))
                     .collect();
-                records.push(
-                    rank1_record(wb, policy.as_ref(), pool, &choice, name, &label, started).await?,
-                );
+                records
+                    .push(rank1_record(wb, &policy, pool, &choice, name, &label, started).await?);
             }
             for task in &wb.test {
                 let Some(first) = report.rankings.get(&task.id).and_then(|ids| ids.first()) else {
@@ -537,8 +552,7 @@ pub async fn evaluate(
         };
         let started = Instant::now();
         let choice = rank1_choices(wb, pool, calibration).await?;
-        records
-            .push(rank1_record(wb, policy.as_ref(), pool, &choice, name, &label, started).await?);
+        records.push(rank1_record(wb, &policy, pool, &choice, name, &label, started).await?);
     }
     if let (Some(m), true) = (method, modes.contains(&EvalMode::HBest)) {
         // Meta-Harness and WHALE: one searched harness for every test task, with the same
@@ -547,7 +561,7 @@ pub async fn evaluate(
         let started = Instant::now();
         let run = test_episodes(
             wb,
-            policy.as_ref(),
+            &policy,
             pool,
             &Under::Fixed(&best),
             &format!("{name} H_best"),
@@ -575,7 +589,7 @@ pub async fn evaluate(
         let started = Instant::now();
         let run = test_episodes(
             wb,
-            policy.as_ref(),
+            &policy,
             pool,
             &Under::Fixed(&unseen),
             &format!("{name} under {}", unseen.name),

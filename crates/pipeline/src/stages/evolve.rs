@@ -24,11 +24,12 @@ use crate::setup::Workbench;
 pub async fn evolve(wb: &Workbench) -> Result<SiblingPool> {
     let cfg = &wb.cfg;
     if cfg.evolve.source == PoolSource::Builtin {
-        let pool = wb.builtin_pool()?;
+        let pool = wb.with_programs(wb.builtin_pool()?)?;
         pool.save(wb.layout.pool()).at("evolve")?;
         wb.progress.println(format!(
-            "pool: H0 and the environment's {} built-in siblings (no evolution)",
-            pool.len() - 1
+            "pool: H0 and the environment's {} built-in siblings (no evolution){}",
+            wb.builtin_siblings.len(),
+            programs_note(wb)
         ));
         return Ok(pool);
     }
@@ -68,6 +69,10 @@ pub async fn evolve(wb: &Workbench) -> Result<SiblingPool> {
     .await
     .at("evolve")?;
     write_reports(&wb.layout.evolve(), &result, &views).at("evolve")?;
+    // The agent programs join the frozen pool after evolution, which edits declarative
+    // harnesses only.
+    let pool = wb.with_programs(result.pool.clone())?;
+    pool.save(wb.layout.pool()).at("evolve")?;
     bar.finish_and_clear();
     for round in &result.rounds {
         wb.progress
@@ -89,6 +94,13 @@ pub async fn evolve(wb: &Workbench) -> Result<SiblingPool> {
         views.coverage.oracle_union,
         views.tasks,
     ));
+    if !wb.programs.is_empty() {
+        wb.progress.println(format!(
+            "pool: the {} evolved members{}",
+            result.pool.len(),
+            programs_note(wb)
+        ));
+    }
     cost::write(
         &StageCost {
             stage: "evolve".into(),
@@ -99,7 +111,21 @@ pub async fn evolve(wb: &Workbench) -> Result<SiblingPool> {
         },
         &wb.layout.evolve(),
     )?;
-    Ok(result.pool)
+    Ok(pool)
+}
+
+/// The run's agent programs, as a note on the pool line.
+fn programs_note(wb: &Workbench) -> String {
+    if wb.programs.is_empty() {
+        return String::new();
+    }
+    let names: Vec<&str> = wb.programs.iter().map(|p| p.name.as_str()).collect();
+    let s = if names.len() == 1 { "" } else { "s" };
+    format!(
+        " and {} agent program{s} as sibling{s} ({})",
+        names.len(),
+        names.join(", ")
+    )
 }
 
 /// Directional Harness Evolution's settings: Table 8's, with the run's budgets, seed and
@@ -220,5 +246,7 @@ pub fn load_pool(wb: &Workbench) -> Result<SiblingPool> {
             "no pool here: run `harness-s evolve` first, or give `pool` (--pool) a saved pool directory",
         ));
     }
-    SiblingPool::load(&dir).at("pool")
+    let pool = SiblingPool::load(&dir).at("pool")?;
+    // A pool saved before the run's programs were configured gets them too.
+    wb.with_programs(pool)
 }

@@ -63,7 +63,7 @@ pub(crate) fn roles(
 
 /// The calibrator of a routed run: paired validation runs of every member with `policy`, the
 /// profiles, and `evidence` re-anchored as `mode` says, its files in `dir`.
-pub(crate) fn calibrator(
+pub(crate) async fn calibrator(
     wb: &Workbench,
     pool: &SiblingPool,
     policy: Arc<dyn Policy>,
@@ -72,10 +72,11 @@ pub(crate) fn calibrator(
     mode: ReanchorMode,
     dir: PathBuf,
 ) -> Result<Calibrator> {
+    let environments = wb.environments_for(pool, policy.clone()).await?;
     Calibrator::new(
         Arc::new(pool.clone()),
         policy,
-        wb.environments(),
+        environments,
         wb.validation.clone(),
         profiler,
         evidence,

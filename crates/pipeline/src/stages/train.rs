@@ -232,7 +232,8 @@ pub async fn train(
                 evidence.clone(),
                 reanchor,
                 run_dir.join("calibrations"),
-            )?;
+            )
+            .await?;
             let (selector, router) = routed_selector(kind, evidence, voters)?;
             routed_by = router;
             (Some(selector), Some(Arc::new(cal) as Arc<dyn Calibrate>))
@@ -246,9 +247,10 @@ pub async fn train(
         // from the initial checkpoint.
         sync.sync(0).await.at("train")?;
     }
+    let env = wb.env_for(pool, acting.clone()).await?;
     let setup = TrainingSetup {
         policy: acting,
-        environments: vec![wb.env.clone()],
+        environments: vec![env],
         pool: pool.clone(),
         train_tasks: wb.train.clone(),
         validation_tasks: wb.validation.clone(),

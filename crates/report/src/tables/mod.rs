@@ -6,6 +6,7 @@ pub mod cross;
 pub mod directions;
 pub mod evolution;
 pub mod labels;
+pub mod programs;
 pub mod table1;
 pub mod table10;
 pub mod table2;
