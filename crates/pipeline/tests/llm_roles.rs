@@ -132,6 +132,8 @@ async fn a_pool_of_h0_alone_skips_the_sibling_methods_and_the_run_completes() {
     let mut cfg = reduced(dir.path());
     cfg.set("train.methods", "[\"grpo\", \"harness_s\"]")
         .unwrap();
+    // No agent program joins it either.
+    cfg.set("external.python_sibling", "false").unwrap();
     let wb = Workbench::new(cfg.clone(), Secrets::default(), Progress::hidden()).unwrap();
     let mut pool = harness_pool::SiblingPool::new(wb.base.clone()).unwrap();
     pool.freeze();
