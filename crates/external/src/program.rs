@@ -791,15 +791,31 @@ fn sandboxed(
 }
 
 /// What of the host a file argument needs inside the sandbox: its folder, or the file alone
-/// where the folder is `/` or holds the working folder `root` (the host's `/tmp`, say), which
-/// would expose far more than the program.
+/// where the folder is `/`, holds the working folder `root` (the host's `/tmp`, say) or holds
+/// private files (a home folder, `/etc`), which would expose far more than the program.
 fn visible_part(file: &Path, root: &Path) -> PathBuf {
     match file.parent() {
-        Some(folder) if folder != Path::new("/") && !root.starts_with(folder) => {
+        Some(folder)
+            if folder != Path::new("/")
+                && !root.starts_with(folder)
+                && !holds_private_files(folder) =>
+        {
             folder.to_path_buf()
         }
         _ => file.to_path_buf(),
     }
+}
+
+/// Folders whose whole content must not be shown to a program for the sake of one script in
+/// them: home folders (`/root`, `/home`, `/home/<user>`) and the system's configuration
+/// (`/etc`, `/var`). A script there is bound alone.
+fn holds_private_files(folder: &Path) -> bool {
+    let parts: Vec<_> = folder.components().collect();
+    folder == Path::new("/root")
+        || folder.starts_with("/etc")
+        || folder == Path::new("/var")
+        || folder == Path::new("/home")
+        || (folder.starts_with("/home") && parts.len() == 3)
 }
 
 /// The verifier's outcome with the proxy's prefix-check counts beside its details
@@ -930,4 +946,29 @@ impl Environment for ProgramEnv {
 
 fn reqwest_client() -> reqwest::Client {
     harness_openai::http_client()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_script_in_a_home_folder_is_bound_alone() {
+        let root = Path::new("/tmp/harness-program-x");
+        for (file, visible) in [
+            ("/root/agent.py", "/root/agent.py"),
+            ("/home/ana/agent.py", "/home/ana/agent.py"),
+            ("/home/ana/agents/agent.py", "/home/ana/agents"),
+            ("/etc/agent.py", "/etc/agent.py"),
+            ("/tmp/agent.py", "/tmp/agent.py"),
+            ("/agent.py", "/agent.py"),
+            ("/work/agents/agent.py", "/work/agents"),
+        ] {
+            assert_eq!(
+                visible_part(Path::new(file), root),
+                PathBuf::from(visible),
+                "{file}"
+            );
+        }
+    }
 }

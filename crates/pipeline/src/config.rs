@@ -973,9 +973,15 @@ impl RunConfig {
             if self.evolve.source != PoolSource::Builtin && self.pool.is_none() {
                 return bad(
                     "external.h0".into(),
-                    "an external H0 cannot be evolved (evolution edits declarative harnesses): set evolve.source = \"builtin\" or give a saved pool".into(),
+                    "an external H0 cannot be evolved (evolution edits declarative harnesses): set evolve.source = \"builtin\", or give a saved pool whose H0 is that program".into(),
                 );
             }
+        }
+        if x.python_sibling == Some(true) && x.h0.is_some() {
+            return bad(
+                "external.python_sibling".into(),
+                "the bundled Python agent mirrors a declarative H0, and external.h0 makes H0 a program: leave one of them out".into(),
+            );
         }
         if x.python_sibling == Some(true)
             && !matches!(self.env.name.as_str(), "default" | "dbbench")
@@ -1674,6 +1680,10 @@ mod set_tests {
         assert!(e.contains("external.h0") && e.contains("builtin"), "{e}");
         cfg.set("evolve.source", "\"builtin\"").unwrap();
         cfg.validate(None).unwrap();
+        cfg.set("external.python_sibling", "true").unwrap();
+        let e = cfg.validate(None).unwrap_err().to_string();
+        assert!(e.contains("external.python_sibling"), "{e}");
+        cfg.set("external.python_sibling", "false").unwrap();
         cfg.set("train.methods", "[\"whale\"]").unwrap();
         let e = cfg.validate(None).unwrap_err().to_string();
         assert!(e.contains("external.h0") && e.contains("whale"), "{e}");

@@ -223,11 +223,11 @@ impl Workbench {
         for (i, path) in cfg.external.harnesses.iter().enumerate() {
             programs.push(external_harness(path, &format!("external.harnesses[{i}]"))?);
         }
-        // The bundled agent mirrors a declarative H0; beside a program H0 only when asked for.
-        let mirrorable = !base.is_external() || cfg.external.python_sibling == Some(true);
-        if cfg.external.wants_python_sibling(&cfg.env.name) && mirrorable {
+        // The bundled agent mirrors a declarative H0 (validation refuses asking for it beside
+        // a program H0).
+        if cfg.external.wants_python_sibling(&cfg.env.name) && !base.is_external() {
             if interpreter_runs(&cfg.external.python) {
-                programs.push(python_sibling(&cfg, &layout, &base, &builtin_siblings)?);
+                programs.push(python_sibling(&cfg, &base, &builtin_siblings)?);
             } else if cfg.external.python_sibling == Some(true) {
                 return Err(Error::Config {
                     file: PathBuf::from("<run config>"),
@@ -244,7 +244,11 @@ impl Workbench {
                 ));
             }
         }
-        let uses_programs = !programs.is_empty() || base.is_external();
+        // Programs may also come with a saved pool or an unseen-harness pool.
+        let uses_programs = !programs.is_empty()
+            || base.is_external()
+            || cfg.pool.is_some()
+            || !cfg.eval.harnesses.is_empty();
         let runner = program_runner(&cfg, uses_programs, &progress)?;
         Ok(Workbench {
             cfg,
@@ -433,15 +437,10 @@ fn external_harness(path: &Path, field: &str) -> Result<Harness> {
     Ok(harness.to_harness())
 }
 
-/// The bundled Python DBBench agent as a sibling of `base`: installed into `<out>/external/`,
+/// The bundled Python DBBench agent as a sibling of `base` (its source run with `-c`),
 /// speaking H0's prompts and carrying the hook `external.python_sibling_hook` of the built-in
 /// sibling that has it.
-fn python_sibling(
-    cfg: &RunConfig,
-    layout: &Layout,
-    base: &Harness,
-    siblings: &[Harness],
-) -> Result<Harness> {
+fn python_sibling(cfg: &RunConfig, base: &Harness, siblings: &[Harness]) -> Result<Harness> {
     let x = &cfg.external;
     let bad = |field: &str, message: String| Error::Config {
         file: PathBuf::from("<run config>"),
@@ -459,12 +458,8 @@ fn python_sibling(
             ),
         ));
     };
-    let hooks = sibling
-        .hooks
-        .iter()
-        .filter(|(name, spec)| base.hooks.get(*name) != Some(*spec))
-        .map(|(name, spec)| (name.clone(), spec.clone()))
-        .collect();
+    // The sibling's hooks, H0's among them: the in-process sibling fires them all.
+    let hooks = sibling.hooks.clone();
     let format = base.tool_view.format.as_str();
     let parser: Arc<dyn harness_core::ActionParser> = if format == harness_core::TOOL_CALL_FORMAT {
         Arc::new(harness_core::ToolCallParser)
@@ -485,15 +480,18 @@ fn python_sibling(
         }
         _ => None,
     };
-    let dir = std::path::absolute(layout.root().join("external"))
-        .map_err(|e| Error::input("external", layout.root(), e.to_string()))?;
-    let script = harness_external::agents::install_dbbench_agent(&dir).at("external")?;
+    // The source itself, not a path, so that the member's id is the same wherever the run
+    // folder is (a pool reused by another run, a moved folder).
     let name = format!("python-agent-{hook}");
     let mirrored = harness_external::agents::mirror_sibling(harness_external::agents::MirrorSpec {
         base,
         hooks,
         no_call_reply,
-        command: vec![x.python.clone(), script.display().to_string()],
+        command: vec![
+            x.python.clone(),
+            "-c".into(),
+            harness_external::agents::DBBENCH_AGENT.into(),
+        ],
         name,
         timeout_s: x.timeout_s,
     })

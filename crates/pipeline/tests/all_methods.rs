@@ -56,8 +56,25 @@ fn reduced(dir: &Path) -> RunConfig {
     cfg
 }
 
+/// Whether `python3` runs here (the bundled agent program needs it); under CI it must.
+fn python() -> bool {
+    let found = std::process::Command::new("python3")
+        .args(["-c", ""])
+        .status()
+        .is_ok_and(|s| s.success());
+    let ci = std::env::var("CI").is_ok_and(|v| matches!(v.trim(), "true" | "1"));
+    assert!(found || !ci, "python3 is not on PATH and CI=true");
+    if !found {
+        println!("skipping: python3 is not on PATH (under CI=true this fails)");
+    }
+    found
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_method_trains_from_one_checkpoint_and_has_its_row_in_every_table() {
+    if !python() {
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = reduced(dir.path());
     assert_eq!(cfg.train.methods, Method::ALL.to_vec());
@@ -423,14 +440,11 @@ async fn every_method_trains_from_one_checkpoint_and_has_its_row_in_every_table(
         .unwrap()
         .to_string();
     let row = format!(
-        "| {mixed_label} | {} | {n}.0 | {ok}.0 | ",
-        wb.programs[0].name
+        "| {mixed_label} | {} | {n}.0 | {ok}.0 | {:.1}% | {breaks}.0 |",
+        wb.programs[0].name,
+        100.0 * ok as f64 / n as f64
     );
     assert!(report.contains(&row), "no `{row}` in the report");
-    assert!(
-        report.contains(&format!("| {breaks}.0 |")),
-        "no prefix-break count {breaks} in the report"
-    );
     assert!(report.contains("Agent programs in the pool"));
 
     // Table 4: every transfer case agrees with the H0 test episodes it cites, and has its row.

@@ -247,6 +247,17 @@ pub fn load_pool(wb: &Workbench) -> Result<SiblingPool> {
         ));
     }
     let pool = SiblingPool::load(&dir).at("pool")?;
+    if pool.base().id() != wb.base.id() && wb.cfg.external.h0.is_some() {
+        return Err(Error::input(
+            "pool",
+            &dir,
+            format!(
+                "its H0 is `{}`, not the program external.h0 names (`{}`): give a pool built on that program, or leave `pool` unset (with evolve.source = \"builtin\")",
+                pool.base().name,
+                wb.base.name
+            ),
+        ));
+    }
     // A pool saved before the run's programs were configured gets them too.
     wb.with_programs(pool)
 }

@@ -1,14 +1,16 @@
 //! Agent programs in the pool (external harnesses): what each method's training drew from
 //! them, and how much history their programs rewrote (the recording proxy's prefix check).
 //!
-//! A program is a pool member whose harness file has a `program` (harness-external); a seed's
-//! `programs.json` lists those of the pool it trained on. For each method that trained, a program's rollouts are
-//! its rescue rollouts (`groups.jsonl`'s `rescue_harnesses` and `rescue_rewards`) and, in a
-//! fixed mixture, its share of the mixed group (`retained_harnesses` of a `mixture` group);
+//! A program is a pool member whose harness file has a `program` (harness-external); a
+//! seed's `programs.json` lists those of the pool it trained on. For each method that trained,
+//! a program's rollouts are its rescue rollouts (`groups.jsonl`'s `rescue_harnesses` and
+//! `rescue_rewards`) and its share of the other kept groups (`retained_harnesses`: a fixed
+//! mixture, or H0's when H0 is one);
 //! its successes are those with reward 1. The prefix breaks are the method's
 //! (`metrics.jsonl`'s `prefix_breaks`, summed over updates): turns whose prompt tokens did not
 //! extend the previous turn's context and completion, counted over every program episode of
-//! the method's training rollouts.
+//! the method's training rollouts. Groups a rescue replaced keep no record of their base
+//! harness, so a program H0's rollouts in them are not counted.
 
 use std::collections::BTreeMap;
 
@@ -80,8 +82,13 @@ pub fn programs(run: &Run) -> ProgramTable {
                 let Some(m) = seed.methods.get(&method) else {
                     continue;
                 };
-                // Only methods whose groups draw on siblings (a rescue or a fixed mixture).
-                if !m.groups.iter().any(|g| g.origin != GroupOrigin::Base) {
+                // Only methods whose groups ran some program (rescue, mixture, or H0 itself).
+                if !m.groups.iter().any(|g| {
+                    g.rescue_harnesses
+                        .iter()
+                        .chain(&g.retained_harnesses)
+                        .any(|h| pool.contains_key(h))
+                }) {
                     continue;
                 }
                 let ids: Vec<&HarnessId> = pool
@@ -100,7 +107,8 @@ pub fn programs(run: &Run) -> ProgramTable {
                         }
                     };
                     count(&g.rescue_harnesses, &g.rescue_rewards);
-                    if g.origin == GroupOrigin::Mixture {
+                    if g.origin != GroupOrigin::Rescue {
+                        // A kept base group (a program H0's) or a mixture.
                         count(&g.retained_harnesses, &g.retained_rewards);
                     }
                 }
