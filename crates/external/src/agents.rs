@@ -11,7 +11,6 @@
 //! prompts it knows, while every token it trains on passes through the proxy.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
 
 use harness_core::{Harness, HookAction, HookEvent, HookSpec, Split, Task};
 
@@ -21,9 +20,6 @@ use crate::program::{ExternalHarness, ExternalKind, ProgramLimits};
 /// The source of `agents/dbbench_agent.py`.
 pub const DBBENCH_AGENT: &str = include_str!("../agents/dbbench_agent.py");
 
-/// The file name [`install_dbbench_agent`] writes.
-pub const DBBENCH_AGENT_FILE: &str = "dbbench_agent.py";
-
 /// The conditions the bundled agent evaluates (warn hooks after a tool call or on an error).
 pub const AGENT_CONDITIONS: &[&str] = &[
     "always",
@@ -31,19 +27,6 @@ pub const AGENT_CONDITIONS: &[&str] = &[
     "remaining_steps_lte",
     "observation_matches",
 ];
-
-/// Write [`DBBENCH_AGENT`] into `dir` (created when missing) and return its path.
-pub fn install_dbbench_agent(dir: &Path) -> Result<PathBuf> {
-    let path = dir.join(DBBENCH_AGENT_FILE);
-    std::fs::create_dir_all(dir).map_err(|e| {
-        Error::Core(harness_core::Error::Io {
-            path: dir.to_path_buf(),
-            source: e,
-        })
-    })?;
-    harness_core::fsutil::write_atomic(&path, DBBENCH_AGENT.as_bytes())?;
-    Ok(path)
-}
 
 /// What [`mirror_sibling`] builds from.
 pub struct MirrorSpec<'a> {

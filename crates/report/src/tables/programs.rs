@@ -180,7 +180,7 @@ impl ProgramTable {
             })
             .collect();
         let mut notes = vec![
-            "Agent programs are external harnesses: each episode runs the program against the environment served over HTTP, and every model call goes through a recording proxy in front of the training policy, so the trajectory is the tokens the policy sampled. Rollouts: the program's rescue rollouts and its share of a fixed mixture, in groups.jsonl; successes: those with reward 1. Prefix breaks: the method's turns whose prompt did not extend the previous turn's context plus completion (metrics.jsonl), over all its program episodes; such a turn is trained in its own context, or its episode masked with external.prefix = \"mask_episode\".".to_string(),
+            "Agent programs are external harnesses: each episode runs the program against the environment served over HTTP, and every model call goes through a recording proxy in front of the training policy, so the trajectory is the tokens the policy sampled. Rollouts: the program's rescue rollouts and its share of the other kept groups (a fixed mixture, or H0's when H0 is a program), in groups.jsonl; successes: those with reward 1. Prefix breaks: the method's turns whose prompt did not extend the previous turn's context plus completion (metrics.jsonl), over all its program episodes; such a turn is trained in its own context, or its episode masked with external.prefix = \"mask_episode\".".to_string(),
         ];
         for c in &self.calibration {
             notes.push(format!(
