@@ -190,4 +190,13 @@ pub trait Policy: Send + Sync {
 
     /// Generate one turn.
     async fn generate(&self, request: PolicyRequest) -> Result<PolicyTurn>;
+
+    /// The version of the weights this policy samples from, when it tracks one: a trainer
+    /// whose updates reach the policy by a weight sync (a remote learner, a serving engine)
+    /// compares it with its own version before sampling, so a lost or failed sync stops the
+    /// run instead of training on rollouts from stale weights. `None` (the default): the
+    /// policy does not track versions.
+    fn weights_version(&self) -> Option<u64> {
+        None
+    }
 }
