@@ -65,6 +65,18 @@ pub enum Error {
         /// The last failure.
         message: String,
     },
+    /// The acting policy samples from another version of the weights than the learner's.
+    #[error(
+        "policy `{policy}` samples from weights version {found}, the learner is at version {expected}: a weight sync was lost or failed; the run stops rather than sample from stale weights"
+    )]
+    StaleWeights {
+        /// The acting policy.
+        policy: String,
+        /// The learner's version.
+        expected: u64,
+        /// The version the policy reports.
+        found: u64,
+    },
     /// A pool error.
     #[error(transparent)]
     Pool(#[from] harness_pool::Error),
@@ -126,6 +138,13 @@ impl From<Error> for harness_core::Error {
             e @ Error::UnknownEnvironment { .. } => harness_core::Error::Environment {
                 env: match &e {
                     Error::UnknownEnvironment { env, .. } => env.clone(),
+                    _ => unreachable!(),
+                },
+                message: e.to_string(),
+            },
+            e @ Error::StaleWeights { .. } => harness_core::Error::Policy {
+                policy: match &e {
+                    Error::StaleWeights { policy, .. } => policy.clone(),
                     _ => unreachable!(),
                 },
                 message: e.to_string(),

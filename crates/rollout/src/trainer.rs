@@ -306,6 +306,7 @@ impl RescueTrainer {
     /// One update of Algorithm 1 (lines 3-12), with evaluation and a checkpoint when due.
     pub async fn step(&mut self) -> Result<UpdateRecord> {
         self.sync_if_pending().await?;
+        self.check_version()?;
         let u = self.progress.update;
         let number = u + 1;
         // Line 3: re-anchor if calibration is due (line 1, the profiles before training, is the
@@ -383,6 +384,7 @@ impl RescueTrainer {
                 sync_with_retry(sync.as_ref(), report.policy_version, self.cfg.sync_retry).await?;
             }
             self.progress.policy_version = report.policy_version;
+            self.check_version()?;
         }
         let update_seconds = started.elapsed().as_secs_f64();
 
@@ -435,6 +437,7 @@ impl RescueTrainer {
     /// `cost.json`. Runs once; a finished run resumed does nothing more.
     pub async fn finish(&mut self) -> Result<Cost> {
         self.sync_if_pending().await?;
+        self.check_version()?;
         if !self.progress.finished {
             if self.cfg.final_calibration {
                 self.calibrate(true).await?;
@@ -444,6 +447,19 @@ impl RescueTrainer {
             self.checkpoint()?;
         }
         Ok(self.progress.cost.clone())
+    }
+
+    /// Refuse to sample when the acting policy reports a weights version
+    /// ([`Policy::weights_version`]) other than the learner's: its sync was lost.
+    fn check_version(&self) -> Result<()> {
+        match self.policy.weights_version() {
+            Some(found) if found != self.progress.policy_version => Err(Error::StaleWeights {
+                policy: self.policy.name().to_string(),
+                expected: self.progress.policy_version,
+                found,
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// Push the restored weights to the serving engine once after a resume.

@@ -818,3 +818,101 @@ async fn the_selectors_llm_tokens_reach_cost_json() {
         serde_json::json!({"prompt_tokens": 10 * rescues, "completion_tokens": 2 * rescues})
     );
 }
+
+/// A policy that reports the weights version a sync last gave it.
+struct Versioned {
+    inner: Arc<dyn harness_core::Policy>,
+    version: Arc<std::sync::atomic::AtomicU64>,
+}
+
+#[async_trait::async_trait]
+impl harness_core::Policy for Versioned {
+    fn name(&self) -> &str {
+        "versioned"
+    }
+
+    async fn generate(
+        &self,
+        request: harness_core::PolicyRequest,
+    ) -> harness_core::Result<harness_core::PolicyTurn> {
+        self.inner.generate(request).await
+    }
+
+    fn weights_version(&self) -> Option<u64> {
+        Some(self.version.load(std::sync::atomic::Ordering::SeqCst))
+    }
+}
+
+/// A sync that brings `version` to the policy, or, once `lose_from` is reached, says it did
+/// without doing it.
+struct VersionSync {
+    version: Arc<std::sync::atomic::AtomicU64>,
+    lose_from: u64,
+}
+
+#[async_trait::async_trait]
+impl harness_rollout::WeightSync for VersionSync {
+    fn name(&self) -> &str {
+        "version-sync"
+    }
+
+    async fn sync(&self, version: u64) -> harness_core::Result<()> {
+        if version < self.lose_from {
+            self.version
+                .store(version, std::sync::atomic::Ordering::SeqCst);
+        }
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_policy_whose_weights_lag_the_learner_stops_the_run_before_it_samples() {
+    // Synced versions: updates go on, each group records the version it sampled.
+    let f = fixture(r#"{"kind": "grpo"}"#, 2);
+    let version = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let policy = Arc::new(Versioned {
+        inner: mixed_policy(),
+        version: version.clone(),
+    });
+    let mut setup = f.setup(policy, None);
+    setup.weight_sync = Some(Arc::new(VersionSync {
+        version: version.clone(),
+        lose_from: u64::MAX,
+    }));
+    let mut t = RescueTrainer::new(f.cfg.clone(), setup, f.dir.path()).unwrap();
+    t.run().await.unwrap();
+    let versions: Vec<u64> = f.groups().iter().map(|g| g.policy_version).collect();
+    assert_eq!(versions, vec![0, 0, 0, 1, 1, 1]);
+
+    // A sync that reports success but leaves the weights behind: the update after it stops.
+    let f = fixture(r#"{"kind": "grpo"}"#, 3);
+    let version = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let policy = Arc::new(Versioned {
+        inner: mixed_policy(),
+        version: version.clone(),
+    });
+    let mut setup = f.setup(policy, None);
+    setup.weight_sync = Some(Arc::new(VersionSync {
+        version: version.clone(),
+        lose_from: 2,
+    }));
+    let mut t = RescueTrainer::new(f.cfg.clone(), setup, f.dir.path()).unwrap();
+    t.step().await.unwrap();
+    let err = t.step().await.unwrap_err().to_string();
+    assert!(
+        err.contains("version 1") && err.contains("version 2") && err.contains("stale"),
+        "{err}"
+    );
+    assert_eq!(f.metrics().len(), 1, "the update whose sync was lost is not recorded");
+
+    // A policy ahead of (or behind) the learner from the start samples nothing.
+    let f = fixture(r#"{"kind": "grpo"}"#, 1);
+    let policy = Arc::new(Versioned {
+        inner: mixed_policy(),
+        version: Arc::new(std::sync::atomic::AtomicU64::new(5)),
+    });
+    let mut t = RescueTrainer::new(f.cfg.clone(), f.setup(policy, None), f.dir.path()).unwrap();
+    let err = t.step().await.unwrap_err().to_string();
+    assert!(err.contains("weights version 5"), "{err}");
+    assert!(f.env.resets.lock().unwrap().is_empty(), "no episode ran");
+}
