@@ -19,7 +19,8 @@
 //!   `config.json`; [`checkpoint`]: [`PolicyModel`] = model + tokenizer + chat template + stop
 //!   tokens, loaded from a folder or, with the `hub` feature, the hub ([`loading`]), created
 //!   fresh and tiny from a seed, saved in HF format; [`gguf`] imports llama.cpp's GGUF files
-//!   (dequantised) as HF folders; [`chat_template`]: Qwen ChatML rendering; [`tokenizer`]:
+//!   (dequantised) as HF folders; [`lora`] merges a remote learner's PEFT LoRA adapter into a
+//!   snapshot of the initial weights ([`PeftAdapter`], [`BaseWeights`]); [`chat_template`]: Qwen ChatML rendering; [`tokenizer`]:
 //!   `tokenizer.json` helpers and the built-in byte-level BPE.
 //! - [`sample`]: [`sampler`], batched KV-cached decoding with per-token log-probs, with its
 //!   [`prefix_cache`] and JSON-constrained rows ([`sample::json`]); [`policy`]:
@@ -68,7 +69,7 @@ pub mod sample;
 pub mod train;
 
 // The flat module paths of before the layers.
-pub use model::{chat_template, checkpoint, config, gguf, loading, tokenizer};
+pub use model::{chat_template, checkpoint, config, gguf, loading, lora, tokenizer};
 pub use ops::{fused, logprob};
 pub use sample::{policy, prefix_cache, sampler};
 pub use train::{learner, objective, sft, teacher, trainer};
@@ -79,6 +80,7 @@ pub use model::checkpoint::{PolicyModel, TinySpec};
 pub use model::config::{Arch, QwenConfig, RopeScaling};
 pub use model::gguf::{GgufImport, ImportSummary, import_gguf};
 pub use model::loading::ModelFiles;
+pub use model::lora::{BaseWeights, PeftAdapter};
 pub use model::{KvCache, Qwen};
 pub use sample::policy::{CandlePolicy, PolicyOptions, PolicyStats, UpdateGuard};
 pub use sample::prefix_cache::{PrefixCache, PrefixCacheConfig, PrefixCacheStats};

@@ -29,7 +29,9 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::error::{Error, Result};
 use crate::model::config::QwenConfig;
+use crate::model::lora::BaseWeights;
 use crate::ops::fused::{self, softmax_last_dim};
+use crate::ops::logprob::{LogProbConfig, token_logprobs};
 use crate::ops::rowdot;
 
 /// The additive mask value for positions a query must not see. Finite so that a row with every
@@ -704,33 +706,70 @@ impl Qwen {
     /// must be present with its shape; values are converted to the model's dtype.
     pub fn load_weights_in_place(&self, files: &[PathBuf]) -> Result<()> {
         let shown = files.first().cloned().unwrap_or_default();
+        let names = self.named_vars().into_iter().map(|(n, _)| n).collect();
+        let tensors = crate::model::loading::load_tensors(files, &names, &self.device)?;
+        self.set_weights_in_place(tensors, &shown)
+    }
+
+    /// Set every variable to the tensor of its name, in place: everything sharing the
+    /// [`VarMap`] sees the new values. Every variable must be present with its shape, and
+    /// nothing else; everything is checked before anything changes. Values are converted to the
+    /// model's dtype and device. `shown` names the source in errors.
+    pub fn set_weights_in_place(
+        &self,
+        mut tensors: std::collections::HashMap<String, Tensor>,
+        shown: &Path,
+    ) -> Result<()> {
         let vars = self.named_vars();
-        let names = vars.iter().map(|(n, _)| n.clone()).collect();
-        let mut tensors = crate::model::loading::load_tensors(files, &names, &self.device)?;
         // Check everything before changing anything.
         for (name, var) in &vars {
             let t = tensors.get(name).ok_or_else(|| Error::Weights {
-                path: shown.clone(),
+                path: shown.to_path_buf(),
                 name: name.clone(),
                 message: "missing from the checkpoint".into(),
             })?;
             if t.dims() != var.dims() {
                 return Err(Error::Weights {
-                    path: shown.clone(),
+                    path: shown.to_path_buf(),
                     name: name.clone(),
                     message: format!("shape {:?}, expected {:?}", t.dims(), var.dims()),
                 });
             }
+        }
+        if tensors.len() > vars.len() {
+            let known: std::collections::HashSet<&str> =
+                vars.iter().map(|(n, _)| n.as_str()).collect();
+            let extra = tensors
+                .keys()
+                .filter(|k| !known.contains(k.as_str()))
+                .min()
+                .cloned()
+                .unwrap_or_default();
+            return Err(Error::Weights {
+                path: shown.to_path_buf(),
+                name: extra,
+                message: "not a parameter of this model".into(),
+            });
         }
         // Mark before and after: a prefix cache reading the version while the copy runs (which
         // the policy's update guard rules out) still sees it change.
         self.mark_weights_changed();
         for (name, var) in vars {
             let t = tensors.remove(&name).expect("checked above");
-            var.set(&t.to_dtype(self.dtype)?)?;
+            var.set(&t.to_device(&self.device)?.to_dtype(self.dtype)?)?;
         }
         self.mark_weights_changed();
         Ok(())
+    }
+
+    /// Copies of every variable (not shared with the model: later updates do not show through),
+    /// e.g. the initial checkpoint that LoRA adapters are merged into.
+    pub fn snapshot(&self) -> Result<BaseWeights> {
+        let mut tensors = Vec::new();
+        for (name, var) in self.named_vars() {
+            tensors.push((name, var.as_tensor().detach().copy()?));
+        }
+        Ok(BaseWeights::from_tensors(tensors))
     }
 
     /// Build the model around existing variables (every name of the config must be present with
@@ -1227,6 +1266,48 @@ struct Segment<'c> {
     len: usize,
     cache: &'c mut KvCache,
     mask: Option<Tensor>,
+}
+
+/// Log-probs of `tokens` following `context` under `model` (temperature 1, full vocabulary), one
+/// per token, from one forward pass over `context + tokens` with the chunked log-prob op.
+///
+/// `context` must not be empty when `tokens` is not (the first token needs something to be
+/// predicted from).
+pub fn score_continuation(
+    model: &Qwen,
+    context: &[u32],
+    tokens: &[u32],
+    cfg: &LogProbConfig,
+) -> Result<Vec<f32>> {
+    if tokens.is_empty() {
+        return Ok(Vec::new());
+    }
+    if context.is_empty() {
+        return Err(Error::Request(
+            "score_continuation: empty context; the first token cannot be scored".into(),
+        ));
+    }
+    let vocab = model.config().vocab_size;
+    if let Some(&bad) = context.iter().chain(tokens).find(|&&t| t as usize >= vocab) {
+        return Err(Error::Request(format!(
+            "score_continuation: token id {bad} outside the vocabulary of {vocab}"
+        )));
+    }
+    let dev = model.device();
+    // The model sees every token but the last; the hidden state at p - 1 predicts the token at p.
+    let mut ids = context.to_vec();
+    ids.extend_from_slice(&tokens[..tokens.len() - 1]);
+    let len = ids.len();
+    let input = Tensor::from_vec(ids, (1, len), dev)?;
+    let hidden = model.forward_hidden(&input)?.squeeze(0)?;
+    let hidden = hidden.narrow(0, context.len() - 1, tokens.len())?;
+    let targets = Tensor::from_slice(tokens, tokens.len(), dev)?;
+    let out = token_logprobs(&hidden, &model.lm_head_weight(), &targets, cfg)?;
+    Ok(out
+        .logp
+        .detach()
+        .to_dtype(candle_core::DType::F32)?
+        .to_vec1()?)
 }
 
 /// RMSNorm over the last dim, computed in f32 (f64 for f64 models) and cast back before the

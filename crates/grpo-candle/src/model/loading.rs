@@ -233,6 +233,20 @@ pub fn load_tensors(
     names: &HashSet<String>,
     device: &Device,
 ) -> Result<HashMap<String, Tensor>> {
+    load_matching(files, |name| names.contains(name), device)
+}
+
+/// Every tensor of one safetensors file (e.g. a LoRA adapter, whose names are not known
+/// beforehand), with the guards of [`load_tensors`].
+pub fn load_all_tensors(file: &Path, device: &Device) -> Result<HashMap<String, Tensor>> {
+    load_matching(&[file.to_path_buf()], |_| true, device)
+}
+
+fn load_matching(
+    files: &[PathBuf],
+    wanted: impl Fn(&str) -> bool,
+    device: &Device,
+) -> Result<HashMap<String, Tensor>> {
     let mut out = HashMap::new();
     for file in files {
         let bytes = std::fs::read(file).map_err(|e| Error::io(file, e))?;
@@ -245,7 +259,7 @@ pub fn load_tensors(
             message: format!("not a safetensors file: {e}"),
         })?;
         for (name, view) in st.tensors() {
-            if names.contains(&name) {
+            if wanted(&name) {
                 let t =
                     guarded(file, "safetensors", &name, || view.load(device))?.map_err(|e| {
                         Error::Weights {

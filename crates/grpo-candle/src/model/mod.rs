@@ -8,7 +8,7 @@
 //!   `model::token_logprobs` name them.
 //! - [`config`]: HF `config.json`; [`loading`]: a folder or the hub; [`checkpoint`]: model,
 //!   tokenizer, chat template and stop tokens together; [`gguf`]: llama.cpp's GGUF files as HF
-//!   folders.
+//!   folders; [`lora`]: PEFT LoRA adapters merged into a snapshot of the initial weights.
 //! - [`tokenizer`]: `tokenizer.json` helpers and the built-in byte-level BPE; [`chat_template`]:
 //!   ChatML rendering.
 
@@ -18,10 +18,12 @@ pub mod config;
 pub mod decoder;
 pub mod gguf;
 pub mod loading;
+pub mod lora;
 pub mod tokenizer;
 
 pub use crate::ops::fused::softmax_last_dim;
 pub use crate::ops::reference::{
     rms_norm_primitive, rope, softmax_last_dim_primitive, token_logprobs,
 };
-pub use decoder::{KvCache, Qwen, rms_norm};
+pub use decoder::{KvCache, Qwen, rms_norm, score_continuation};
+pub use lora::{BaseWeights, PeftAdapter};

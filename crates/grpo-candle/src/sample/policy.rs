@@ -25,7 +25,7 @@
 //! Dropping the update guard marks the weights changed, and the cache does not serve entries
 //! computed under other weights; [`PolicyStats`] counts hits and reused tokens.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, RwLock, RwLockWriteGuard};
 use std::thread::JoinHandle;
@@ -39,6 +39,8 @@ use crate::error::{Error, Result};
 use crate::model::Qwen;
 use crate::model::chat_template::ChatTemplate;
 use crate::model::checkpoint::PolicyModel;
+use crate::model::lora::{BaseWeights, PeftAdapter};
+use crate::ops::logprob::LogProbConfig;
 use crate::sample::prefix_cache::{PrefixCache, PrefixCacheConfig};
 use crate::sample::sampler::{self, DecodeBatch, Sample, SampleRequest};
 
@@ -125,8 +127,13 @@ struct Shared {
     weights: RwLock<()>,
     /// Updates waiting for the write lock: no new rows are admitted meanwhile.
     pending_updates: AtomicUsize,
+    /// The version of the weights as the caller numbers them ([`NO_VERSION`]: none).
+    version: AtomicU64,
     stats: Mutex<PolicyStats>,
 }
+
+/// [`Shared::version`] when no version is set.
+const NO_VERSION: u64 = u64::MAX;
 
 /// Counters of a [`CandlePolicy`]'s decoding worker.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -200,6 +207,7 @@ impl CandlePolicy {
             memory,
             weights: RwLock::new(()),
             pending_updates: AtomicUsize::new(0),
+            version: AtomicU64::new(NO_VERSION),
             stats: Mutex::new(PolicyStats::default()),
         });
         let (tx, rx) = mpsc::channel::<Job>();
@@ -262,11 +270,94 @@ impl CandlePolicy {
     }
 
     /// Replace the weights with those of a checkpoint folder (same architecture), in place and
-    /// under the update guard, e.g. to continue from a saved training step.
+    /// under the update guard, e.g. to continue from a saved training step. The
+    /// [`weights_version`](CandlePolicy::weights_version) is left as it was: callers that track
+    /// versions set it ([`CandlePolicy::set_weights_version`]).
     pub fn load_weights(&self, dir: impl AsRef<std::path::Path>) -> Result<()> {
         let files = crate::model::loading::ModelFiles::from_dir(dir)?;
         let _guard = self.update_guard();
         self.model().load_weights_in_place(&files.weights)
+    }
+
+    /// A snapshot of the current weights (copies), to merge LoRA adapters into with
+    /// [`CandlePolicy::load_merged`]. Taken while no update runs.
+    pub fn base_weights(&self) -> Result<BaseWeights> {
+        let _read = self
+            .shared
+            .weights
+            .read()
+            .unwrap_or_else(|e| e.into_inner());
+        self.model().snapshot()
+    }
+
+    /// Set the weights to `base` with `adapter` merged (`W + s · B A` where the adapter targets
+    /// a module, `W` elsewhere), under the update guard, and record `version` as the
+    /// [`weights_version`](CandlePolicy::weights_version). Every variable is set from `base`,
+    /// never from the current weights, so successive versions do not compound.
+    ///
+    /// The adapter is checked against `base` and merged before the guard is taken: an adapter
+    /// that does not fit is refused with decoding undisturbed and the weights and version
+    /// unchanged. Should setting the variables fail after that, the version becomes `None`.
+    pub fn load_merged(
+        &self,
+        base: &BaseWeights,
+        adapter: &PeftAdapter,
+        version: u64,
+    ) -> Result<()> {
+        let merged = base.merged(adapter)?;
+        let _guard = self.update_guard();
+        match self
+            .model()
+            .set_weights_in_place(merged, adapter.weights_path())
+        {
+            Ok(()) => {
+                self.set_weights_version(Some(version));
+                Ok(())
+            }
+            Err(e) => {
+                self.set_weights_version(None);
+                Err(e)
+            }
+        }
+    }
+
+    /// The version of the weights as the caller numbers them (e.g. the learner's step of the
+    /// adapter last merged by [`CandlePolicy::load_merged`]); `None` until one is set. Not to be
+    /// confused with [`Qwen::weights_version`], the model's own change counter.
+    pub fn weights_version(&self) -> Option<u64> {
+        match self.shared.version.load(Ordering::Acquire) {
+            NO_VERSION => None,
+            v => Some(v),
+        }
+    }
+
+    /// Record the version of the current weights, e.g. `Some(0)` for the initial checkpoint.
+    /// `Some(u64::MAX)` reads back as `None`.
+    pub fn set_weights_version(&self, version: Option<u64>) {
+        self.shared
+            .version
+            .store(version.unwrap_or(NO_VERSION), Ordering::Release);
+    }
+
+    /// Teacher-forced log-probs of a token sequence under the current weights, at temperature 1
+    /// over the full vocabulary: `log p(ids[i] | ids[..i])` for `i` in `1..ids.len()` (one value
+    /// fewer than `ids`; none for fewer than two ids). Runs on the calling thread, holding the
+    /// weights' read lock so no update runs meanwhile.
+    pub fn score_tokens(&self, ids: &[u32]) -> Result<Vec<f32>> {
+        if ids.len() < 2 {
+            return Ok(Vec::new());
+        }
+        let _read = self
+            .shared
+            .weights
+            .read()
+            .unwrap_or_else(|e| e.into_inner());
+        crate::model::score_continuation(
+            self.model(),
+            &ids[..1],
+            &ids[1..],
+            &LogProbConfig::default(),
+        )
     }
 
     /// The decoding worker's counters.
@@ -530,6 +621,10 @@ fn worker_loop(
 impl Policy for CandlePolicy {
     fn name(&self) -> &str {
         &self.name
+    }
+
+    fn weights_version(&self) -> Option<u64> {
+        CandlePolicy::weights_version(self)
     }
 
     async fn generate(&self, request: PolicyRequest) -> harness_core::Result<PolicyTurn> {

@@ -77,56 +77,13 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use candle_core::Tensor;
 use harness_core::{FinishReason, Policy, PolicyRequest, PolicyTurn};
 
 use crate::error::{Error, Result};
-use crate::model::Qwen;
+pub use crate::model::decoder::score_continuation;
 use crate::model::tokenizer::{self, IM_END};
-use crate::ops::logprob::{LogProbConfig, token_logprobs};
+use crate::ops::logprob::LogProbConfig;
 use crate::sample::policy::CandlePolicy;
-
-/// Log-probs of `tokens` following `context` under `model` (temperature 1, full vocabulary), one
-/// per token, from one forward pass over `context + tokens` with the chunked log-prob op.
-///
-/// `context` must not be empty when `tokens` is not (the first token needs something to be
-/// predicted from).
-pub fn score_continuation(
-    model: &Qwen,
-    context: &[u32],
-    tokens: &[u32],
-    cfg: &LogProbConfig,
-) -> Result<Vec<f32>> {
-    if tokens.is_empty() {
-        return Ok(Vec::new());
-    }
-    if context.is_empty() {
-        return Err(Error::Request(
-            "score_continuation: empty context; the first token cannot be scored".into(),
-        ));
-    }
-    let vocab = model.config().vocab_size;
-    if let Some(&bad) = context.iter().chain(tokens).find(|&&t| t as usize >= vocab) {
-        return Err(Error::Request(format!(
-            "score_continuation: token id {bad} outside the vocabulary of {vocab}"
-        )));
-    }
-    let dev = model.device();
-    // The model sees every token but the last; the hidden state at p - 1 predicts the token at p.
-    let mut ids = context.to_vec();
-    ids.extend_from_slice(&tokens[..tokens.len() - 1]);
-    let len = ids.len();
-    let input = Tensor::from_vec(ids, (1, len), dev)?;
-    let hidden = model.forward_hidden(&input)?.squeeze(0)?;
-    let hidden = hidden.narrow(0, context.len() - 1, tokens.len())?;
-    let targets = Tensor::from_slice(tokens, tokens.len(), dev)?;
-    let out = token_logprobs(&hidden, &model.lm_head_weight(), &targets, cfg)?;
-    Ok(out
-        .logp
-        .detach()
-        .to_dtype(candle_core::DType::F32)?
-        .to_vec1()?)
-}
 
 /// A [`Policy`] whose turns say what a teacher says, in a student's tokens (see the
 /// [module docs](self)).
