@@ -16,12 +16,19 @@
 //! ([`Error::FutureTimeout`]). Both answers of a pending future are understood: the hosted
 //! service's `{"type": "try_again"}` and SkyRL's long poll that ends in HTTP 408. A future the
 //! server does not know (HTTP 404, e.g. after a restart) is an error naming it.
+//!
+//! # Sampler weights
+//! [`TinkerClient::download_sampler_weights`] fetches a sampler checkpoint's archive
+//! (`GET /api/v1/training_runs/{model}/checkpoints/{id}/archive`), following by hand the one
+//! hop servers answer with (SkyRL: 302 to `.../download`; hosted: 200 `{"url": ...}`, a signed
+//! storage URL). The API key goes only to URLs of the base URL's origin, never to storage.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use reqwest::{Method, StatusCode};
+use reqwest::{Method, StatusCode, Url};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -189,6 +196,9 @@ pub enum FutureState {
 pub struct TinkerClient {
     cfg: Arc<TinkerConfig>,
     http: reqwest::Client,
+    /// Follows no redirect: archive downloads follow their one hop by hand, so that the key
+    /// is sent to the base URL's origin only.
+    raw: reqwest::Client,
     seq: Arc<AtomicU64>,
 }
 
@@ -236,10 +246,10 @@ impl TinkerClient {
     /// A client for `cfg` (validated).
     pub fn new(cfg: TinkerConfig) -> Result<Self> {
         cfg.validate()?;
-        let http = build_http(&cfg)?;
         Ok(TinkerClient {
+            http: build_http(&cfg, reqwest::redirect::Policy::default())?,
+            raw: build_http(&cfg, reqwest::redirect::Policy::none())?,
             cfg: Arc::new(cfg),
-            http,
             seq: Arc::new(AtomicU64::new(0)),
         })
     }
@@ -249,7 +259,8 @@ impl TinkerClient {
     pub fn detached(&self) -> Result<Self> {
         Ok(TinkerClient {
             cfg: self.cfg.clone(),
-            http: build_http(&self.cfg)?,
+            http: build_http(&self.cfg, reqwest::redirect::Policy::default())?,
+            raw: build_http(&self.cfg, reqwest::redirect::Policy::none())?,
             seq: self.seq.clone(),
         })
     }
@@ -571,6 +582,132 @@ impl TinkerClient {
         Ok(())
     }
 
+    /// Fetch the archive of the sampler weights saved at `path` (`tinker://<model>/<name>` or
+    /// `tinker://<model>/sampler_weights/<name>`, as `save_weights_for_sampler` returned it) and
+    /// unpack its adapter (`adapter_model.safetensors`, `adapter_config.json`) into `dest`, a
+    /// folder replaced whole once both files are written.
+    ///
+    /// The archive endpoint's answer is followed one hop by hand: a redirect (`Location`) or a
+    /// JSON `{"url": ...}`. The API key is sent only where the URL has the base URL's origin
+    /// (scheme, host, port). Each GET is retried on 425, 429, 5xx and transport failures (it
+    /// changes nothing). A body over `max_bytes`, and unpacked files over 16 x `max_bytes`,
+    /// are errors; so is any archive entry other than the two files ([`crate::archive`]).
+    pub async fn download_sampler_weights(
+        &self,
+        path: &str,
+        dest: &Path,
+        max_bytes: u64,
+    ) -> Result<()> {
+        let (model, id) = crate::archive::split_tinker_path(path)?;
+        let first = Url::parse(&self.url(&crate::archive::archive_endpoint(&model, &id)))
+            .map_err(|e| Error::config("base_url", format!("cannot build the archive URL: {e}")))?;
+        let a = self.get_capped(&first, max_bytes).await?;
+        let next = if a.status.is_redirection() {
+            let loc = a.location.ok_or_else(|| {
+                Error::Protocol(format!(
+                    "{}: HTTP {} without a `Location`",
+                    shown(&first),
+                    a.status
+                ))
+            })?;
+            first.join(&loc).map_err(|e| {
+                Error::Protocol(format!("{}: bad `Location` `{loc}`: {e}", shown(&first)))
+            })?
+        } else if a.status.is_success() && (a.json || looks_like_url_json(&a.body)) {
+            let v: Value = decode("archive", &String::from_utf8_lossy(&a.body))?;
+            let u = v
+                .get("url")
+                .and_then(Value::as_str)
+                .ok_or_else(|| Error::Decode {
+                    endpoint: "archive".into(),
+                    message: format!("no `url` in {}", excerpt(&String::from_utf8_lossy(&a.body))),
+                })?;
+            first
+                .join(u)
+                .map_err(|e| Error::Protocol(format!("{}: bad `url`: {e}", shown(&first))))?
+        } else if a.status.is_success() {
+            return self.unpack(a.body, path, dest, max_bytes).await;
+        } else {
+            return Err(archive_error(&first, path, &a));
+        };
+        let b = self.get_capped(&next, max_bytes).await?;
+        if !b.status.is_success() {
+            if b.status.is_redirection() {
+                return Err(Error::Protocol(format!(
+                    "{}: a second redirect (HTTP {}); only one hop is followed",
+                    shown(&next),
+                    b.status
+                )));
+            }
+            return Err(archive_error(&next, path, &b));
+        }
+        self.unpack(b.body, path, dest, max_bytes).await
+    }
+
+    async fn unpack(&self, body: Vec<u8>, path: &str, dest: &Path, max_bytes: u64) -> Result<()> {
+        let (what, dest) = (path.to_string(), dest.to_path_buf());
+        let unpacked = max_bytes.saturating_mul(16);
+        tokio::task::spawn_blocking(move || {
+            crate::archive::unpack_adapter(&body, &dest, &what, unpacked)
+        })
+        .await
+        .map_err(|e| Error::Protocol(format!("unpacking {path} panicked or was cancelled: {e}")))?
+    }
+
+    /// GET `url` with retries, reading at most `max_bytes` of body; the key only for the base
+    /// URL's origin.
+    async fn get_capped(&self, url: &Url, max_bytes: u64) -> Result<Fetched> {
+        let same_origin = Url::parse(self.cfg.base_url.trim())
+            .map(|b| b.origin() == url.origin())
+            .unwrap_or(false);
+        let label = shown(url);
+        let retry = &self.cfg.retry;
+        let mut pause = retry.initial_backoff;
+        let mut attempt = 0u32;
+        loop {
+            attempt += 1;
+            let mut req = self.raw.get(url.clone()).timeout(self.cfg.timeout);
+            if same_origin && let Some(key) = &self.cfg.api_key {
+                req = req.header("X-API-Key", key).bearer_auth(key);
+            }
+            let (status, message) = match req.send().await {
+                Ok(resp) => {
+                    let status = resp.status();
+                    match read_capped(resp, max_bytes, &label).await {
+                        Ok(f)
+                            if status.is_server_error() || matches!(status.as_u16(), 425 | 429) =>
+                        {
+                            (
+                                Some(status.as_u16()),
+                                detail(&String::from_utf8_lossy(&f.body)),
+                            )
+                        }
+                        Ok(mut f) => {
+                            f.attempts = attempt;
+                            return Ok(f);
+                        }
+                        Err(BodyError::TooBig(e)) => return Err(e),
+                        Err(BodyError::Lost(m)) => (Some(status.as_u16()), m),
+                    }
+                }
+                Err(e) if e.is_connect() => (None, format!("cannot connect: {e}")),
+                Err(e) if e.is_timeout() => (None, format!("no answer within the timeout: {e}")),
+                Err(e) => (None, format!("connection lost: {e}")),
+            };
+            if attempt >= retry.max_attempts {
+                return Err(Error::Http {
+                    endpoint: label,
+                    status,
+                    attempts: attempt,
+                    message,
+                });
+            }
+            tracing::warn!(url = %label, attempt, ?status, %message, "tinker archive download failed; retrying");
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(retry.max_backoff);
+        }
+    }
+
     /// One poll of `retrieve_future`.
     pub async fn retrieve_future(&self, request_id: &str) -> Result<FutureState> {
         let body = RetrieveFutureRequest { request_id };
@@ -654,14 +791,120 @@ impl TinkerClient {
     }
 }
 
-fn build_http(cfg: &TinkerConfig) -> Result<reqwest::Client> {
+/// One GET's answer, its body read up to the cap.
+struct Fetched {
+    status: StatusCode,
+    location: Option<String>,
+    json: bool,
+    body: Vec<u8>,
+    attempts: u32,
+}
+
+/// Why a body was not read.
+enum BodyError {
+    /// Over the cap: final.
+    TooBig(Error),
+    /// The connection failed mid-body: retried.
+    Lost(String),
+}
+
+async fn read_capped(
+    mut resp: reqwest::Response,
+    max_bytes: u64,
+    label: &str,
+) -> std::result::Result<Fetched, BodyError> {
+    let too_big = |n: String| {
+        BodyError::TooBig(Error::Protocol(format!(
+            "{label}: the body is {n} bytes, over the cap of {max_bytes} bytes"
+        )))
+    };
+    if let Some(n) = resp.content_length()
+        && n > max_bytes
+    {
+        return Err(too_big(n.to_string()));
+    }
+    let header = |name: reqwest::header::HeaderName| {
+        resp.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    };
+    let location = header(reqwest::header::LOCATION);
+    let json = header(reqwest::header::CONTENT_TYPE).is_some_and(|c| c.contains("json"));
+    let status = resp.status();
+    let mut body = Vec::new();
+    loop {
+        match resp.chunk().await {
+            Ok(Some(c)) => {
+                if body.len() as u64 + c.len() as u64 > max_bytes {
+                    return Err(too_big(format!("more than {max_bytes}")));
+                }
+                body.extend_from_slice(&c);
+            }
+            Ok(None) => break,
+            Err(e) => return Err(BodyError::Lost(format!("the body was cut: {e}"))),
+        }
+    }
+    Ok(Fetched {
+        status,
+        location,
+        json,
+        body,
+        attempts: 0,
+    })
+}
+
+/// A JSON object with a `url` (a server that labels its JSON otherwise); a tar or gzip never
+/// starts with `{`.
+fn looks_like_url_json(body: &[u8]) -> bool {
+    body.first() == Some(&b'{')
+        && serde_json::from_slice::<Value>(body).is_ok_and(|v| v.get("url").is_some())
+}
+
+/// An archive GET that failed for good; a 404 says which checkpoint is missing.
+fn archive_error(url: &Url, path: &str, a: &Fetched) -> Error {
+    let d = detail(&String::from_utf8_lossy(&a.body));
+    Error::Http {
+        endpoint: shown(url),
+        status: Some(a.status.as_u16()),
+        attempts: a.attempts,
+        message: if a.status == StatusCode::NOT_FOUND {
+            format!("the server has no archive of {path} ({d})")
+        } else {
+            d
+        },
+    }
+}
+
+fn build_http(cfg: &TinkerConfig, redirect: reqwest::redirect::Policy) -> Result<reqwest::Client> {
     // reqwest is built without a TLS crypto provider (see harness-openai's
     // `install_tls_provider`): make rustls' `ring` the process's, unless one is installed.
     let _ = rustls::crypto::ring::default_provider().install_default();
     reqwest::Client::builder()
         .connect_timeout(cfg.connect_timeout)
+        .redirect(redirect)
         .build()
         .map_err(|e| Error::config("base_url", format!("cannot build the HTTP client: {e}")))
+}
+
+/// A short unique suffix for checkpoint names (servers refuse a name twice per model) and
+/// temporary folders.
+pub(crate) fn nonce() -> String {
+    static COUNT: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let n = COUNT.fetch_add(1, Ordering::Relaxed);
+    format!("{:x}{n:x}", nanos & 0xffff_ffff_ffff)
+}
+
+/// `url` without its query and fragment (a signed storage URL's query is a credential).
+fn shown(url: &Url) -> String {
+    let mut u = url.clone();
+    u.set_query(None);
+    u.set_fragment(None);
+    u.to_string()
 }
 
 fn check_name(name: &str) -> Result<()> {

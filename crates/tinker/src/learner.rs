@@ -38,7 +38,7 @@ use async_trait::async_trait;
 use harness_core::{Group, Learner, UpdateReport};
 use serde::{Deserialize, Serialize};
 
-use crate::client::TinkerClient;
+use crate::client::{TinkerClient, nonce};
 use crate::error::{Error, Result};
 use crate::objective::{GrpoSettings, TokenTerm, eq15, group_advantages};
 use crate::protocol::{
@@ -199,6 +199,33 @@ impl TinkerModel {
     pub fn client(&self) -> &TinkerClient {
         &self.client
     }
+
+    /// `log p(ids[i] | ids[..i])` for `i` in `1..ids.len()` under the current weights (a
+    /// `forward` with `cross_entropy` and weight 1 on every target): `ids.len() - 1` values,
+    /// none for fewer than two ids.
+    pub async fn logprobs(&self, ids: &[u32]) -> Result<Vec<f64>> {
+        if ids.len() < 2 {
+            return Ok(Vec::new());
+        }
+        let seq = Sequence {
+            task: 0,
+            ids: ids.to_vec(),
+            policy_pos: (1..ids.len()).collect(),
+            rollout_logp: Vec::new(),
+            advantage: 0.0,
+        };
+        let input = ForwardBackwardInput {
+            data: vec![seq.datum(&vec![1.0; ids.len() - 1], None, None)],
+            loss_fn: LossFn::CrossEntropy,
+            loss_fn_config: None,
+        };
+        let out = self.client.forward(&self.model_id(), &input).await?;
+        let batch = Batch {
+            sequences: vec![seq],
+            task_tokens: vec![ids.len() - 1],
+        };
+        scored(&batch, &out, "logprobs", "forward")
+    }
 }
 
 /// One training sequence: a packed run of one trajectory's turns.
@@ -352,13 +379,135 @@ pub fn build_batch(groups: &[Group], cfg: &GrpoSettings) -> Result<Batch> {
     Ok(batch)
 }
 
-#[derive(Serialize, Deserialize)]
-struct Saved {
-    base_model: String,
-    model_id: String,
-    weights_path: String,
-    optimizer_steps: u64,
-    policy_version: u64,
+/// The learner's part of a checkpoint (`tinker_learner.json`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SavedCheckpoint {
+    /// The base model trained.
+    pub base_model: String,
+    /// The server's model the weights were saved from.
+    pub model_id: String,
+    /// The training checkpoint's `tinker://` path (adapter and optimizer state).
+    pub weights_path: String,
+    /// Optimizer steps applied when it was saved.
+    pub optimizer_steps: u64,
+    /// The policy version when it was saved.
+    pub policy_version: u64,
+    /// The settings that shape the update (absent in files of older versions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settings: Option<SavedSettings>,
+}
+
+/// The LoRA settings a checkpoint's adapter was trained with (its seed only matters before the
+/// first load).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SavedLora {
+    /// Rank.
+    pub rank: u32,
+    /// Attention projections adapted.
+    pub train_attn: bool,
+    /// MLP adapted.
+    pub train_mlp: bool,
+    /// Unembedding adapted.
+    pub train_unembed: bool,
+}
+
+/// The learner settings a checkpoint was trained with; a resume must use the same (only the
+/// URL, timeouts and heartbeat may change).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SavedSettings {
+    /// How the server reduces losses.
+    pub server: ServerKind,
+    /// Which loss is sent.
+    pub objective: ObjectiveMode,
+    /// The adapter.
+    pub lora: SavedLora,
+    /// The objective's settings.
+    pub grpo: GrpoSettings,
+    /// The optimizer's settings.
+    pub adam: AdamParams,
+}
+
+impl SavedSettings {
+    /// The settings of `cfg`.
+    pub fn of(cfg: &TinkerLearnerConfig) -> Self {
+        SavedSettings {
+            server: cfg.server,
+            objective: cfg.objective,
+            lora: SavedLora {
+                rank: cfg.lora.rank,
+                train_attn: cfg.lora.train_attn,
+                train_mlp: cfg.lora.train_mlp,
+                train_unembed: cfg.lora.train_unembed,
+            },
+            grpo: cfg.grpo,
+            adam: cfg.adam,
+        }
+    }
+
+    /// The first setting that differs from `now`: its dotted name, its value here and in
+    /// `now`.
+    pub fn drift(&self, now: &SavedSettings) -> Option<(String, String, String)> {
+        let a = serde_json::to_value(self).unwrap_or_else(|_| unreachable!("plain data"));
+        let b = serde_json::to_value(now).unwrap_or_else(|_| unreachable!("plain data"));
+        first_difference("", &a, &b)
+    }
+}
+
+fn first_difference(
+    at: &str,
+    a: &serde_json::Value,
+    b: &serde_json::Value,
+) -> Option<(String, String, String)> {
+    use serde_json::Value;
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            let keys: std::collections::BTreeSet<&String> = x.keys().chain(y.keys()).collect();
+            keys.into_iter().find_map(|k| {
+                let name = if at.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{at}.{k}")
+                };
+                first_difference(
+                    &name,
+                    x.get(k).unwrap_or(&Value::Null),
+                    y.get(k).unwrap_or(&Value::Null),
+                )
+            })
+        }
+        _ if a == b => None,
+        _ => Some((at.to_string(), a.to_string(), b.to_string())),
+    }
+}
+
+/// Read `dir/tinker_learner.json` (e.g. to check a run's state against it before resuming).
+pub fn read_saved(dir: &Path) -> harness_core::Result<SavedCheckpoint> {
+    let path = dir.join(LEARNER_FILE);
+    let text = std::fs::read_to_string(&path).map_err(|e| harness_core::Error::io(&path, e))?;
+    serde_json::from_str(&text).map_err(|e| harness_core::Error::Parse {
+        location: harness_core::Location::at("").in_file(&path),
+        message: format!(
+            "{e}; expected {{\"base_model\", \"model_id\", \"weights_path\", \"optimizer_steps\", \"policy_version\", \"settings\"}}"
+        ),
+    })
+}
+
+/// Whether a failed `load_weights` says the checkpoint is gone (not the model).
+fn checkpoint_missing(e: &Error) -> bool {
+    let says_missing = |m: &str| {
+        let m = m.to_lowercase();
+        (m.contains("not found") || m.contains("does not exist") || m.contains("no such"))
+            && !m.contains("model not found")
+    };
+    match e {
+        Error::Http {
+            status: Some(404),
+            message,
+            ..
+        } => !message.to_lowercase().contains("model not found"),
+        Error::Http { message, .. } | Error::FutureFailed { message, .. } => says_missing(message),
+        _ => false,
+    }
 }
 
 /// A learner whose weights, gradients and optimizer live on a Tinker server.
@@ -389,15 +538,6 @@ impl Drop for TinkerLearner {
     fn drop(&mut self) {
         self.heartbeat.abort();
     }
-}
-
-/// A short unique suffix for checkpoint names (servers refuse a name twice per model).
-pub(crate) fn nonce() -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
-    format!("{:x}", nanos & 0xffff_ffff_ffff)
 }
 
 /// Run `f` to completion from synchronous code (the [`Learner`] checkpoint hooks) on any
@@ -856,12 +996,13 @@ impl Learner for TinkerLearner {
             async move { c.save_weights(&m, &n).await }
         })
         .map_err(|e| self.error(e))?;
-        let saved = Saved {
+        let saved = SavedCheckpoint {
             base_model: self.cfg.base_model.clone(),
             model_id,
             weights_path: path,
             optimizer_steps: self.steps,
             policy_version: self.version,
+            settings: Some(SavedSettings::of(&self.cfg)),
         };
         let json = serde_json::to_vec_pretty(&saved).unwrap_or_else(|_| unreachable!("plain data"));
         std::fs::create_dir_all(dir).map_err(|e| harness_core::Error::io(dir, e))?;
@@ -869,15 +1010,11 @@ impl Learner for TinkerLearner {
     }
 
     /// `load_weights` of the saved `tinker://` path into the current model, and the counters.
+    /// Refused when the checkpoint was trained with other settings ([`SavedSettings`]) or
+    /// the server no longer holds its weights.
     fn load_checkpoint(&mut self, dir: &Path) -> harness_core::Result<()> {
         let path = dir.join(LEARNER_FILE);
-        let text = std::fs::read_to_string(&path).map_err(|e| harness_core::Error::io(&path, e))?;
-        let saved: Saved = serde_json::from_str(&text).map_err(|e| harness_core::Error::Parse {
-            location: harness_core::Location::at("").in_file(&path),
-            message: format!(
-                "{e}; expected {{\"base_model\", \"model_id\", \"weights_path\", \"optimizer_steps\", \"policy_version\"}}"
-            ),
-        })?;
+        let saved = read_saved(dir)?;
         if saved.base_model != self.cfg.base_model {
             return Err(self.error(format!(
                 "{}: the checkpoint trains `{}`, this learner `{}`",
@@ -886,12 +1023,38 @@ impl Learner for TinkerLearner {
                 self.cfg.base_model
             )));
         }
+        match &saved.settings {
+            Some(then) => {
+                if let Some((name, a, b)) = then.drift(&SavedSettings::of(&self.cfg)) {
+                    return Err(self.error(format!(
+                        "`{name}`: {a} in {}, {b} now; only the URL, timeouts and heartbeat may \
+                         change on resume",
+                        path.display()
+                    )));
+                }
+            }
+            None => tracing::warn!(
+                file = %path.display(),
+                "the checkpoint records no learner settings (an older version): not checked"
+            ),
+        }
         let model_id = self.model.model_id();
         block_on(&self.model.client, |c| {
             let (m, p) = (model_id.clone(), saved.weights_path.clone());
             async move { c.load_weights(&m, &p).await }
         })
-        .map_err(|e| self.error(format!("{}: {e}", path.display())))?;
+        .map_err(|e| {
+            if checkpoint_missing(&e) {
+                self.error(format!(
+                    "{}: the server no longer holds {} (restarted with another \
+                     --checkpoints-base / --database-url?): {e}",
+                    path.display(),
+                    saved.weights_path
+                ))
+            } else {
+                self.error(format!("{}: {e}", path.display()))
+            }
+        })?;
         self.steps = saved.optimizer_steps;
         self.version = saved.policy_version;
         Ok(())

@@ -17,7 +17,11 @@
 //!   `forward_backward` whose gradient is exactly Eq. 15's, `optim_step`; checkpoints through
 //!   `save_weights` / `load_weights`.
 //! - [`sync`]: [`TinkerWeightSync`]: after each update, the weights saved for the rollout
-//!   engine and the version recorded.
+//!   engine and the version recorded; optionally the adapter downloaded
+//!   ([`TinkerClient::download_sampler_weights`], unpacked strictly by [`archive`]) for a
+//!   sampler that runs the initial weights plus the LoRA in-process.
+//! - `fake` (feature `fake`): an in-process fake Tinker server for tests, here and in the
+//!   crates that drive the learner.
 //!
 //! ```no_run
 //! # async fn demo() -> harness_tinker::Result<()> {
@@ -28,8 +32,11 @@
 //! # let _ = learner; Ok(()) }
 //! ```
 
+pub mod archive;
 pub mod client;
 pub mod error;
+#[cfg(feature = "fake")]
+pub mod fake;
 pub mod learner;
 pub mod objective;
 pub mod protocol;
@@ -38,8 +45,8 @@ pub mod sync;
 pub use client::{FutureState, RetryPolicy, TinkerClient, TinkerConfig};
 pub use error::{Error, Result};
 pub use learner::{
-    Batch, LEARNER_FILE, ObjectiveMode, Sequence, ServerKind, TinkerLearner, TinkerLearnerConfig,
-    TinkerModel, build_batch,
+    Batch, LEARNER_FILE, ObjectiveMode, SavedCheckpoint, SavedLora, SavedSettings, Sequence,
+    ServerKind, TinkerLearner, TinkerLearnerConfig, TinkerModel, build_batch, read_saved,
 };
 pub use objective::{Eq15, GrpoSettings, TokenTerm, eq15, group_advantages, importance_weight};
 pub use protocol::{

@@ -6,10 +6,13 @@ mod common;
 use std::time::Duration;
 
 use candle_core::{Device, Tensor, Var};
-use common::{Fake, Fault, Reduction, fake_logprob, group};
+use common::{
+    AdapterSpec, Fake, FakeOptions, Fault, Reduction, adapter_archive, fake_logprob, group,
+    lora_a_value, lora_b_value, read_safetensors,
+};
 use grpo_candle::objective::{GrpoConfig, TokenTerms, group_advantages, grpo_loss};
 use harness_core::{Group, Learner};
-use harness_rollout::{SyncRetry, sync_with_retry};
+use harness_rollout::{SyncRetry, WeightSync, sync_with_retry};
 use harness_tinker::{
     Error, ObjectiveMode, RetryPolicy, ServerKind, SyncTarget, TinkerClient, TinkerConfig,
     TinkerLearner, TinkerLearnerConfig, TinkerWeightSync, build_batch,
@@ -551,4 +554,405 @@ async fn a_base_model_the_server_does_not_train_is_refused() {
     .unwrap_err();
     assert!(matches!(e, Error::Config { .. }));
     assert!(e.to_string().contains("tiny-base"), "{e}");
+}
+
+fn keyed_client(fake: &Fake) -> TinkerClient {
+    let mut cfg = client(fake).config().clone();
+    cfg.api_key = Some("sekret".into());
+    TinkerClient::new(cfg).unwrap()
+}
+
+fn two_modules() -> FakeOptions {
+    FakeOptions {
+        adapter: Some(AdapterSpec {
+            modules: vec![
+                ("model.layers.0.self_attn.q_proj".into(), 6, 5),
+                ("model.layers.0.mlp.down_proj".into(), 5, 7),
+            ],
+            alpha: 8.0,
+        }),
+        ..FakeOptions::default()
+    }
+}
+
+/// A learner after one update and the `tinker://` path of its sampler weights.
+async fn trained_and_saved(fake: &Fake, c: TinkerClient) -> (TinkerLearner, String) {
+    let mut learner = TinkerLearner::connect(c, learner_cfg(ServerKind::Tinker))
+        .await
+        .unwrap();
+    learner.update(&batch()).await.unwrap();
+    let model = learner.model().model_id();
+    let out = learner
+        .model()
+        .client()
+        .save_weights_for_sampler(&model, "s1")
+        .await
+        .unwrap();
+    assert_eq!(fake.requests("save_weights_for_sampler").len(), 1);
+    (learner, out.path.unwrap())
+}
+
+fn names_in(dir: &std::path::Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    v.sort();
+    v
+}
+
+#[tokio::test]
+async fn sampler_weights_download_through_the_redirect_with_the_key_and_unpack() {
+    let fake = Fake::start_with(Reduction::Sum, two_modules()).await;
+    let (learner, path) = trained_and_saved(&fake, keyed_client(&fake)).await;
+    let c = learner.model().client();
+    let tmp = tempfile::tempdir().unwrap();
+    let dest = tmp.path().join("adapter");
+    std::fs::create_dir_all(dest.join("stale")).unwrap();
+    // A 503 and a cut body are retried (the GET changes nothing).
+    fake.inject("archive", Fault::Status(503));
+    fake.inject("archive", Fault::DropAfterApply);
+    c.download_sampler_weights(&path, &dest, 1 << 20)
+        .await
+        .unwrap();
+    assert_eq!(fake.requests("archive").len(), 2);
+    assert_eq!(fake.requests("download").len(), 2);
+    assert_eq!(
+        names_in(&dest),
+        ["adapter_config.json", "adapter_model.safetensors"],
+        "the old folder was replaced whole"
+    );
+    assert_eq!(
+        names_in(tmp.path()),
+        ["adapter"],
+        "no temporary folder is left"
+    );
+    // Same origin: the key went along on both hops.
+    for r in fake
+        .requests("archive")
+        .iter()
+        .chain(&fake.requests("download"))
+    {
+        assert_eq!(r["x-api-key"], "sekret");
+        assert_eq!(r["authorization"], "Bearer sekret");
+    }
+    let cfg: Value =
+        serde_json::from_slice(&std::fs::read(dest.join("adapter_config.json")).unwrap()).unwrap();
+    assert_eq!(cfg["r"], 4);
+    assert_eq!(cfg["lora_alpha"], 8.0);
+    assert_eq!(cfg["peft_type"], "LORA");
+    let t = read_safetensors(&std::fs::read(dest.join("adapter_model.safetensors")).unwrap());
+    assert_eq!(t.len(), 4);
+    let (shape, a) = &t["base_model.model.model.layers.0.mlp.down_proj.lora_A.weight"];
+    assert_eq!(shape, &[4, 7]);
+    assert_eq!(a[7 + 2], lora_a_value("model.layers.0.mlp.down_proj", 1, 2));
+    let (shape, b) = &t["base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"];
+    assert_eq!(shape, &[6, 4]);
+    assert_eq!(
+        b[4 * 5 + 3],
+        lora_b_value("model.layers.0.self_attn.q_proj", 5, 3, 1)
+    );
+    assert!(b.iter().any(|&x| x != 0.0));
+
+    // Hosted Tinker's form of the path names the same checkpoint.
+    let model = learner.model().model_id();
+    let hosted = path.replace(&model, &format!("{model}/sampler_weights"));
+    c.download_sampler_weights(&hosted, &tmp.path().join("h"), 1 << 20)
+        .await
+        .unwrap();
+    let last = fake.requests("archive").pop().unwrap();
+    assert_eq!(last["id"], "sampler_weights/s1");
+
+    // Only sampler weights have archives.
+    let e = c
+        .download_sampler_weights(
+            &format!("tinker://{model}/nope"),
+            &tmp.path().join("n"),
+            1 << 20,
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("no archive of tinker://") && e.contains("404"),
+        "{e}"
+    );
+}
+
+#[tokio::test]
+async fn the_key_is_not_sent_to_another_origin() {
+    use axum::http::HeaderMap;
+    let fake = Fake::start(Reduction::Sum).await;
+    let (learner, path) = trained_and_saved(&fake, keyed_client(&fake)).await;
+    // Storage elsewhere (another port: another origin) that records the headers it gets.
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<HeaderMap>::new()));
+    let bytes = adapter_archive(&AdapterSpec::default(), 4, 1, None);
+    let app = {
+        let seen = seen.clone();
+        axum::Router::new().route(
+            "/blob",
+            axum::routing::get(move |h: HeaderMap| {
+                let (seen, bytes) = (seen.clone(), bytes.clone());
+                async move {
+                    seen.lock().unwrap().push(h);
+                    bytes
+                }
+            }),
+        )
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let other = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    fake.serve_archive_from(Some(format!("http://{other}/blob?sig=s3cr3t")));
+    let tmp = tempfile::tempdir().unwrap();
+    learner
+        .model()
+        .client()
+        .download_sampler_weights(&path, &tmp.path().join("a"), 1 << 20)
+        .await
+        .unwrap();
+    assert_eq!(fake.requests("archive")[0]["x-api-key"], "sekret");
+    assert!(fake.requests("download").is_empty());
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 1);
+    assert!(seen[0].get("x-api-key").is_none());
+    assert!(seen[0].get("authorization").is_none());
+    assert!(tmp.path().join("a/adapter_model.safetensors").is_file());
+}
+
+#[tokio::test]
+async fn hostile_or_broken_archives_are_refused_naming_the_entry() {
+    let fake = Fake::start(Reduction::Sum).await;
+    let (learner, path) = trained_and_saved(&fake, client(&fake)).await;
+    let c = learner.model().client();
+    let tmp = tempfile::tempdir().unwrap();
+    let dest = tmp.path().join("adapter");
+    c.download_sampler_weights(&path, &dest, 1 << 20)
+        .await
+        .unwrap();
+    let cases = [
+        (Fault::CorruptArchive, vec!["not a readable tar archive"]),
+        (Fault::HostileEntry("../x".into()), vec!["`../x`", "`..`"]),
+        (
+            Fault::HostileEntry("/etc/x".into()),
+            vec!["`/etc/x`", "absolute"],
+        ),
+        (
+            Fault::HostileEntry("notes.txt".into()),
+            vec!["unexpected file `notes.txt`"],
+        ),
+        (
+            Fault::SymlinkEntry("evil".into()),
+            vec!["`evil`", "Symlink", "links"],
+        ),
+        (
+            Fault::MissingFile("adapter_config.json".into()),
+            vec!["no `adapter_config.json`"],
+        ),
+        (
+            Fault::MissingFile("adapter_model.safetensors".into()),
+            vec!["no `adapter_model.safetensors`"],
+        ),
+    ];
+    for (fault, wants) in cases {
+        fake.inject("archive", fault.clone());
+        let e = c
+            .download_sampler_weights(&path, &dest, 1 << 20)
+            .await
+            .unwrap_err();
+        assert!(matches!(e, Error::Protocol(_)), "{fault:?}: {e}");
+        let e = e.to_string();
+        for w in wants {
+            assert!(e.contains(w) && e.contains(&path), "{fault:?}: {e}");
+        }
+        assert_eq!(
+            names_in(&dest),
+            ["adapter_config.json", "adapter_model.safetensors"],
+            "{fault:?}: the previous adapter is untouched"
+        );
+        assert_eq!(
+            names_in(tmp.path()),
+            ["adapter"],
+            "{fault:?}: nothing left over"
+        );
+    }
+    assert!(!tmp.path().join("x").exists());
+
+    // The body cap names the URL and the cap.
+    let e = c
+        .download_sampler_weights(&path, &dest, 100)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("/download") && e.contains("cap of 100 bytes"),
+        "{e}"
+    );
+
+    // A wrong shape is the loader's business: it arrives as served.
+    fake.inject("archive", Fault::WrongShape);
+    c.download_sampler_weights(&path, &dest, 1 << 20)
+        .await
+        .unwrap();
+    let t = read_safetensors(&std::fs::read(dest.join("adapter_model.safetensors")).unwrap());
+    assert_eq!(
+        t["base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"].0,
+        [4, 9]
+    );
+}
+
+#[tokio::test]
+async fn weight_sync_downloads_each_version_before_the_hook_and_keeps_two() {
+    let fake = Fake::start(Reduction::Skyrl).await;
+    let mut learner = TinkerLearner::connect(client(&fake), learner_cfg(ServerKind::SkyrlTx))
+        .await
+        .unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("weights");
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = seen.clone();
+    let sync = TinkerWeightSync::new(learner.model().clone(), SyncTarget::Sampler, "rollout")
+        .with_download(dir.clone(), 1 << 20)
+        .with_reload(move |w| {
+            let d = w.local_dir.clone().unwrap();
+            let b = read_safetensors(&std::fs::read(d.join("adapter_model.safetensors")).unwrap())
+                ["base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"]
+                .1
+                .clone();
+            log.lock().unwrap().push((w.version, d, b));
+            Box::pin(async { Ok(()) })
+        });
+    sync.sync(0).await.unwrap();
+    for v in 1..=3 {
+        let r = learner.update(&batch()).await.unwrap();
+        assert_eq!(r.policy_version, v);
+        sync.sync(v).await.unwrap();
+    }
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 4);
+    for (v, d, _) in seen.iter() {
+        assert_eq!(d, &dir.join(format!("v{v}")));
+    }
+    assert!(
+        seen[0].2.iter().all(|&x| x == 0.0),
+        "version 0 is the base model"
+    );
+    assert_ne!(seen[1].2, seen[2].2, "each update changes the adapter");
+    assert_ne!(seen[2].2, seen[3].2);
+    assert_eq!(names_in(&dir), ["v2", "v3"]);
+    let latest = sync.latest().unwrap();
+    assert_eq!(latest.local_dir, Some(dir.join("v3")));
+    assert!(latest.save_seconds >= 0.0 && latest.download_seconds > 0.0);
+    assert_eq!(fake.requests("download").len(), 4);
+
+    // A failed download fails the sync: nothing recorded, the hook not run.
+    fake.inject("archive", Fault::CorruptArchive);
+    let e = sync.sync(4).await.unwrap_err().to_string();
+    assert!(e.contains("version 4") && e.contains("downloading"), "{e}");
+    assert_eq!(sync.history().len(), 4);
+
+    // Training checkpoints have no archive: the combination is refused at sync.
+    let bad = TinkerWeightSync::new(learner.model().clone(), SyncTarget::Training, "x")
+        .with_download(dir.clone(), 1 << 20);
+    let e = bad.sync(5).await.unwrap_err().to_string();
+    assert!(e.contains("SyncTarget::Sampler"), "{e}");
+    assert!(fake.requests("save_weights").is_empty(), "nothing saved");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_of_other_settings_or_one_the_server_forgot_is_refused() {
+    let fake = Fake::start(Reduction::Sum).await;
+    let mut a = TinkerLearner::connect(client(&fake), learner_cfg(ServerKind::Tinker))
+        .await
+        .unwrap();
+    a.update(&batch()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    a.save_checkpoint(dir.path()).unwrap();
+    let saved = harness_tinker::read_saved(dir.path()).unwrap();
+    assert_eq!((saved.policy_version, saved.optimizer_steps), (1, 1));
+    assert_eq!(saved.settings.as_ref().unwrap().lora.rank, 4);
+
+    let mut cfg = learner_cfg(ServerKind::Tinker);
+    cfg.lora.rank = 8;
+    let mut b = TinkerLearner::connect(client(&fake), cfg).await.unwrap();
+    let e = b.load_checkpoint(dir.path()).unwrap_err().to_string();
+    assert!(
+        e.contains("`lora.rank`: 4 in") && e.contains("8 now") && e.contains("tinker_learner.json"),
+        "{e}"
+    );
+    let mut cfg = learner_cfg(ServerKind::Tinker);
+    cfg.grpo.clip_high = 0.3;
+    let mut b = TinkerLearner::connect(client(&fake), cfg).await.unwrap();
+    let e = b.load_checkpoint(dir.path()).unwrap_err().to_string();
+    assert!(e.contains("`grpo.clip_high`: 0.28 in"), "{e}");
+    assert!(
+        fake.requests("load_weights").is_empty(),
+        "refused before loading"
+    );
+
+    // Timeouts and the heartbeat may change.
+    let mut cfg = learner_cfg(ServerKind::Tinker);
+    cfg.heartbeat_seconds = 1.0;
+    let mut b = TinkerLearner::connect(client(&fake), cfg).await.unwrap();
+    b.load_checkpoint(dir.path()).unwrap();
+
+    // A file of an older version (no settings) still loads.
+    let mut old: Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("tinker_learner.json")).unwrap())
+            .unwrap();
+    old.as_object_mut().unwrap().remove("settings");
+    std::fs::write(dir.path().join("tinker_learner.json"), old.to_string()).unwrap();
+    b.load_checkpoint(dir.path()).unwrap();
+
+    fake.forget_checkpoints();
+    let e = b.load_checkpoint(dir.path()).unwrap_err().to_string();
+    assert!(
+        e.contains("no longer holds") && e.contains(&saved.weights_path),
+        "{e}"
+    );
+}
+
+#[tokio::test]
+async fn logprobs_score_every_target_and_ranks_past_32_are_refused() {
+    let fake = Fake::start(Reduction::Sum).await;
+    let learner = TinkerLearner::connect(client(&fake), learner_cfg(ServerKind::Tinker))
+        .await
+        .unwrap();
+    let ids = [5, 17, 3, 42, 8];
+    let lp = learner.model().logprobs(&ids).await.unwrap();
+    assert_eq!(lp.len(), 4);
+    for (i, x) in lp.iter().enumerate() {
+        assert!((x - fake_logprob(ids[i + 1], i, 0)).abs() < 1e-12);
+    }
+    assert!(learner.model().logprobs(&[5]).await.unwrap().is_empty());
+    assert_eq!(fake.requests("forward").len(), 1, "nothing sent for one id");
+
+    let mut cfg = learner_cfg(ServerKind::Tinker);
+    cfg.lora.rank = 64;
+    let e = TinkerLearner::connect(client(&fake), cfg)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("max_lora_rank 32"), "{e}");
+}
+
+#[tokio::test]
+async fn a_restart_mid_run_loses_the_model_and_says_so() {
+    let fake = Fake::start_with(
+        Reduction::Sum,
+        FakeOptions {
+            supported_models: vec!["tiny-base".into(), "other-base".into()],
+            adapter: None,
+        },
+    )
+    .await;
+    let caps = client(&fake).get_server_capabilities().await.unwrap();
+    assert_eq!(caps.supported_models.len(), 2);
+    let mut learner = TinkerLearner::connect(client(&fake), learner_cfg(ServerKind::Tinker))
+        .await
+        .unwrap();
+    fake.inject("forward_backward", Fault::Restart);
+    let e = learner.update(&batch()).await.unwrap_err().to_string();
+    assert!(e.contains("Model not found"), "{e}");
+    assert!(fake.state.lock().unwrap().models.is_empty());
 }
