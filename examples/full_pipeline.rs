@@ -95,6 +95,12 @@ async fn main() -> Result<()> {
             .as_ref()
             .and_then(|_| std::env::var(&cfg.roles.llm_key_env).ok()),
         engine_api_key: std::env::var("HARNESS_S_ENGINE_API_KEY").ok(),
+        tinker_api_key: match cfg.learner {
+            harness_pipeline::config::LearnerKind::Tinker => {
+                std::env::var(&cfg.tinker.api_key_env).ok()
+            }
+            harness_pipeline::config::LearnerKind::Candle => None,
+        },
     };
     let summary = run_main_job(&cfg, &secrets, &progress).await?;
     println!("{}", summary.tables);

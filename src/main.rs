@@ -20,7 +20,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
-use harness_pipeline::config::{RolloutEngine, SETTINGS_HELP};
+use harness_pipeline::config::{LearnerKind, RolloutEngine, SETTINGS_HELP};
 use harness_pipeline::{Method, Preset, Progress, RunConfig, Secrets, Workbench, stages};
 
 // The default allocator spends much of a CPU training step in page faults; mimalloc reuses
@@ -235,6 +235,12 @@ struct Common {
     /// The rollout engine's server root (http://host:port).
     #[arg(long)]
     engine_url: Option<String>,
+    /// Where the policy update runs: candle (this process) or tinker (a Tinker-protocol server).
+    #[arg(long)]
+    learner: Option<String>,
+    /// The Tinker server's root (http://host:port), for --learner tinker.
+    #[arg(long)]
+    tinker_url: Option<String>,
     /// Policy updates per method.
     #[arg(long)]
     updates: Option<u64>,
@@ -285,6 +291,8 @@ impl Common {
         flag("roles.llm_key_env", quoted(&self.llm_key_env));
         flag("rollout.engine", quoted(&self.rollout_engine));
         flag("rollout.engine_url", quoted(&self.engine_url));
+        flag("learner", quoted(&self.learner));
+        flag("tinker.url", quoted(&self.tinker_url));
         for set in &self.sets {
             let (path, value) = set
                 .split_once('=')
@@ -309,6 +317,12 @@ impl Common {
             engine_api_key: match cfg.rollout.engine {
                 RolloutEngine::Local => None,
                 _ => std::env::var("HARNESS_S_ENGINE_API_KEY").ok(),
+            },
+            tinker_api_key: match cfg.learner {
+                LearnerKind::Tinker => std::env::var(&cfg.tinker.api_key_env)
+                    .ok()
+                    .filter(|k| !k.is_empty()),
+                LearnerKind::Candle => None,
             },
         }
     }

@@ -501,6 +501,7 @@ mod tests {
             final_answer: None,
             outcome: Outcome::failure(json!(null)),
             termination,
+            policy_version: None,
             counts: Counts {
                 env_actions: calls.len() as u32,
                 ..Counts::default()

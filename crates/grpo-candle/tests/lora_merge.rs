@@ -553,3 +553,24 @@ fn score_tokens_matches_the_samplers_logprobs_before_and_after_a_merge() {
     assert!(policy.score_tokens(&[]).unwrap().is_empty());
     assert!(policy.score_tokens(&[1]).unwrap().is_empty());
 }
+
+#[test]
+fn max_weight_diff_compares_the_weights_with_a_checkpoint_folder() {
+    let policy = policy();
+    let base = policy.base_weights().unwrap();
+    let initial = tempfile::tempdir().unwrap();
+    policy.save_hf(initial.path()).unwrap();
+    assert_eq!(policy.max_weight_diff(initial.path()).unwrap(), 0.0);
+    let r = 4;
+    let adapter_dir = tempfile::tempdir().unwrap();
+    let p = pair(&policy, Q, r, 7);
+    write_adapter(adapter_dir.path(), &config(r), pair_tensors(&p));
+    let adapter = PeftAdapter::load(adapter_dir.path()).unwrap();
+    policy.load_merged(&base, &adapter, 1).unwrap();
+    let moved = policy.max_weight_diff(initial.path()).unwrap();
+    assert!(moved > 1e-4, "the merge moved no weight: {moved}");
+    let merged = tempfile::tempdir().unwrap();
+    policy.save_hf(merged.path()).unwrap();
+    assert_eq!(policy.max_weight_diff(merged.path()).unwrap(), 0.0);
+    assert!(base.bytes() > 0);
+}

@@ -233,6 +233,7 @@ fn step_on_harness_core_groups() {
             details: serde_json::Value::Null,
         },
         termination: Termination::PolicyFinished,
+        policy_version: None,
         counts: Counts::default(),
     };
     let group = Group {
@@ -518,6 +519,7 @@ fn group_sampled_with(sampling: Option<harness_core::TurnSampling>) -> harness_c
             details: serde_json::Value::Null,
         },
         termination: Termination::ContextLimit,
+        policy_version: None,
         counts: Counts::default(),
     };
     Group {

@@ -247,6 +247,7 @@ pub async fn run_episode_with(
         final_answer,
         outcome,
         termination,
+        policy_version: None,
         counts: ep.counts,
     })
 }

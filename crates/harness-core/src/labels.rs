@@ -225,6 +225,7 @@ mod tests {
             final_answer: None,
             outcome: Outcome::failure(json!(null)),
             termination: Termination::EnvDone,
+            policy_version: None,
             counts: Counts {
                 env_actions: 2,
                 ..Counts::default()

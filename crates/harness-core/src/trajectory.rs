@@ -145,6 +145,10 @@ pub struct Trajectory {
     pub termination: Termination,
     /// Counters.
     pub counts: Counts,
+    /// The version of the weights the policy sampled this episode from, when the trainer
+    /// tracks versions (every training rollout of the rescue loop records it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy_version: Option<u64>,
 }
 
 impl Trajectory {

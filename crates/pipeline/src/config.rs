@@ -436,6 +436,122 @@ pub enum SandboxMode {
     Off,
 }
 
+/// `learner`: where the policy update runs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LearnerKind {
+    /// grpo-candle in this process (full weights).
+    #[default]
+    Candle,
+    /// A Tinker-protocol server (SkyRL's self-hosted server, hosted Tinker) training a LoRA
+    /// adapter; rollouts sample its weights after each update (`[tinker]`).
+    Tinker,
+}
+
+impl LearnerKind {
+    fn is_candle(&self) -> bool {
+        *self == LearnerKind::Candle
+    }
+}
+
+/// `tinker.server`: how the server reduces per-token losses.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TinkerServer {
+    /// SkyRL's self-hosted Tinker server (`skyrl-tx`).
+    #[default]
+    Skyrl,
+    /// Hosted Tinker.
+    Tinker,
+}
+
+/// `tinker.objective`: which loss the server back-propagates.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TinkerObjective {
+    /// Eq. 15 exactly: the gradient computed here, sent as per-token weights.
+    #[default]
+    Exact,
+    /// The server's own clipped `ppo` loss (hosted Tinker only).
+    ServerPpo,
+}
+
+/// `[tinker]`: the Tinker learner (`learner = "tinker"`). Ignored with `learner = "candle"`,
+/// so one file serves both learners.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TinkerSettings {
+    /// The server root, `http://host:port` (SkyRL's `python -m tx.tinker.api` listens on 8000).
+    pub url: Option<String>,
+    /// The server kind.
+    pub server: TinkerServer,
+    /// The base model as the server lists it; by default the absolute path of the run's
+    /// initial checkpoint (what SkyRL's `--base-model` is given).
+    pub base_model: Option<String>,
+    /// The LoRA rank the server trains (SkyRL: at most 32; its `lora_alpha` is 32).
+    pub lora_rank: u32,
+    /// Adam's step size; by default `policy.learning_rate`.
+    pub learning_rate: Option<f64>,
+    /// Adam's first-moment decay.
+    pub beta1: f64,
+    /// Adam's second-moment decay.
+    pub beta2: f64,
+    /// Adam's epsilon.
+    pub eps: f64,
+    /// Decoupled weight decay.
+    pub weight_decay: f64,
+    /// `exact` (Eq. 15, default) or `server_ppo` (hosted Tinker only).
+    pub objective: TinkerObjective,
+    /// The environment variable the binary reads the API key from (hosted Tinker).
+    pub api_key_env: String,
+    /// Send the key over plain http to a host other than the loopback.
+    pub allow_insecure_http: bool,
+    /// Seconds between session heartbeats.
+    pub heartbeat_s: f64,
+    /// Seconds one request may take.
+    pub timeout_s: f64,
+    /// Seconds one server-side operation (a future) may stay pending.
+    pub future_timeout_s: f64,
+    /// Attempts per request (1: no retries).
+    pub attempts: u32,
+    /// After each sync, score a probe sequence on the server and in this process and stop the
+    /// run when the log-probs differ by more than `check_tolerance` (a stale or mismatched sync).
+    pub check_sync: bool,
+    /// The largest absolute log-prob difference the probe accepts (nats).
+    pub check_tolerance: f64,
+}
+
+impl Default for TinkerSettings {
+    fn default() -> Self {
+        TinkerSettings {
+            url: None,
+            server: TinkerServer::Skyrl,
+            base_model: None,
+            lora_rank: 32,
+            learning_rate: None,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.01,
+            objective: TinkerObjective::Exact,
+            api_key_env: "TINKER_API_KEY".into(),
+            allow_insecure_http: false,
+            heartbeat_s: 10.0,
+            timeout_s: 120.0,
+            future_timeout_s: 1800.0,
+            attempts: 5,
+            check_sync: true,
+            check_tolerance: 1e-3,
+        }
+    }
+}
+
+impl TinkerSettings {
+    fn is_default(&self) -> bool {
+        *self == TinkerSettings::default()
+    }
+}
+
 /// Every setting of a run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -473,6 +589,12 @@ pub struct RunConfig {
     /// Agent programs in the pool.
     #[serde(default)]
     pub external: ExternalConfig,
+    /// Where the policy update runs: `candle` (this process) or `tinker` (a server).
+    #[serde(default, skip_serializing_if = "LearnerKind::is_candle")]
+    pub learner: LearnerKind,
+    /// The Tinker learner.
+    #[serde(default, skip_serializing_if = "TinkerSettings::is_default")]
+    pub tinker: TinkerSettings,
 }
 
 impl SearchConfig {
@@ -590,6 +712,8 @@ impl RunConfig {
                 harnesses: Vec::new(),
             },
             external: ExternalConfig::default(),
+            learner: LearnerKind::Candle,
+            tinker: TinkerSettings::default(),
         }
     }
 
@@ -834,6 +958,7 @@ impl RunConfig {
             }
         }
         self.validate_external(&file)?;
+        self.validate_tinker(&file)?;
         if self.search.proposals == Some(0) {
             return bad("search.proposals", "expected at least 1, found 0".into());
         }
@@ -1016,6 +1141,129 @@ impl RunConfig {
         Ok(())
     }
 
+    /// The `[tinker]` settings under `learner = "tinker"`.
+    fn validate_tinker(&self, file: &Path) -> Result<()> {
+        if self.learner != LearnerKind::Tinker {
+            return Ok(());
+        }
+        let t = &self.tinker;
+        let bad = |field: &str, message: String| {
+            Err(Error::Config {
+                file: file.to_path_buf(),
+                field: field.to_string(),
+                message,
+            })
+        };
+        let Some(url) = &t.url else {
+            return bad(
+                "tinker.url",
+                "learner = \"tinker\" trains on a Tinker server: give its root, http://host:port (SkyRL's `python -m tx.tinker.api` listens on 8000), or pass --tinker-url".into(),
+            );
+        };
+        if let Err(message) = keys::Endpoint::parse(url) {
+            return bad("tinker.url", message);
+        }
+        if t.base_model.as_deref().is_some_and(|m| m.trim().is_empty()) {
+            return bad(
+                "tinker.base_model",
+                "expected the base model's name as the server lists it, or no value (the initial checkpoint's absolute path)".into(),
+            );
+        }
+        if t.lora_rank == 0 {
+            return bad(
+                "tinker.lora_rank",
+                "expected a LoRA rank of at least 1, found 0".into(),
+            );
+        }
+        if t.server == TinkerServer::Skyrl && t.lora_rank > 32 {
+            return bad(
+                "tinker.lora_rank",
+                format!(
+                    "SkyRL's server trains LoRA ranks up to 32 (its max_lora_rank), found {}",
+                    t.lora_rank
+                ),
+            );
+        }
+        if let Some(lr) = t.learning_rate
+            && !(lr.is_finite() && lr > 0.0)
+        {
+            return bad(
+                "tinker.learning_rate",
+                format!("expected a step size above zero, found {lr}"),
+            );
+        }
+        for (field, v) in [("tinker.beta1", t.beta1), ("tinker.beta2", t.beta2)] {
+            if !(0.0..1.0).contains(&v) {
+                return bad(field, format!("expected a decay in [0, 1), found {v}"));
+            }
+        }
+        if !(t.eps.is_finite() && t.eps > 0.0) {
+            return bad(
+                "tinker.eps",
+                format!("expected a number above zero, found {}", t.eps),
+            );
+        }
+        if !(t.weight_decay.is_finite() && t.weight_decay >= 0.0) {
+            return bad(
+                "tinker.weight_decay",
+                format!(
+                    "expected a number of at least zero, found {}",
+                    t.weight_decay
+                ),
+            );
+        }
+        for (field, v) in [
+            ("tinker.heartbeat_s", t.heartbeat_s),
+            ("tinker.timeout_s", t.timeout_s),
+            ("tinker.future_timeout_s", t.future_timeout_s),
+        ] {
+            if !(v.is_finite() && v > 0.0) {
+                return bad(field, format!("expected seconds above zero, found {v}"));
+            }
+        }
+        if t.attempts == 0 {
+            return bad(
+                "tinker.attempts",
+                "expected at least 1 attempt per request, found 0".into(),
+            );
+        }
+        if !(t.check_tolerance.is_finite() && t.check_tolerance > 0.0) {
+            return bad(
+                "tinker.check_tolerance",
+                format!("expected nats above zero, found {}", t.check_tolerance),
+            );
+        }
+        if t.objective == TinkerObjective::ServerPpo && t.server == TinkerServer::Skyrl {
+            return bad(
+                "tinker.objective",
+                "server_ppo needs a server that honours clip_low_threshold / clip_high_threshold; SkyRL's server clips its ppo loss at a fixed 0.8 / 1.2: use `exact`".into(),
+            );
+        }
+        if self.rollout.temperature != 1.0 {
+            return bad(
+                "rollout.temperature",
+                format!(
+                    "the Tinker learner scores at temperature 1 (Eq. 16 compares the rollout's log-probs with the server's pi_old); found {}",
+                    self.rollout.temperature
+                ),
+            );
+        }
+        if let Some(m) = self
+            .train
+            .methods
+            .iter()
+            .find(|m| matches!(m, Method::Whale))
+        {
+            return bad(
+                "train.methods",
+                format!(
+                    "{m} fine-tunes with grpo-candle's SFT trainer in this process; leave it out with learner = \"tinker\""
+                ),
+            );
+        }
+        Ok(())
+    }
+
     /// Whether the API keys the binary found may go to their endpoints: over https, or over
     /// plain http to the loopback host, unless the section's `allow_insecure_http` is set.
     /// `llm_key` and `engine_key` say which keys are set.
@@ -1047,6 +1295,21 @@ impl RunConfig {
                 })?;
         }
         Ok(())
+    }
+
+    /// Whether the Tinker key may go to `tinker.url` (https, or plain http to the loopback
+    /// unless `tinker.allow_insecure_http`).
+    pub fn check_tinker_key_transport(&self, key: bool) -> Result<()> {
+        let (true, LearnerKind::Tinker, Some(url)) = (key, self.learner, &self.tinker.url) else {
+            return Ok(());
+        };
+        keys::Endpoint::parse(url)
+            .and_then(|endpoint| endpoint.check_key_transport(self.tinker.allow_insecure_http))
+            .map_err(|message| Error::Config {
+                file: PathBuf::from("<run config>"),
+                field: "tinker.url".into(),
+                message,
+            })
     }
 
     /// The run directory of one seed: `out` itself with one seed, `out/seed-<s>` with several.
@@ -1555,6 +1818,25 @@ Run configuration (TOML or JSON; any subset; `preset` picks the defaults; flags 
   external.prefix               own_context (default) | mask_episode: what a turn that rewrote the program's history gets
   external.sandbox              auto (default: bubblewrap when it works) | on | off: programs inside the sandbox of policy-caused commands
   external.timeout_s            seconds one episode of the bundled agent may take (default 120)
+  learner                       candle (default: grpo-candle in this process) | tinker (a Tinker-protocol server trains a LoRA; [tinker])
+  tinker.url                    the Tinker server's root, http://host:port (SkyRL's `python -m tx.tinker.api` listens on 8000; --tinker-url)
+  tinker.server                 skyrl (default: SkyRL's self-hosted server) | tinker (hosted Tinker): how the server reduces losses
+  tinker.base_model             the base model as the server lists it (default: the initial checkpoint's absolute path)
+  tinker.lora_rank              the LoRA rank the server trains (default 32; SkyRL: at most 32, lora_alpha fixed at 32)
+  tinker.learning_rate          Adam's step size (default: policy.learning_rate)
+  tinker.beta1                  Adam's first-moment decay (default 0.9)
+  tinker.beta2                  Adam's second-moment decay (default 0.999)
+  tinker.eps                    Adam's epsilon (default 1e-8)
+  tinker.weight_decay           decoupled weight decay (default 0.01)
+  tinker.objective              exact (default: Eq. 15, the gradient computed here) | server_ppo (hosted Tinker's clipped ppo loss)
+  tinker.api_key_env            the environment variable holding the server's API key (default TINKER_API_KEY)
+  tinker.allow_insecure_http    send that key over plain http to a host other than the loopback
+  tinker.heartbeat_s            seconds between session heartbeats (default 10)
+  tinker.timeout_s              seconds one request may take (default 120)
+  tinker.future_timeout_s       seconds one server operation may stay pending (default 1800)
+  tinker.attempts               attempts per request, the first included (default 5)
+  tinker.check_sync             after each weight sync, compare a probe's log-probs on the server and here (default true)
+  tinker.check_tolerance        the largest difference that probe accepts, in nats (default 1e-3)
   search.whale_rounds           WHALE's rejection-sampling SFT phases (quick 2, paper 4), each after a search, with a last search for the final policy
 ";
 
@@ -1622,6 +1904,13 @@ mod set_tests {
         let cfg = serde_json::to_value(RunConfig::default()).unwrap();
         // Optional settings serialize as null; they are settings all the same.
         paths("", &cfg, &mut all);
+        // The learner's settings are left out of run.json while they are the defaults.
+        let mut tinker = RunConfig {
+            learner: LearnerKind::Tinker,
+            ..RunConfig::default()
+        };
+        tinker.tinker.lora_rank = 8;
+        paths("", &serde_json::to_value(tinker).unwrap(), &mut all);
         for p in all {
             assert!(
                 SETTINGS_HELP
@@ -1654,6 +1943,76 @@ mod set_tests {
         }
         cfg.env.tau_retail_data = Some(dir.path().to_path_buf());
         cfg.validate(None).unwrap();
+    }
+
+    #[test]
+    fn tinker_settings_name_their_field() {
+        let tinker = || {
+            let mut cfg = RunConfig::preset(Preset::Quick);
+            cfg.set("learner", "\"tinker\"").unwrap();
+            cfg.set("tinker.url", "\"http://127.0.0.1:8000\"").unwrap();
+            cfg
+        };
+        tinker().validate(None).unwrap();
+        // A candle run ignores the section.
+        let mut cfg = RunConfig::preset(Preset::Quick);
+        cfg.set("tinker.lora_rank", "0").unwrap();
+        cfg.validate(None).unwrap();
+        let mut cfg = RunConfig::preset(Preset::Quick);
+        cfg.set("learner", "\"tinker\"").unwrap();
+        let e = cfg.validate(None).unwrap_err().to_string();
+        assert!(
+            e.contains("tinker.url") && e.contains("--tinker-url"),
+            "{e}"
+        );
+        for (path, value, field) in [
+            ("tinker.url", "\"ftp://x\"", "tinker.url"),
+            ("tinker.base_model", "\" \"", "tinker.base_model"),
+            ("tinker.lora_rank", "0", "tinker.lora_rank"),
+            ("tinker.lora_rank", "64", "tinker.lora_rank"),
+            ("tinker.learning_rate", "-1.0", "tinker.learning_rate"),
+            ("tinker.beta1", "1.0", "tinker.beta1"),
+            ("tinker.beta2", "-0.1", "tinker.beta2"),
+            ("tinker.eps", "0.0", "tinker.eps"),
+            ("tinker.weight_decay", "-1.0", "tinker.weight_decay"),
+            ("tinker.heartbeat_s", "0.0", "tinker.heartbeat_s"),
+            ("tinker.timeout_s", "-5.0", "tinker.timeout_s"),
+            ("tinker.future_timeout_s", "0.0", "tinker.future_timeout_s"),
+            ("tinker.attempts", "0", "tinker.attempts"),
+            ("tinker.check_tolerance", "0.0", "tinker.check_tolerance"),
+            ("tinker.objective", "\"server_ppo\"", "tinker.objective"),
+            ("rollout.temperature", "0.7", "rollout.temperature"),
+            ("train.methods", "[\"grpo\", \"whale\"]", "train.methods"),
+        ] {
+            let mut cfg = tinker();
+            cfg.set(path, value).unwrap();
+            let e = cfg.validate(None).unwrap_err().to_string();
+            assert!(e.contains(field), "{path} = {value}: {e}");
+        }
+        // Hosted Tinker takes its own ppo loss and larger ranks.
+        let mut cfg = tinker();
+        cfg.set("tinker.server", "\"tinker\"").unwrap();
+        cfg.set("tinker.objective", "\"server_ppo\"").unwrap();
+        cfg.set("tinker.lora_rank", "64").unwrap();
+        cfg.validate(None).unwrap();
+        let e = tinker()
+            .set("learner", "\"torch\"")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("learner"), "{e}");
+        // The key goes over plain http only to the loopback.
+        let mut cfg = tinker();
+        cfg.set("tinker.url", "\"http://trainer.example.com:8000\"")
+            .unwrap();
+        cfg.validate(None).unwrap();
+        assert!(cfg.check_tinker_key_transport(false).is_ok());
+        let e = cfg
+            .check_tinker_key_transport(true)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("tinker.url"), "{e}");
+        cfg.set("tinker.allow_insecure_http", "true").unwrap();
+        cfg.check_tinker_key_transport(true).unwrap();
     }
 
     #[test]

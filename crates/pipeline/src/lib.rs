@@ -45,6 +45,7 @@ pub mod serve;
 pub mod setup;
 pub mod stages;
 pub mod tau;
+pub mod tinker;
 
 pub use config::{Method, Preset, RunConfig};
 pub use error::{Error, Result};
@@ -76,7 +77,7 @@ pub fn write_run_config(wb: &Workbench) -> Result<()> {
     if let Ok(text) = std::fs::read_to_string(&path) {
         let saved: serde_json::Value = serde_json::from_str(&text)
             .map_err(|e| Error::input("run", &path, format!("not a run configuration: {e}")))?;
-        if saved == current {
+        if comparable(saved) == comparable(current.clone()) {
             return Ok(());
         }
         return Err(Error::input(
@@ -90,6 +91,23 @@ pub fn write_run_config(wb: &Workbench) -> Result<()> {
     let text =
         serde_json::to_string_pretty(&current).unwrap_or_else(|_| unreachable!("plain data"));
     harness_core::fsutil::write_atomic(&path, text.as_bytes()).at("run")
+}
+
+/// A run configuration without the settings a resumed run may change: where the Tinker
+/// server is and how long to wait for it (a server restarted on another port keeps the run).
+fn comparable(mut cfg: serde_json::Value) -> serde_json::Value {
+    if let Some(t) = cfg.get_mut("tinker").and_then(|t| t.as_object_mut()) {
+        for key in [
+            "url",
+            "heartbeat_s",
+            "timeout_s",
+            "future_timeout_s",
+            "attempts",
+        ] {
+            t.remove(key);
+        }
+    }
+    cfg
 }
 
 /// The whole loop for every seed: evolution, the first calibration, every method's training
@@ -120,6 +138,18 @@ pub async fn run_main_job(
 /// training run resumes from its latest checkpoint, so re-running the same configuration
 /// continues where the last run stopped.
 pub async fn run_seed(wb: &Workbench) -> Result<()> {
+    if tinker::enabled(wb)
+        && wb
+            .cfg
+            .train
+            .methods
+            .iter()
+            .any(|&m| m.has_training_stage() && !m.searches() && !stages::is_trained(wb, m))
+    {
+        // Before evolution runs any rollout: an unreachable server or a model it does not
+        // train is a configuration error now, not after the first stages.
+        tinker::preflight(wb).await?;
+    }
     let pool = if wb.cfg.pool.is_some() || wb.layout.pool().join(harness_pool::POOL_FILE).is_file()
     {
         stages::load_pool(wb)?

@@ -90,6 +90,8 @@ pub struct Secrets {
     pub llm_api_key: Option<String>,
     /// The API key of the rollout engine, if it wants one.
     pub engine_api_key: Option<String>,
+    /// The API key of the Tinker server (read from `tinker.api_key_env`), if it wants one.
+    pub tinker_api_key: Option<String>,
 }
 
 impl std::fmt::Debug for Secrets {
@@ -98,6 +100,7 @@ impl std::fmt::Debug for Secrets {
         f.debug_struct("Secrets")
             .field("llm_api_key", &redacted(&self.llm_api_key))
             .field("engine_api_key", &redacted(&self.engine_api_key))
+            .field("tinker_api_key", &redacted(&self.tinker_api_key))
             .finish()
     }
 }
@@ -160,6 +163,7 @@ impl Workbench {
             secrets.llm_api_key.is_some(),
             secrets.engine_api_key.is_some(),
         )?;
+        cfg.check_tinker_key_transport(secrets.tinker_api_key.is_some())?;
         let layout = Layout::new(&cfg.out);
         let chat = role_client(&cfg, &secrets)?;
         let (env, base, builtin_siblings, checkpoint) = match cfg.env.name.as_str() {
@@ -717,6 +721,7 @@ mod tests {
         let secrets = Secrets {
             llm_api_key: Some("sk-hunter2".into()),
             engine_api_key: None,
+            tinker_api_key: None,
         };
         let text = format!("{secrets:?} {secrets:#?}");
         assert!(!text.contains("hunter2"), "{text}");

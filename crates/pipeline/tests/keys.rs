@@ -16,6 +16,7 @@ fn a_key_for_a_plain_http_endpoint_elsewhere_is_refused() {
     let secrets = Secrets {
         llm_api_key: Some("sk-hunter2".into()),
         engine_api_key: None,
+        tinker_api_key: None,
     };
     let Err(err) = Workbench::new(cfg, secrets, Progress::hidden()) else {
         panic!("a key over plain http to another host was accepted");

@@ -66,6 +66,7 @@ async fn the_llm_roles_run_against_the_projects_own_server() {
     let secrets = Secrets {
         llm_api_key: Some("test-key".into()),
         engine_api_key: None,
+        tinker_api_key: None,
     };
 
     // Evolution with the LLM analyst and editor.

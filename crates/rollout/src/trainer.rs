@@ -599,8 +599,10 @@ impl RescueTrainer {
         Ok(dir)
     }
 
-    /// Run episodes concurrently (at most `concurrency` in flight), results in job order.
+    /// Run episodes concurrently (at most `concurrency` in flight), results in job order, each
+    /// stamped with the policy version it sampled.
     async fn run_jobs(&self, jobs: Vec<Job<'_>>) -> Result<Vec<Trajectory>> {
+        let version = self.progress.policy_version;
         let policy = self.policy.as_ref();
         let options = &self.options;
         let envs = &self.envs;
@@ -622,6 +624,10 @@ impl RescueTrainer {
                 options,
             )
             .await
+            .map(|mut t| {
+                t.policy_version = Some(version);
+                t
+            })
             .map_err(Error::from)
         }))
         .buffered(self.cfg.concurrency)

@@ -883,6 +883,15 @@ async fn a_policy_whose_weights_lag_the_learner_stops_the_run_before_it_samples(
     t.run().await.unwrap();
     let versions: Vec<u64> = f.groups().iter().map(|g| g.policy_version).collect();
     assert_eq!(versions, vec![0, 0, 0, 1, 1, 1]);
+    let stamped: Vec<u64> = jsonl(&f.dir.path().join("trajectories.jsonl"))
+        .iter()
+        .map(|t| t["policy_version"].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        stamped,
+        [vec![0; 12], vec![1; 12]].concat(),
+        "every rollout records its version"
+    );
 
     // A sync that reports success but leaves the weights behind: the update after it stops.
     let f = fixture(r#"{"kind": "grpo"}"#, 3);
@@ -903,7 +912,11 @@ async fn a_policy_whose_weights_lag_the_learner_stops_the_run_before_it_samples(
         err.contains("version 1") && err.contains("version 2") && err.contains("stale"),
         "{err}"
     );
-    assert_eq!(f.metrics().len(), 1, "the update whose sync was lost is not recorded");
+    assert_eq!(
+        f.metrics().len(),
+        1,
+        "the update whose sync was lost is not recorded"
+    );
 
     // A policy ahead of (or behind) the learner from the start samples nothing.
     let f = fixture(r#"{"kind": "grpo"}"#, 1);

@@ -54,6 +54,7 @@ fn trajectory(
             Outcome::failure(json!(null))
         },
         termination,
+        policy_version: None,
         counts: Counts {
             env_actions: calls.len() as u32,
             tool_errors: errors,

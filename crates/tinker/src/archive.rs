@@ -138,6 +138,14 @@ fn unpack_into(archive: &[u8], dir: &Path, what: &str, max_unpacked: u64) -> Res
             // pax metadata for the whole archive (e.g. `git archive`'s commit id).
             continue;
         }
+        let root_only = Path::new(&raw)
+            .components()
+            .all(|c| matches!(c, Component::RootDir | Component::CurDir));
+        if kind.is_dir() && root_only {
+            // The archive's own root: SkyRL's server (Python's tarfile with `arcname=""`)
+            // writes it as `/`. Nothing is created from folder entries.
+            continue;
+        }
         let mut parts = Vec::new();
         for c in Path::new(&raw).components() {
             match c {
@@ -302,6 +310,50 @@ mod tests {
     }
 
     const WEIGHTS: &[u8] = b"\x02\x00\x00\x00\x00\x00\x00\x00{}";
+
+    #[test]
+    fn a_root_folder_entry_as_skyrl_writes_it_is_skipped_and_a_root_file_is_not() {
+        let root = std::env::temp_dir().join(format!("tinker-archive-{}", crate::client::nonce()));
+        let with_root = |kind: tar::EntryType| {
+            let mut b = tar::Builder::new(Vec::new());
+            let mut h = tar::Header::new_gnu();
+            h.as_old_mut().name[0] = b'/';
+            h.set_entry_type(kind);
+            h.set_size(0);
+            h.set_mode(0o755);
+            h.set_cksum();
+            b.append(&h, &[][..]).unwrap();
+            for (name, data) in [
+                (ADAPTER_WEIGHTS, WEIGHTS),
+                (ADAPTER_CONFIG, b"{\"r\": 4}".as_slice()),
+            ] {
+                let mut h = tar::Header::new_gnu();
+                h.set_size(data.len() as u64);
+                h.set_mode(0o644);
+                b.append_data(&mut h, name, data).unwrap();
+            }
+            b.into_inner().unwrap()
+        };
+        let dest = root.join("ok");
+        unpack_adapter(
+            &with_root(tar::EntryType::Directory),
+            &dest,
+            "skyrl",
+            1 << 20,
+        )
+        .unwrap();
+        assert!(dest.join(ADAPTER_WEIGHTS).is_file() && dest.join(ADAPTER_CONFIG).is_file());
+        let err = unpack_adapter(
+            &with_root(tar::EntryType::Regular),
+            &root.join("bad"),
+            "x",
+            1 << 20,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("absolute path"), "{err}");
+        let _ = std::fs::remove_dir_all(&root);
+    }
 
     #[test]
     fn plain_tars_under_dot_or_one_folder_unpack() {

@@ -43,6 +43,7 @@ fn trajectory(reward: f32, turns: Vec<(Vec<u32>, Vec<u32>, Vec<f32>)>) -> Trajec
             details: serde_json::Value::Null,
         },
         termination: Termination::EnvDone,
+        policy_version: None,
         counts: Default::default(),
     }
 }

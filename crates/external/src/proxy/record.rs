@@ -120,6 +120,7 @@ impl EpisodeRecord {
             seed: self.spec.seed,
             policy: end.policy,
             messages: self.messages,
+            policy_version: None,
             counts: Counts {
                 model_calls: turns.len() as u32,
                 env_actions: end.env_actions,

@@ -366,6 +366,14 @@ impl BaseWeights {
         self.tensors.is_empty()
     }
 
+    /// Bytes the tensors hold.
+    pub fn bytes(&self) -> usize {
+        self.tensors
+            .values()
+            .map(|t| t.elem_count() * t.dtype().size_in_bytes())
+            .sum()
+    }
+
     /// Every weight with `adapter` merged: `W + s · B A` (computed in f32 on `W`'s device,
     /// returned in `W`'s dtype) for every targeted `<module>.weight`, the snapshot's tensor
     /// (shared, not copied) for the rest. Every module is checked against the snapshot before

@@ -290,6 +290,48 @@ impl CandlePolicy {
         self.model().snapshot()
     }
 
+    /// The largest absolute difference between the current weights and those of the checkpoint
+    /// folder `dir` (same architecture), e.g. to check that weights restored from elsewhere are
+    /// the ones a checkpoint saved. A weight missing from `dir` or of another shape is an error
+    /// naming it.
+    pub fn max_weight_diff(&self, dir: impl AsRef<std::path::Path>) -> Result<f32> {
+        let files = crate::model::loading::ModelFiles::from_dir(dir)?;
+        let shown = files.weights.first().cloned().unwrap_or_default();
+        let _read = self
+            .shared
+            .weights
+            .read()
+            .unwrap_or_else(|e| e.into_inner());
+        let vars = self.model().named_vars();
+        let names = vars.iter().map(|(n, _)| n.clone()).collect();
+        let saved =
+            crate::model::loading::load_tensors(&files.weights, &names, self.model().device())?;
+        let mut max = 0f32;
+        for (name, var) in &vars {
+            let t = saved
+                .get(name)
+                .ok_or_else(|| crate::error::Error::Weights {
+                    path: shown.clone(),
+                    name: name.clone(),
+                    message: "missing from the checkpoint".into(),
+                })?;
+            if t.dims() != var.dims() {
+                return Err(crate::error::Error::Weights {
+                    path: shown.clone(),
+                    name: name.clone(),
+                    message: format!("shape {:?}, expected {:?}", t.dims(), var.dims()),
+                });
+            }
+            let d = (var.as_tensor().to_dtype(candle_core::DType::F32)?
+                - t.to_dtype(candle_core::DType::F32)?)?
+            .abs()?
+            .max_all()?
+            .to_scalar::<f32>()?;
+            max = max.max(d);
+        }
+        Ok(max)
+    }
+
     /// Set the weights to `base` with `adapter` merged (`W + s · B A` where the adapter targets
     /// a module, `W` elsewhere), under the update guard, and record `version` as the
     /// [`weights_version`](CandlePolicy::weights_version). Every variable is set from `base`,

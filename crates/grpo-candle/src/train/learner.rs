@@ -215,6 +215,7 @@ mod tests {
                 details: serde_json::Value::Null,
             },
             termination: Termination::PolicyFinished,
+            policy_version: None,
             counts: Default::default(),
         }
     }

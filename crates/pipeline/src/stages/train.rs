@@ -8,7 +8,7 @@ use std::time::Instant;
 use grpo_candle::CandlePolicy;
 use grpo_candle::learner::CandleLearner;
 use grpo_candle::trainer::{Schedule, TrainerConfig};
-use harness_core::{Calibrate, HarnessSelector, Policy, SamplingParams};
+use harness_core::{Calibrate, HarnessSelector, Learner, Policy, SamplingParams};
 use harness_pool::SiblingPool;
 use harness_rollout::{
     COST_FILE, METRICS_FILE, RandomSelector, RescueConfig, RescueTrainer, SaveAndReload, Strategy,
@@ -20,10 +20,11 @@ use harness_router::{
 
 use super::cost::{self, StageCost, counted_tokens};
 use super::roles::{calibrator, first_calibration, roles};
-use crate::config::{Method, RolloutEngine};
+use crate::config::{LearnerKind, Method, RolloutEngine};
 use crate::error::{Error, Result, StageExt};
 use crate::methods::{SelectorKind, StrategyKind};
 use crate::setup::Workbench;
+use crate::tinker::TinkerRun;
 
 /// What a method trained.
 #[derive(Debug, Clone)]
@@ -209,7 +210,26 @@ pub async fn train(
         },
         ..TrainerConfig::default()
     };
-    let learner = CandleLearner::new(local.clone(), trainer_cfg).at("train")?;
+    if resume {
+        crate::tinker::check_resume(wb, &run_dir)?;
+    }
+    let engine_sync = remote_sync(wb, &local, &acting, &run_dir)?;
+    let (learner, weight_sync): (Box<dyn Learner>, Option<Arc<dyn WeightSync>>) = match cfg.learner
+    {
+        LearnerKind::Candle => (
+            Box::new(CandleLearner::new(local.clone(), trainer_cfg).at("train")?),
+            engine_sync,
+        ),
+        LearnerKind::Tinker => {
+            crate::tinker::preflight(wb).await?;
+            // Every version is merged into these, the initial checkpoint's weights.
+            let base = Arc::new(local.base_weights().at("train")?);
+            let run = TinkerRun::connect(wb, local.clone()).await?;
+            let sync =
+                crate::tinker::sampler_sync(wb, &run, local.clone(), base, engine_sync, &run_dir)?;
+            (Box::new(run), Some(sync))
+        }
+    };
     let tokens = TokenCounter::new();
     type Routing = (Option<Arc<dyn HarnessSelector>>, Option<Arc<dyn Calibrate>>);
     let mut routed_by = None;
@@ -239,7 +259,6 @@ pub async fn train(
             (Some(selector), Some(Arc::new(cal) as Arc<dyn Calibrate>))
         }
     };
-    let weight_sync = remote_sync(wb, &local, &acting, &run_dir)?;
     if let Some(sync) = &weight_sync
         && !resume
     {
@@ -254,7 +273,7 @@ pub async fn train(
         pool: pool.clone(),
         train_tasks: wb.train.clone(),
         validation_tasks: wb.validation.clone(),
-        learner: Box::new(learner),
+        learner,
         selector,
         calibrator,
         weight_sync,
@@ -294,6 +313,18 @@ pub async fn train(
     // The cost first: a kill between the two leaves no finished run without its cost.
     write_train_cost(&run_dir, method, &tokens)?;
     let checkpoint = wb.layout.final_checkpoint(method);
+    if let Some(v) = local.weights_version()
+        && v != trainer.policy_version()
+    {
+        return Err(Error::input(
+            "train",
+            &run_dir,
+            format!(
+                "the learner is at version {}, the policy holds version {v}: a weight sync was lost; run again to resume",
+                trainer.policy_version()
+            ),
+        ));
+    }
     local.save_hf(&checkpoint).at("train")?;
     let seconds = started.elapsed().as_secs_f64();
     wb.progress.println(format!(

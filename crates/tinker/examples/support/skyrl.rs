@@ -259,6 +259,7 @@ pub fn groups(
                     details: serde_json::Value::Null,
                 },
                 termination: Termination::PolicyFinished,
+                policy_version: None,
                 counts: Default::default(),
             });
         }

@@ -97,6 +97,7 @@ pub fn trajectory(seed: u64, reward: f32, base: u32) -> Trajectory {
             details: Value::Null,
         },
         termination: Termination::PolicyFinished,
+        policy_version: None,
         counts: Default::default(),
     }
 }
