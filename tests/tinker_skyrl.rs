@@ -289,11 +289,11 @@ async fn harness_s_trains_on_skyrl_resumes_after_a_kill_and_samples_the_servers_
     // Two checkpoints are kept: those of updates 2 and 3.
     let at2 = harness_rollout::checkpoint::learner_dir_at(&run_dir, 2)
         .expect("the update-2 checkpoint was not kept");
-    let (server, recorded) = scored(&url, &base, Some(&at2), &groups).await;
-    let diff = max_diff(&server, &recorded);
+    let (at_v2, recorded) = scored(&url, &base, Some(&at2), &groups).await;
+    let diff = max_diff(&at_v2, &recorded);
     eprintln!(
         "{} tokens of version-2 rollouts: max |recorded - server at v2| = {diff:.2e}",
-        server.len()
+        at_v2.len()
     );
     assert!(
         diff < TOLERANCE,

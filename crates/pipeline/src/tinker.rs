@@ -176,13 +176,26 @@ pub async fn preflight(wb: &Workbench) -> Result<()> {
     Ok(())
 }
 
+/// The checkpoint a resume loaded, until the first sync has checked the server's weights
+/// against it.
+#[derive(Debug, Clone, Default)]
+enum Restored {
+    /// Nothing to check (a fresh start, or checked).
+    #[default]
+    None,
+    /// The version and learner folder of the loaded checkpoint.
+    Pending(u64, PathBuf),
+    /// The check failed: every later attempt fails the same way, so a retry cannot let the
+    /// run go on with weights the checkpoint does not hold.
+    Refused(String),
+}
+
 /// A learner on the server whose checkpoints also hold the merged weights of the version they
 /// save, so every reader of a checkpoint (calibration, `eval`) finds local weights.
 pub struct TinkerRun {
     inner: TinkerLearner,
     local: Arc<CandlePolicy>,
-    /// The checkpoint a resume loaded, checked against the first sync's weights.
-    restored: Arc<Mutex<Option<(u64, PathBuf)>>>,
+    restored: Arc<Mutex<Restored>>,
 }
 
 impl TinkerRun {
@@ -196,7 +209,7 @@ impl TinkerRun {
         Ok(TinkerRun {
             inner,
             local,
-            restored: Arc::new(Mutex::new(None)),
+            restored: Arc::new(Mutex::new(Restored::None)),
         })
     }
 
@@ -247,7 +260,7 @@ impl Learner for TinkerRun {
     fn load_checkpoint(&mut self, dir: &Path) -> harness_core::Result<()> {
         self.inner.load_checkpoint(dir)?;
         *self.restored.lock().unwrap_or_else(|e| e.into_inner()) =
-            Some((self.inner.policy_version(), dir.to_path_buf()));
+            Restored::Pending(self.inner.policy_version(), dir.to_path_buf());
         Ok(())
     }
 }
@@ -273,7 +286,7 @@ struct SyncHook {
     model: Arc<TinkerModel>,
     probe: Option<(Vec<u32>, f64)>,
     engine: Option<Arc<dyn WeightSync>>,
-    restored: Arc<Mutex<Option<(u64, PathBuf)>>>,
+    restored: Arc<Mutex<Restored>>,
     log: PathBuf,
 }
 
@@ -362,33 +375,42 @@ impl SyncHook {
             .restored
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .take();
-        let Some((saved_version, dir)) = restored else {
-            return Ok(());
+            .clone();
+        let (saved_version, dir) = match restored {
+            Restored::None => return Ok(()),
+            Restored::Refused(why) => return Err(sync_error(version, why)),
+            Restored::Pending(v, dir) => (v, dir),
+        };
+        let refuse = |why: String| {
+            *self.restored.lock().unwrap_or_else(|e| e.into_inner()) =
+                Restored::Refused(why.clone());
+            Err(sync_error(version, why))
         };
         if saved_version != version {
-            return Err(sync_error(
-                version,
-                format!(
-                    "the checkpoint {} holds version {saved_version}",
-                    dir.display()
-                ),
+            return refuse(format!(
+                "the checkpoint {} holds version {saved_version}, the run resumes at {version}",
+                dir.display()
             ));
         }
         let local = self.local.clone();
-        let diff = tokio::task::spawn_blocking(move || local.max_weight_diff(&dir))
+        let compared = dir.clone();
+        let diff = tokio::task::spawn_blocking(move || local.max_weight_diff(&compared))
             .await
-            .map_err(|e| sync_error(version, format!("the comparison panicked: {e}")))?
-            .map_err(|e| sync_error(version, e))?;
-        if diff > RESUME_WEIGHT_TOLERANCE {
-            return Err(sync_error(
-                version,
-                format!(
-                    "the server's weights for version {version} differ from the run's checkpoint by {diff:.3e}: the server does not hold the state this run saved; refusing to resume"
-                ),
-            ));
+            .map_err(|e| sync_error(version, format!("the comparison panicked: {e}")))?;
+        match diff {
+            Err(e) => refuse(format!(
+                "cannot compare the server's weights with the checkpoint {}: {e}",
+                dir.display()
+            )),
+            Ok(d) if !(d <= RESUME_WEIGHT_TOLERANCE) => refuse(format!(
+                "the server's weights for version {version} differ from the run's checkpoint {} by {d:.3e}: the server does not hold the state this run saved; refusing to resume",
+                dir.display()
+            )),
+            Ok(_) => {
+                *self.restored.lock().unwrap_or_else(|e| e.into_inner()) = Restored::None;
+                Ok(())
+            }
         }
-        Ok(())
     }
 }
 

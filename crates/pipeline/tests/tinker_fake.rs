@@ -318,13 +318,14 @@ async fn train_until_first_checkpoint(s: &Setup, interrupt: impl AsyncFnOnce(&Fa
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_restart_mid_run_stops_it_and_the_run_resumes_from_its_checkpoint() {
-    let s = setup().await;
+    let mut s = setup().await;
+    // Enough updates that one asks the server for pi_old after the fault is injected.
+    s.cfg.train.updates = 8;
     let err = train_until_first_checkpoint(&s, async |fake: &Fake| {
         fake.inject("forward", Fault::Restart);
     })
     .await;
     let run_dir = s.cfg.out.join("train/grpo");
-    // Updates 2 and 3 still ask the server for pi_old after the first checkpoint.
     assert!(
         err.contains("Model not found") && err.contains("--resume"),
         "{err}"
@@ -335,7 +336,11 @@ async fn a_server_restart_mid_run_stops_it_and_the_run_resumes_from_its_checkpoi
     let wb = workbench(&s.cfg);
     let pool = stages::load_pool(&wb).unwrap();
     stages::train(&wb, &pool, Method::Grpo, true).await.unwrap();
-    assert_eq!(updates(&run_dir), vec![1, 2, 3], "each update exactly once");
+    assert_eq!(
+        updates(&run_dir),
+        (1..=8).collect::<Vec<_>>(),
+        "each update exactly once"
+    );
     assert!(run_dir.join("final/config.json").is_file());
     assert_eq!(s.fake.requests("create_model").len(), models_before + 1);
     assert_eq!(
@@ -378,4 +383,72 @@ async fn resumes_the_server_or_the_run_cannot_honour_are_refused_with_the_reason
     s.fake.forget_checkpoints();
     let err = resume(s.cfg.clone()).await;
     assert!(err.contains("no longer holds"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_probe_that_disagrees_with_the_server_stops_training_before_any_rollout() {
+    // The fake's log-probs are synthetic: no merged model matches them.
+    let mut s = setup().await;
+    s.cfg.tinker.check_sync = true;
+    let wb = workbench(&s.cfg);
+    let pool = stages::evolve(&wb).await.unwrap();
+    let err = stages::train(&wb, &pool, Method::Grpo, false)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("syncing weights version 0") && err.contains("differ from the server's"),
+        "{err}"
+    );
+    assert!(!s.cfg.out.join("train/grpo/trajectories.jsonl").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_whose_versions_or_weights_disagree_with_the_server_is_not_resumed() {
+    let mut s = setup().await;
+    s.cfg.train.updates = 8;
+    let err = train_until_first_checkpoint(&s, async |fake: &Fake| {
+        fake.inject("forward", Fault::Status(400));
+    })
+    .await;
+    assert!(!err.is_empty(), "training was not interrupted");
+    let run_dir = s.cfg.out.join("train/grpo");
+    let (dir, state) = harness_rollout::latest_checkpoint(&run_dir)
+        .unwrap()
+        .unwrap();
+    let learner = dir.join("learner");
+    let resume = || async {
+        let wb = workbench(&s.cfg);
+        let pool = stages::load_pool(&wb).unwrap();
+        stages::train(&wb, &pool, Method::Grpo, true)
+            .await
+            .unwrap_err()
+            .to_string()
+    };
+
+    // The learner's state names another version than the run's.
+    let file = learner.join("tinker_learner.json");
+    let saved = std::fs::read_to_string(&file).unwrap();
+    let mut edited: Value = serde_json::from_str(&saved).unwrap();
+    edited["policy_version"] = (state.policy_version + 1).into();
+    std::fs::write(&file, serde_json::to_vec(&edited).unwrap()).unwrap();
+    let err = resume().await;
+    assert!(
+        err.contains("policy version") && err.contains("inconsistent"),
+        "{err}"
+    );
+    std::fs::write(&file, saved).unwrap();
+
+    // The merged weights the checkpoint saved are not what the server serves for its version.
+    std::fs::copy(
+        s.checkpoint.join("model.safetensors"),
+        learner.join("model.safetensors"),
+    )
+    .unwrap();
+    let err = resume().await;
+    assert!(
+        err.contains("differ from the run's checkpoint") && err.contains("refusing to resume"),
+        "{err}"
+    );
+    assert!(!run_dir.join("final").exists());
 }

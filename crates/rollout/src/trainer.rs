@@ -134,6 +134,9 @@ impl RescueTrainer {
         run_dir: impl AsRef<Path>,
     ) -> Result<Self> {
         let mut trainer = Self::build(cfg, setup, run_dir.as_ref())?;
+        // The serving side may hold any weights (another method's, a lost update's): the
+        // restored version is pushed once before anything samples, version 0 included.
+        trainer.sync_pending = trainer.sync.is_some();
         let Some((dir, state)) = latest_checkpoint(&trainer.run_dir)? else {
             trainer.files.truncate_to(&Default::default())?;
             return Ok(trainer);
@@ -179,7 +182,6 @@ impl RescueTrainer {
             finished: state.finished && state.update >= trainer.cfg.updates,
             cost: state.cost,
         };
-        trainer.sync_pending = trainer.sync.is_some() && state.policy_version > 0;
         // cost.json may be ahead of the checkpoint (written after a lost update).
         trainer.write_cost()?;
         tracing::info!(checkpoint = %dir.display(), update = state.update, "resumed");
@@ -625,7 +627,7 @@ impl RescueTrainer {
             )
             .await
             .map(|mut t| {
-                t.policy_version = Some(version);
+                t.policy_version = Some(policy.weights_version().unwrap_or(version));
                 t
             })
             .map_err(Error::from)

@@ -66,6 +66,11 @@ struct Args {
     /// Decoder layers of the checkpoint.
     #[arg(long, default_value_t = 2)]
     layers: usize,
+    /// An existing checkpoint folder (Qwen3, `rope_theta` at the top of `config.json`) to
+    /// compare on instead of a tiny random one: e.g. the embedded default's warm start in
+    /// runs/cache/. --hidden and --layers are then ignored.
+    #[arg(long)]
+    model: Option<std::path::PathBuf>,
 }
 
 const INSTRUCTIONS: [&str; 8] = [
@@ -152,14 +157,22 @@ async fn main() -> anyhow::Result<()> {
         );
     }
     let work = tempfile::tempdir()?;
-    let model_dir = work.path().join("checkpoint");
-    let mut spec = skyrl::tiny_spec();
-    spec.hidden_size = args.hidden;
-    spec.num_layers = args.layers;
-    spec.num_heads = args.hidden / 8;
-    spec.num_kv_heads = args.hidden / 16;
-    spec.intermediate_size = 2 * args.hidden;
-    skyrl::write_checkpoint(&model_dir, &spec);
+    let model_dir = match &args.model {
+        Some(dir) => {
+            std::fs::canonicalize(dir).with_context(|| format!("--model {}", dir.display()))?
+        }
+        None => {
+            let dir = work.path().join("checkpoint");
+            let mut spec = skyrl::tiny_spec();
+            spec.hidden_size = args.hidden;
+            spec.num_layers = args.layers;
+            spec.num_heads = args.hidden / 8;
+            spec.num_kv_heads = args.hidden / 16;
+            spec.intermediate_size = 2 * args.hidden;
+            skyrl::write_checkpoint(&dir, &spec);
+            dir
+        }
+    };
     let load = || -> anyhow::Result<Arc<CandlePolicy>> {
         Ok(Arc::new(CandlePolicy::new(
             PolicyModel::load_dir(&model_dir, DType::F32, &Device::Cpu)?,

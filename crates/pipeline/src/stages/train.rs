@@ -263,8 +263,10 @@ pub async fn train(
         && !resume
     {
         // The engine may still hold another method's trained weights: every method starts
-        // from the initial checkpoint.
-        sync.sync(0).await.at("train")?;
+        // from the initial checkpoint. (A resumed trainer pushes its restored version itself.)
+        harness_rollout::sync_with_retry(sync.as_ref(), 0, rescue.sync_retry)
+            .await
+            .at("train")?;
     }
     let env = wb.env_for(pool, acting.clone()).await?;
     let setup = TrainingSetup {
