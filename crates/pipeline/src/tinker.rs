@@ -402,7 +402,7 @@ impl SyncHook {
                 "cannot compare the server's weights with the checkpoint {}: {e}",
                 dir.display()
             )),
-            Ok(d) if !(d <= RESUME_WEIGHT_TOLERANCE) => refuse(format!(
+            Ok(d) if d.is_nan() || d > RESUME_WEIGHT_TOLERANCE => refuse(format!(
                 "the server's weights for version {version} differ from the run's checkpoint {} by {d:.3e}: the server does not hold the state this run saved; refusing to resume",
                 dir.display()
             )),
