@@ -15,6 +15,21 @@ static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 /// process with the same pid left its temporary file behind).
 const TEMP_ATTEMPTS: u32 = 100;
 
+/// Append `record` as one JSON line to `path`, creating the file and its folder if needed.
+pub fn append_json_line<T: serde::Serialize>(path: &Path, record: &T) -> Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    }
+    let mut line = serde_json::to_string(record).unwrap_or_else(|_| unreachable!("plain data"));
+    line.push('\n');
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .and_then(|mut f| f.write_all(line.as_bytes()))
+        .map_err(|e| Error::io(path, e))
+}
+
 /// Write `bytes` to `path` atomically: a temporary file in the same directory, flushed and
 /// synced, then renamed over the target and the directory synced, so readers never see a
 /// half-written file and a crash after the return never loses it.

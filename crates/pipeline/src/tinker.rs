@@ -43,8 +43,6 @@ use crate::setup::Workbench;
 pub const SAMPLER_DIR: &str = "sampler";
 /// One line per weight sync.
 pub const SYNCS_FILE: &str = "syncs.jsonl";
-/// The learner file the in-process learner writes into each checkpoint.
-const CANDLE_LEARNER_FILE: &str = "candle_learner.json";
 /// Tokens of the probe sequence scored after each sync.
 const PROBE_TOKENS: usize = 96;
 /// The largest absolute weight difference accepted between the weights the server serves
@@ -365,7 +363,7 @@ impl SyncHook {
             probe_max_diff,
             engine_seconds,
         };
-        append_line(&self.log, &record)
+        harness_core::fsutil::append_json_line(&self.log, &record)
     }
 
     /// After a resume: the weights the server serves for the restored version must be the
@@ -412,22 +410,6 @@ impl SyncHook {
             }
         }
     }
-}
-
-fn append_line(path: &Path, record: &SyncRecord) -> harness_core::Result<()> {
-    use std::io::Write;
-    let mut line = serde_json::to_string(record).unwrap_or_else(|_| unreachable!("plain data"));
-    line.push('\n');
-    if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent).map_err(|e| harness_core::Error::io(parent, e))?;
-    }
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .map_err(|e| harness_core::Error::io(path, e))?;
-    f.write_all(line.as_bytes())
-        .map_err(|e| harness_core::Error::io(path, e))
 }
 
 /// The probe: the first training task's instruction as a user turn, as the policy's chat
@@ -490,7 +472,7 @@ pub fn check_resume(wb: &Workbench, run_dir: &Path) -> Result<()> {
     };
     let learner_dir = dir.join(harness_rollout::checkpoint::LEARNER_DIR);
     let tinker_file = learner_dir.join(harness_tinker::LEARNER_FILE);
-    let candle_file = learner_dir.join(CANDLE_LEARNER_FILE);
+    let candle_file = learner_dir.join(grpo_candle::learner::LEARNER_FILE);
     let refuse = |message: String| Err(Error::input("train", &learner_dir, message));
     match wb.cfg.learner {
         LearnerKind::Candle if tinker_file.is_file() => refuse(

@@ -865,21 +865,24 @@ impl harness_rollout::WeightSync for VersionSync {
     }
 }
 
-#[tokio::test]
-async fn a_policy_whose_weights_lag_the_learner_stops_the_run_before_it_samples() {
-    // Synced versions: updates go on, each group records the version it sampled.
-    let f = fixture(r#"{"kind": "grpo"}"#, 2);
+/// A versioned policy at version 0 and a sync that moves it, losing versions from `lose_from`.
+fn versioned_setup(f: &Fixture, lose_from: u64) -> TrainingSetup {
     let version = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let policy = Arc::new(Versioned {
         inner: mixed_policy(),
         version: version.clone(),
     });
     let mut setup = f.setup(policy, None);
-    setup.weight_sync = Some(Arc::new(VersionSync {
-        version: version.clone(),
-        lose_from: u64::MAX,
-    }));
-    let mut t = RescueTrainer::new(f.cfg.clone(), setup, f.dir.path()).unwrap();
+    setup.weight_sync = Some(Arc::new(VersionSync { version, lose_from }));
+    setup
+}
+
+#[tokio::test]
+async fn a_policy_whose_weights_lag_the_learner_stops_the_run_before_it_samples() {
+    // Synced versions: updates go on, each group records the version it sampled.
+    let f = fixture(r#"{"kind": "grpo"}"#, 2);
+    let mut t =
+        RescueTrainer::new(f.cfg.clone(), versioned_setup(&f, u64::MAX), f.dir.path()).unwrap();
     t.run().await.unwrap();
     let versions: Vec<u64> = f.groups().iter().map(|g| g.policy_version).collect();
     assert_eq!(versions, vec![0, 0, 0, 1, 1, 1]);
@@ -895,17 +898,7 @@ async fn a_policy_whose_weights_lag_the_learner_stops_the_run_before_it_samples(
 
     // A sync that reports success but leaves the weights behind: the update after it stops.
     let f = fixture(r#"{"kind": "grpo"}"#, 3);
-    let version = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let policy = Arc::new(Versioned {
-        inner: mixed_policy(),
-        version: version.clone(),
-    });
-    let mut setup = f.setup(policy, None);
-    setup.weight_sync = Some(Arc::new(VersionSync {
-        version: version.clone(),
-        lose_from: 2,
-    }));
-    let mut t = RescueTrainer::new(f.cfg.clone(), setup, f.dir.path()).unwrap();
+    let mut t = RescueTrainer::new(f.cfg.clone(), versioned_setup(&f, 2), f.dir.path()).unwrap();
     t.step().await.unwrap();
     let err = t.step().await.unwrap_err().to_string();
     assert!(

@@ -14,7 +14,8 @@ use crate::sample::policy::CandlePolicy;
 use crate::train::trainer::{StepMetrics, Trainer, TrainerConfig};
 
 /// The learner's own counters inside a checkpoint folder (beside the trainer's files).
-const LEARNER_FILE: &str = "candle_learner.json";
+/// The file [`CandleLearner`] writes into each checkpoint folder (its counters and RNG).
+pub const LEARNER_FILE: &str = "candle_learner.json";
 
 #[derive(Serialize, Deserialize)]
 struct SavedLearner {

@@ -25,7 +25,7 @@
 //! [`STAGE_COST_FILE`]: super::cost::STAGE_COST_FILE
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -419,18 +419,8 @@ async fn sample(
         .at("search")
 }
 
-fn append<T: Serialize>(path: &PathBuf, line: &T) -> Result<()> {
-    use std::io::Write;
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| Error::input("search", dir, e.to_string()))?;
-    }
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .map_err(|e| Error::input("search", path, e.to_string()))?;
-    let text = serde_json::to_string(line).unwrap_or_else(|_| unreachable!("plain data"));
-    writeln!(f, "{text}").map_err(|e| Error::input("search", path, e.to_string()))
+fn append<T: Serialize>(path: &Path, line: &T) -> Result<()> {
+    harness_core::fsutil::append_json_line(path, line).at("search")
 }
 
 #[cfg(test)]
