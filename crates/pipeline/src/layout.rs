@@ -99,6 +99,11 @@ impl Layout {
         self.root.join("eval").join("episodes.jsonl")
     }
 
+    /// The rescue diagnostics per method.
+    pub fn diagnostics_results(&self) -> PathBuf {
+        self.root.join("eval").join("diagnostics.jsonl")
+    }
+
     /// Table 4's transfer cases per method.
     pub fn transfer_results(&self) -> PathBuf {
         self.root.join("eval").join("transfer.jsonl")

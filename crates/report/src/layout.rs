@@ -78,6 +78,61 @@ pub struct EpisodeLine {
 /// Table 4's transfer cases, in a seed's folder.
 pub const TRANSFER_FILE: &str = "eval/transfer.jsonl";
 
+/// The rescue diagnostics per method, in a seed's folder.
+pub const DIAGNOSTICS_FILE: &str = "eval/diagnostics.jsonl";
+
+/// How a method's rescue rollouts first departed from H0's context (counts of rollouts).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InterventionCounts {
+    /// The first prompt already differed (prompt rules, skills, tool view): token 0.
+    pub prompt: usize,
+    /// A harness message (a hook's) after the first policy turn was the first difference.
+    pub message: usize,
+    /// No difference at all (H0 rescue, or a sibling whose hooks never fired).
+    pub none: usize,
+}
+
+/// One task family's rescue diagnostics of a method.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FamilyDiagnostics {
+    /// Training groups of the family.
+    pub groups: usize,
+    /// Of which held at least one H0 success among their initial rollouts (GRPO's own signal).
+    pub groups_with_h0_success: usize,
+    /// Rescued groups that went to the learner.
+    pub rescued_groups: usize,
+    /// Their successful rescue rollouts.
+    pub successful_rescues: usize,
+    /// Of which made the family's planted mistake before the sibling's first intervention.
+    pub planted_before_intervention: usize,
+}
+
+/// One line of `eval/diagnostics.jsonl`: why a method's rescue does or does not carry over to
+/// H0, from its training files (see harness-pipeline's `stages::diagnostics`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct DiagnosticsLine {
+    /// The method.
+    pub method: String,
+    /// Its label.
+    pub label: String,
+    /// Rescue rollouts of retained rescued groups.
+    pub rescue_rollouts: usize,
+    /// Of which successful.
+    pub successful_rescues: usize,
+    /// Their policy tokens.
+    pub policy_tokens: usize,
+    /// Of which generated before the sibling's first intervention (an H0-identical context).
+    pub tokens_before: usize,
+    /// Policy tokens of rescue rollouts with positive advantage (Eq. 6 within the group).
+    pub positive_tokens: usize,
+    /// Of which before the first intervention.
+    pub positive_tokens_before: usize,
+    /// Where the rollouts first departed from H0.
+    pub interventions: InterventionCounts,
+    /// Per task family.
+    pub families: BTreeMap<String, FamilyDiagnostics>,
+}
+
 /// External-model use of one role.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Tokens {
@@ -210,6 +265,11 @@ pub struct BehaviourLine {
     /// The decision-point probe per family (absent where the environment has none).
     #[serde(default)]
     pub probe: BTreeMap<String, ProbeCell>,
+    /// The same probe under each declarative sibling of the pool (harness name -> family ->
+    /// probe): the context lock, the good decision's probability where a sibling's context
+    /// differs from H0's.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub probe_siblings: BTreeMap<String, BTreeMap<String, ProbeCell>>,
 }
 
 /// One family's decision-point probe in `eval/behaviour.jsonl`: the checkpoint's probability
@@ -462,6 +522,8 @@ pub struct SeedRun {
     pub calibration_cost: Option<StageCost>,
     /// `eval/transfer.jsonl`, when present.
     pub transfer: Option<Vec<TransferCase>>,
+    /// `eval/diagnostics.jsonl`, when present.
+    pub diagnostics: Option<Vec<DiagnosticsLine>>,
     /// `eval/episodes.jsonl`, when present.
     pub episodes: Option<Vec<EpisodeLine>>,
     /// `programs.json`: the pool's agent programs, names by id (empty without the file).
@@ -956,6 +1018,10 @@ pub fn read_seed(dir: &Path) -> Result<SeedRun> {
         &dir.join(TRANSFER_FILE),
         "a transfer case {method, label, family, h0_training_attempts, h0_training_successes, rescued_groups, rescue: {task, update, harness, harness_name}, test_task, attempt, attempts, trained_successes, initial_successes, grpo_successes, behaviours}",
     )?);
+    let diagnostics = without_lines(read_jsonl(
+        &dir.join(DIAGNOSTICS_FILE),
+        "a diagnostics line {method, label, rescue_rollouts, successful_rescues, policy_tokens, tokens_before, positive_tokens, positive_tokens_before, interventions, families}",
+    )?);
     let episodes = without_lines(read_jsonl(
         &dir.join(EPISODES_FILE),
         "an episode line {method, task, family, attempts: [{reward, labels}]}",
@@ -991,6 +1057,7 @@ pub fn read_seed(dir: &Path) -> Result<SeedRun> {
         evolve_cost,
         calibration_cost,
         transfer,
+        diagnostics,
         episodes,
         programs: read_json(
             &dir.join(PROGRAMS_FILE),

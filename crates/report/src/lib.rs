@@ -24,6 +24,9 @@
 //! - The pool's agent programs ([`tables::programs`]): each method's training rollouts under
 //!   them and the recording proxy's prefix-break counts.
 //! - The claimed directions ([`tables::directions`]), reported whichever way they fall.
+//! - The rescue diagnostics ([`tables::diagnostics`]): pre-intervention credit, GRPO's own
+//!   signal per family, and the context lock (the good decision under H0 and under each
+//!   sibling's context), which say why a direction falls as it does.
 //! - Figure 3's panels ([`plots::figure3`]) and the evolution's diversity views, as SVG
 //!   (plotters' SVG backend only: PNG is not rendered).
 //!
@@ -70,6 +73,7 @@ pub use tables::behaviour::{
     table3, table3b,
 };
 pub use tables::cross::{CrossCell, CrossRow, CrossTable, cross_harness};
+pub use tables::diagnostics::{ContextLockRow, Diagnostics, diagnostics};
 pub use tables::directions::{DirectionRow, Verdict, directions};
 pub use tables::evolution::{EvolutionRow, SiblingRow, evolution, siblings};
 pub use tables::labels::{LabelCell, LabelRow, LabelTable, label_table};
@@ -123,6 +127,8 @@ pub struct Tables {
     pub nonstationarity: Vec<Nonstationarity>,
     /// The pool's agent programs: training rollouts and the prefix check.
     pub programs: ProgramTable,
+    /// The rescue diagnostics: pre-intervention credit, GRPO's own signal, context lock.
+    pub diagnostics: Diagnostics,
 }
 
 /// Compute every table of `run`.
@@ -144,6 +150,7 @@ pub fn tables(run: &Run) -> Tables {
         siblings: siblings(run),
         nonstationarity: nonstationarity(run),
         programs: programs(run),
+        diagnostics: diagnostics(run),
     }
 }
 
@@ -168,6 +175,9 @@ impl Tables {
         out.push(self.table9.to_text());
         out.push(self.table10.to_text());
         out.push(tables::directions::directions_text(&self.directions, seeds));
+        out.push(self.diagnostics.credit_text());
+        out.push(self.diagnostics.signal_text());
+        out.push(self.diagnostics.lock_text());
         out.push(tables::evolution::evolution_text(&self.evolution));
         out.push(tables::evolution::siblings_text(&self.siblings));
         out.push(self.programs.to_text());

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use futures::StreamExt;
+use grpo_candle::CandlePolicy;
 use harness_core::{
     EpisodeOptions, Harness, HarnessSelector, Policy, SamplingParams, SelectionMode,
     SelectionRequest, Task, call_seed, pass_and_avg_at_k, run_episode_with,
@@ -98,6 +99,10 @@ pub struct BehaviourRecord {
     /// only, empty elsewhere).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub probe: BTreeMap<String, harness_warmstart::FamilyProbe>,
+    /// The same probe under each declarative sibling of the pool, by harness name: the context
+    /// lock (does the good decision move only where a sibling's context is present?).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub probe_siblings: BTreeMap<String, BTreeMap<String, harness_warmstart::FamilyProbe>>,
 }
 
 /// One line of `eval/cross.jsonl` (RQ6, Figure 4): a checkpoint on the test tasks under a
@@ -323,6 +328,7 @@ fn behaviour_record(
         episodes: BTreeMap::new(),
         choices: BTreeMap::new(),
         probe: BTreeMap::new(),
+        probe_siblings: BTreeMap::new(),
     };
     for (task, per_attempt) in wb.test.iter().zip(&episodes.decisions) {
         let family = wb.family_of(task);
@@ -446,6 +452,7 @@ pub async fn evaluate(
             .await
             .at("evaluate")?;
             bar.finish_and_clear();
+            record_h0.probe_siblings = probe_siblings(wb, pool, &local).await?;
         }
         behaviour = Some(record_h0);
         let episodes = super::transfer::episode_records(wb, name, &h0.rewards, &h0.labels);
@@ -453,6 +460,8 @@ pub async fn evaluate(
         if let Some(m) = method {
             let cases = super::transfer::transfer_cases(wb, m, &label, &episodes)?;
             replace_lines(&wb.layout.transfer_results(), name, &cases)?;
+            let diagnostics = super::diagnostics::diagnostics(wb, m, &label)?;
+            replace_lines(&wb.layout.diagnostics_results(), name, &[diagnostics])?;
         }
         records.push(record(
             wb,
@@ -746,6 +755,42 @@ pub fn has_test_record(wb: &Workbench, pool: &SiblingPool, method: Option<Method
 }
 
 /// Rewrite a JSONL file without `method`'s old lines, then with `lines` appended.
+/// The decision-point probe of `local` under every declarative sibling of `pool` (agent
+/// programs have no script to teacher-force), keyed by harness name (the id appended where two
+/// members share a name).
+async fn probe_siblings(
+    wb: &Workbench,
+    pool: &SiblingPool,
+    local: &Arc<CandlePolicy>,
+) -> Result<BTreeMap<String, BTreeMap<String, harness_warmstart::FamilyProbe>>> {
+    let mut out = BTreeMap::new();
+    let siblings: Vec<&harness_core::Harness> =
+        pool.auxiliaries().filter(|h| !h.is_external()).collect();
+    if siblings.is_empty() {
+        return Ok(out);
+    }
+    let bar = wb
+        .progress
+        .spinner("decision-point probe under each sibling");
+    for sibling in siblings {
+        let probe = harness_warmstart::probe_decisions(
+            local,
+            sibling,
+            &wb.test,
+            wb.cfg.seed ^ TEST_SEED_SALT,
+        )
+        .await
+        .at("evaluate")?;
+        let mut key = sibling.name.clone();
+        if out.contains_key(&key) {
+            key = format!("{} ({})", sibling.name, sibling.id());
+        }
+        out.insert(key, probe);
+    }
+    bar.finish_and_clear();
+    Ok(out)
+}
+
 pub(crate) fn replace_lines<T: Serialize>(path: &Path, method: &str, lines: &[T]) -> Result<()> {
     let mut kept = String::new();
     if let Ok(text) = std::fs::read_to_string(path) {

@@ -16,6 +16,7 @@
 
 mod calibrate;
 mod cost;
+mod diagnostics;
 mod evaluate;
 mod evolve;
 mod report;
@@ -26,6 +27,10 @@ mod transfer;
 
 pub use calibrate::calibrate;
 pub use cost::{STAGE_COST_FILE, StageCost, Tokens};
+pub use diagnostics::{
+    DiagnosticsLine, FamilyDiagnostics, Intervention, InterventionCounts, first_intervention,
+    planted_before, tokens_before,
+};
 pub use evaluate::{
     BehaviourRecord, ChoiceCounts, RankRecord, RoutingRecord, TaskResult, TestRecord, evaluate,
     has_test_record, rank1_choices,

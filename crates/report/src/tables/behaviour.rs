@@ -582,6 +582,7 @@ mod tests {
             episodes: BTreeMap::from([("change".to_string(), commit + check + other)]),
             choices,
             probe: BTreeMap::new(),
+            probe_siblings: BTreeMap::new(),
         }
     }
 

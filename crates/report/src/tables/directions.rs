@@ -621,6 +621,7 @@ mod tests {
                     ..ProbeCell::default()
                 },
             )]),
+            probe_siblings: BTreeMap::new(),
         }
     }
 

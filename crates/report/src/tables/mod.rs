@@ -3,6 +3,7 @@
 
 pub mod behaviour;
 pub mod cross;
+pub mod diagnostics;
 pub mod directions;
 pub mod evolution;
 pub mod labels;
