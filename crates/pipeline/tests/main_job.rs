@@ -223,5 +223,60 @@ async fn the_whole_loop_writes_every_output_and_the_tables_match_the_run_files()
         } else {
             assert!(rescued.is_empty());
         }
+
+        // The diagnostics line of the method agrees with groups.jsonl: every group counted
+        // under a family, the groups with an H0 success among their initial rollouts, and the
+        // rescue rollouts of the retained rescued groups.
+        let diagnostics = jsonl(&out.join("eval/diagnostics.jsonl"));
+        let line = diagnostics
+            .iter()
+            .find(|d| d["method"] == m.name())
+            .unwrap_or_else(|| panic!("eval/diagnostics.jsonl has no line for {}", m.name()));
+        let families = line["families"].as_object().unwrap();
+        let count =
+            |field: &str| -> u64 { families.values().map(|f| f[field].as_u64().unwrap()).sum() };
+        assert_eq!(count("groups"), groups.len() as u64, "{}", m.name());
+        let with_h0_success = groups
+            .iter()
+            .filter(|g| {
+                g["origin"] != "mixture"
+                    && g["base_rewards"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .any(|r| r.as_f64() >= Some(1.0))
+            })
+            .count() as u64;
+        assert_eq!(
+            count("groups_with_h0_success"),
+            with_h0_success,
+            "{}",
+            m.name()
+        );
+        let retained_rescues: Vec<&&Value> =
+            rescued.iter().filter(|g| g["retained"] == true).collect();
+        let rescue_rollouts: u64 = retained_rescues
+            .iter()
+            .map(|g| g["rescue_rewards"].as_array().unwrap().len() as u64)
+            .sum();
+        assert_eq!(
+            line["rescue_rollouts"].as_u64(),
+            Some(rescue_rollouts),
+            "{}",
+            m.name()
+        );
+        assert!(line["tokens_before"].as_u64() <= line["policy_tokens"].as_u64());
+        let i = &line["interventions"];
+        assert_eq!(
+            i["prompt"].as_u64().unwrap()
+                + i["message"].as_u64().unwrap()
+                + i["none"].as_u64().unwrap(),
+            rescue_rollouts,
+            "{}: every rescue rollout has one first difference",
+            m.name()
+        );
     }
+    assert!(report.contains("Rescue diagnostics: pre-intervention credit"));
+    assert!(report.contains("Rescue diagnostics: GRPO's own signal"));
+    assert!(report.contains("Rescue diagnostics: context lock"));
 }
