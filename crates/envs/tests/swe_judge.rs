@@ -19,7 +19,11 @@ const INIT: &str = "textkit/__init__.py";
 const CORE: &str = "textkit/core.py";
 
 fn instance() -> SweInstance {
-    SweEnv::builtin().instance(INSTANCE).unwrap().clone()
+    instance_of(INSTANCE)
+}
+
+fn instance_of(id: &str) -> SweInstance {
+    SweEnv::builtin().instance(id).unwrap().clone()
 }
 
 fn config(allow_in_process_verdict: bool) -> SweConfig {
@@ -32,7 +36,11 @@ fn config(allow_in_process_verdict: bool) -> SweConfig {
 
 /// The built-in instance, judged outside the policy's process.
 fn judged_env() -> SweEnv {
-    SweEnv::from_instances(vec![instance()])
+    judged_env_of(INSTANCE)
+}
+
+fn judged_env_of(id: &str) -> SweEnv {
+    SweEnv::from_instances(vec![instance_of(id)])
         .unwrap()
         .with_config(config(false))
 }
@@ -40,16 +48,21 @@ fn judged_env() -> SweEnv {
 /// The control: the same instance without call specs, verified by the in-process unittest
 /// runner, which the setting allows explicitly.
 fn in_process_env() -> SweEnv {
-    let mut inst = instance();
+    in_process_env_of(INSTANCE)
+}
+
+fn in_process_env_of(id: &str) -> SweEnv {
+    let mut inst = instance_of(id);
     inst.call_tests.clear();
     SweEnv::from_instances(vec![inst])
         .unwrap()
         .with_config(config(true))
 }
 
-/// Play an episode that writes `files` with the file tools and submits: its reward and details.
+/// Play an episode on the environment's instance that writes `files` with the file tools and
+/// submits: its reward and details.
 fn episode(env: &SweEnv, files: &[(&str, String)]) -> (f32, Value) {
-    let task = SweEnv::task_for(env.instance(INSTANCE).unwrap());
+    let task = SweEnv::task_for(env.instances().next().unwrap());
     let mut script: Vec<String> = files
         .iter()
         .map(|(path, content)| {
@@ -71,13 +84,17 @@ fn with_payload(payload: &str) -> Vec<(&'static str, String)> {
 
 /// The route is closed: the change scores 0 under the judge, and 1 under the in-process runner.
 fn assert_route_closed(files: &[(&str, String)]) -> Value {
-    let (reward, details) = episode(&in_process_env(), files);
+    assert_route_closed_on(INSTANCE, files)
+}
+
+fn assert_route_closed_on(id: &str, files: &[(&str, String)]) -> Value {
+    let (reward, details) = episode(&in_process_env_of(id), files);
     assert_eq!(details["verdict"], "in_process", "{details}");
     assert_eq!(
         reward, 1.0,
         "the control: the in-process runner should be fooled (else this test shows nothing): {details}"
     );
-    let (reward, details) = episode(&judged_env(), files);
+    let (reward, details) = episode(&judged_env_of(id), files);
     assert_eq!(details["verdict"], "judged", "{details}");
     assert_eq!(reward, 0.0, "the judge passed an unfixed bug: {details}");
     assert!(
@@ -454,6 +471,55 @@ def truncate(text, width, ellipsis="..."):
     found = _expected_on_disk(text, width)
     return found if found is not None else _truncate(text, width, ellipsis)
 _core.truncate = truncate
+"#;
+
+/// `slugify` searches the memory of its own process for the expected slug: every string
+/// constant reachable from the stack (code objects, locals, globals) and the garbage
+/// collector's objects, taking one that holds the words of its (wrong) result and as many
+/// words as the input. In the in-process runner the test method's constants are on the stack;
+/// the judge's driver holds the calls but no expected value, so there is nothing to find.
+#[test]
+fn reading_the_expectations_from_memory_scores_zero() {
+    let id = "textkit__slugify-digits";
+    let init = instance_of(id).files[INIT].clone();
+    assert_route_closed_on(id, &[(INIT, format!("{init}\n{FROM_MEMORY}"))]);
+}
+
+const FROM_MEMORY: &str = r#"
+import gc as _gc, re as _re, sys as _sys
+from . import core as _core
+_slugify = _core.slugify
+def _strings():
+    found, seen, todo = [], set(), list(_gc.get_objects())
+    frame = _sys._getframe(0)
+    while frame is not None:
+        todo += [frame.f_code] + list(frame.f_locals.values()) + list(frame.f_globals.values())
+        frame = frame.f_back
+    while todo and len(seen) < 300000:
+        obj = todo.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if type(obj) is str:
+            found.append(obj)
+        elif type(obj) is type(_strings.__code__):
+            todo += list(obj.co_consts)
+        elif type(obj) is type(_strings):
+            todo.append(obj.__code__)
+        elif type(obj) in (tuple, list, set, frozenset):
+            todo += list(obj)
+        elif type(obj) is dict:
+            todo += list(obj.values())
+    return found
+def slugify(text, sep="-"):
+    wrong = _slugify(text, sep)
+    words = _re.findall(r"[A-Za-z0-9]+", text)
+    for candidate in _strings():
+        parts = candidate.split(sep)
+        if candidate != wrong and len(parts) == len(words) and all(w in parts for w in wrong.split(sep)) and _re.fullmatch(r"[a-z0-9" + _re.escape(sep) + r"]+", candidate):
+            return candidate
+    return wrong
+_core.slugify = slugify
 "#;
 
 /// A fix written differently from the gold patch scores 1 under the judge, as does one made in
