@@ -522,6 +522,32 @@ def slugify(text, sep="-"):
 _core.slugify = slugify
 "#;
 
+/// A result that is small in memory but huge written out (a list holding one list a thousand
+/// times, eight levels deep) is cut short in the driver: the episode fails at once instead of
+/// running into the time limit or flooding the report.
+#[test]
+fn a_result_too_large_to_write_out_is_cut() {
+    let payload = r#"
+from . import core as _core
+def truncate(text, width, ellipsis="..."):
+    value = [text]
+    for _ in range(8):
+        value = [value] * 1000
+    return value
+_core.truncate = truncate
+"#;
+    let start = std::time::Instant::now();
+    let (reward, details) = episode(&judged_env(), &with_payload(payload));
+    assert_eq!(reward, 0.0, "{details}");
+    assert!(details.get("timed_out").is_none(), "{details}");
+    assert!(details["problems"].to_string().contains("cut"), "{details}");
+    assert!(
+        start.elapsed() < std::time::Duration::from_secs(30),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
 /// A fix written differently from the gold patch scores 1 under the judge, as does one made in
 /// `__init__.py`; the unfixed repository scores 0 under both verdicts.
 #[test]

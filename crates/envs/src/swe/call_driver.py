@@ -29,7 +29,11 @@ def _call_driver():
     os.dup2(null, 0)
     os.close(null)
 
-    MAX_DEPTH, MAX_ITEMS, MAX_TEXT = 8, 1000, 100_000
+    # Bounds on snapshots: depth, items per container, characters, and values per test in all
+    # (a list that holds one list a thousand times, eight levels deep, is small in memory but
+    # not when written out).
+    MAX_DEPTH, MAX_ITEMS, MAX_TEXT, MAX_NODES = 8, 1000, 100_000, 20_000
+    nodes = [0]
 
     def qualname(cls):
         return "%s.%s" % (getattr(cls, "__module__", "?"), getattr(cls, "__qualname__", "?"))
@@ -38,6 +42,9 @@ def _call_driver():
         # Plain data, tagged so that no object of the repository's can pass for a built-in
         # value: only the exact built-in types map to JSON scalars and arrays.
         kind = type(value)
+        nodes[0] += 1
+        if nodes[0] > MAX_NODES:
+            return {"cut": "more than %d values" % MAX_NODES}
         if value is None or kind is bool:
             return value
         if kind is int:
@@ -183,6 +190,7 @@ def _call_driver():
             try:
                 sys.path.insert(0, root)
                 scope, logs = {}, {}
+                nodes[0] = 0
                 for step in test["steps"]:
                     seen = "see" in step
                     try:
