@@ -6,6 +6,8 @@
 //! ```text
 //! cargo run -p harness-envs --example swe_check                       # built-in instances
 //! cargo run -p harness-envs --example swe_check -- instances.jsonl    # your own
+//! # instances without call specs (`call_tests`), with the forgeable in-process verdict:
+//! cargo run -p harness-envs --example swe_check -- instances.jsonl --allow-in-process-verdict
 //! cargo run -p harness-envs --example swe_check -- --export out.jsonl # write the built-ins
 //! ```
 
@@ -20,15 +22,25 @@ fn main() -> ExitCode {
     let env = match args.as_slice() {
         [] => SweEnv::builtin(),
         [flag, out] if flag == "--export" => return export(out),
-        [path] => match SweEnv::load(path, Split::Test) {
-            Ok(env) => env,
-            Err(e) => {
-                eprintln!("error: {e}");
-                return ExitCode::from(2);
+        [path] | [path, _] if args.len() == 1 || args[1] == "--allow-in-process-verdict" => {
+            match SweEnv::load(path, Split::Test) {
+                Ok(env) => {
+                    let config = swe::SweConfig {
+                        allow_in_process_verdict: args.len() == 2,
+                        ..env.config().clone()
+                    };
+                    env.with_config(config)
+                }
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return ExitCode::from(2);
+                }
             }
-        },
+        }
         _ => {
-            eprintln!("usage: swe_check [file.jsonl] | swe_check --export <file.jsonl>");
+            eprintln!(
+                "usage: swe_check [file.jsonl [--allow-in-process-verdict]] | swe_check --export <file.jsonl>"
+            );
             return ExitCode::from(2);
         }
     };

@@ -590,6 +590,8 @@ fn loader_reads_the_swe_gym_shape_and_names_errors() {
         "FAIL_TO_PASS": serde_json::to_string(&inst.fail_to_pass.iter().map(|id| pytest_id(id)).collect::<Vec<_>>()).unwrap(),
         "PASS_TO_PASS": serde_json::to_string(&inst.pass_to_pass).unwrap(),
         "split": "validation",
+        // Call specs keyed by pytest ids are converted too.
+        "call_tests": inst.call_tests.iter().map(|(id, steps)| (pytest_id(id), json!(steps))).collect::<serde_json::Map<String, Value>>(),
     });
     let file = dir.path().join("instances.jsonl");
     std::fs::write(&file, format!("{inline}\n\n{on_disk}\n")).unwrap();
@@ -599,6 +601,7 @@ fn loader_reads_the_swe_gym_shape_and_names_errors() {
     let on_disk = loaded.instance("user__on-disk").unwrap();
     assert_eq!(on_disk.files, inst.files);
     assert_eq!(on_disk.fail_to_pass, inst.fail_to_pass);
+    assert_eq!(on_disk.call_tests, inst.call_tests);
     assert!(
         loaded
             .validate_instance("user__on-disk")
@@ -646,6 +649,21 @@ fn loader_reads_the_swe_gym_shape_and_names_errors() {
             "split",
             "train, validation or test",
         ),
+        (
+            r#"{"instance_id": "x", "problem_statement": "p", "files": {"a.py": "x\n"}, "patch": "--- a/a.py\n+++ b/a.py\n@@ -1,1 +1,1 @@\n-x\n+z\n", "FAIL_TO_PASS": ["t.a"], "call_tests": {"t.a": {"see": 1}}}"#,
+            "call_tests.t.a",
+            "expected a list of steps",
+        ),
+        (
+            r#"{"instance_id": "x", "problem_statement": "p", "files": {"a.py": "x\n"}, "patch": "--- a/a.py\n+++ b/a.py\n@@ -1,1 +1,1 @@\n-x\n+z\n", "FAIL_TO_PASS": ["t.a"], "call_tests": {"t.a": [{"see": {"call": "a:f"}, "expect": 1}]}}"#,
+            "call_tests",
+            "unknown key `expect`",
+        ),
+        (
+            r#"{"instance_id": "x", "problem_statement": "p", "files": {"a.py": "x\n"}, "patch": "--- a/a.py\n+++ b/a.py\n@@ -1,1 +1,1 @@\n-x\n+z\n", "FAIL_TO_PASS": ["t.a"], "call_tests": {"t.b": [{"see": 1}]}}"#,
+            "call_tests",
+            "has no steps for `t.a`",
+        ),
     ];
     for (line, field, expected) in bad_lines {
         std::fs::write(&file, format!("# comment\n{line}\n")).unwrap();
@@ -681,6 +699,16 @@ fn hidden_test_patch_is_applied_before_verification() {
             + &swe::diff::unified_diff("tests/test_extra.py", None, Some(extra), 3);
     inst.pass_to_pass
         .push("tests.test_extra.TestExtra.test_ok".into());
+    // The judge's calls follow the hidden tests: the changed one, and the new file's test
+    // (made through its module, which only the test patch creates).
+    inst.call_tests.insert(
+        "tests.test_core.TestSlugify.test_digits_are_kept".into(),
+        vec![json!({"see": {"call": "textkit.core:slugify", "args": ["Route 66"]}})],
+    );
+    inst.call_tests.insert(
+        "tests.test_extra.TestExtra.test_ok".into(),
+        vec![json!({"see": {"method": [{"call": "tests.test_extra:TestExtra", "args": ["test_ok"]}, "test_ok"]}})],
+    );
     inst.instance_id = "textkit__hidden".into();
     let env = SweEnv::from_instances(vec![inst.clone()]).unwrap();
     assert!(

@@ -23,20 +23,26 @@ fn instance() -> SweInstance {
 
 /// The instance with FAIL_TO_PASS at class level, as SWE-Gym instances sometimes list it: the
 /// whole `TestTruncate` class must pass.
+/// It has no call specs (they are per test method), so its episodes are verified by the
+/// in-process unittest runner, which [`env_of`] allows.
 fn class_level_instance() -> SweInstance {
     let mut inst = instance();
     let class = "tests.test_core.TestTruncate";
     inst.pass_to_pass.retain(|id| !id.starts_with(class));
     inst.fail_to_pass = vec![class.to_string()];
     inst.instance_id = "textkit__truncate-class-level".into();
+    inst.call_tests.clear();
     inst
 }
 
+/// The instance's environment. Instances with call specs (the built-in one) are judged outside
+/// the policy's process; the in-process runner is allowed for those without.
 fn env_of(inst: &SweInstance) -> SweEnv {
     SweEnv::from_instances(vec![inst.clone()])
         .unwrap()
         .with_config(swe::SweConfig {
             no_site: true,
+            allow_in_process_verdict: true,
             ..swe::SweConfig::default()
         })
 }
@@ -525,14 +531,22 @@ _setp(_watch)
 // ---------------------------------------------------------------------------------------------
 // Test runs off the async runtime.
 
-/// An instance whose only PASS_TO_PASS test takes 0.4 s.
+/// An instance whose only PASS_TO_PASS test takes 0.4 s (as a unittest method, and as calls
+/// for the judge).
 fn slow_instance() -> SweInstance {
     let mut inst = instance();
     inst.files.insert(
         "tests/test_slow.py".into(),
         "import time\nimport unittest\n\n\nclass TestSlow(unittest.TestCase):\n    def test_slow(self):\n        time.sleep(0.4)\n".into(),
     );
-    inst.pass_to_pass = vec!["tests.test_slow.TestSlow.test_slow".into()];
+    let slow = "tests.test_slow.TestSlow.test_slow".to_string();
+    inst.pass_to_pass = vec![slow.clone()];
+    inst.call_tests
+        .retain(|id, _| inst.fail_to_pass.contains(id));
+    inst.call_tests.insert(
+        slow,
+        vec![json!({"see": {"call": "time:sleep", "args": [0.4]}})],
+    );
     inst.instance_id = "textkit__slow".into();
     inst
 }

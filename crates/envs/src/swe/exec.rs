@@ -98,6 +98,8 @@ struct ReportSpec {
     /// Called with each complete line of the report; what it returns is written to the
     /// command's stdin. `None`: the command's stdin is closed.
     answer: Option<Answer>,
+    /// Bytes written to the command's stdin (then closed) when there is no `answer`.
+    input: Option<Vec<u8>>,
 }
 
 /// What a command wrote on its report channel.
@@ -119,6 +121,7 @@ fn run_wired(
     let start = Instant::now();
     let (mut reader, writer) = std::io::pipe()?;
     let mut report_parts = None;
+    let mut input_parts = None;
     match report {
         None => {
             command.stdout(writer.try_clone()?).stderr(writer);
@@ -133,7 +136,16 @@ fn run_wired(
                     Some((answer, stdin_writer))
                 }
                 None => {
-                    command.stdin(Stdio::null());
+                    match spec.input {
+                        Some(input) => {
+                            let (stdin_reader, stdin_writer) = std::io::pipe()?;
+                            command.stdin(stdin_reader);
+                            input_parts = Some((stdin_writer, input));
+                        }
+                        None => {
+                            command.stdin(Stdio::null());
+                        }
+                    }
                     None
                 }
             };
@@ -146,6 +158,13 @@ fn run_wired(
     // readers see end-of-file once the children are gone.
     drop(command);
     let pid = child.id();
+    if let Some((mut stdin, input)) = input_parts {
+        // A command that stops reading ends with its group; the write then fails and the
+        // thread ends.
+        std::thread::spawn(move || {
+            let _ = stdin.write_all(&input);
+        });
+    }
 
     let (done_tx, done_rx) = mpsc::channel();
     std::thread::spawn(move || {
@@ -341,7 +360,7 @@ impl TestRun {
 /// (where `cwd` is the only folder of the host it sees, writable when `writable`), otherwise
 /// directly with [`command_env`]. `python` stands for the configured interpreter. Keep the
 /// lease until the command has ended.
-fn policy_command(
+pub(crate) fn policy_command(
     config: &super::SweConfig,
     sandbox: Option<&Sandbox>,
     cwd: &Path,
@@ -376,7 +395,7 @@ fn policy_command(
 
 /// What a policy's command starts.
 #[derive(Debug, Clone, Copy)]
-enum Program {
+pub(crate) enum Program {
     /// The configured Python interpreter.
     Python,
     /// `sh`.
@@ -522,6 +541,7 @@ pub fn run_tests(
     let spec = ReportSpec {
         cap: 4 << 20,
         answer: None,
+        input: None,
     };
     let (command, report) = run_wired(command, timeout, cap, Some(spec))?;
     #[derive(serde::Deserialize, Default)]
@@ -557,11 +577,34 @@ pub fn run_tests(
     })
 }
 
+/// Run a prepared `command` with `input` on its stdin, its stdout as a report channel (at most
+/// 4 MiB, kept apart) and its stderr as the output, killing its process group after `timeout`,
+/// keeping at most `cap` bytes of output. Returns the output, the report and whether the
+/// report overflowed. The call judge's driver runs this way ([`super::judge::run_calls`]).
+pub(crate) fn run_with_input(
+    command: Command,
+    timeout: Duration,
+    cap: usize,
+    input: Vec<u8>,
+) -> std::io::Result<(CommandOutput, Vec<u8>, bool)> {
+    let spec = ReportSpec {
+        cap: 4 << 20,
+        answer: None,
+        input: Some(input),
+    };
+    let (output, report) = run_wired(command, timeout, cap, Some(spec))?;
+    Ok((output, report.bytes, report.overflow))
+}
+
 /// The verifier's runner ([`run_verdict_tests`]).
 const VERDICT_RUNNER: &str = include_str!("verdict_runner.py");
 
-/// Run the test `ids` for a verdict that code under test cannot forge by the routes known to
-/// this project, inside `sandbox` when there is one, with `cwd` read-only there.
+/// Run the test `ids` with unittest for a verdict, inside `sandbox` when there is one, with
+/// `cwd` read-only there. The verdict is produced in the process that imports the policy's
+/// code, so code that knows this protocol (or unittest's internals) can forge it: the verifier
+/// uses it only for instances without call specs, and only when
+/// `SweConfig::allow_in_process_verdict` allows it; otherwise the call judge decides
+/// ([`super::judge`]). `crates/envs/tests/swe_judge.rs` shows routes that beat it.
 ///
 /// A runner process that never imports repository code forks one test process per id; only
 /// that process loads the repository. It sends each test's outcome on the report channel (its
@@ -627,6 +670,7 @@ pub fn run_verdict_tests(
     let spec = ReportSpec {
         cap: 4 << 20,
         answer: Some(Box::new(answer)),
+        input: None,
     };
     let (command, report) = run_wired(command, timeout, cap, Some(spec))?;
     let keys = keys.lock().unwrap_or_else(|e| e.into_inner()).clone();

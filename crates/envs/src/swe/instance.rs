@@ -15,6 +15,18 @@
 //! | `FAIL_TO_PASS` | list of test ids, or a string holding a JSON list (SWE-bench style) | tests the fix must make pass |
 //! | `PASS_TO_PASS` | same | tests that must keep passing |
 //! | `split` | `train`, `validation` or `test`, optional | the instance's split |
+//! | `call_tests` | object test id -> list of steps, optional | the hidden tests as calls, judged outside the policy's process (see below) |
+//!
+//! `call_tests`, when given, must hold every FAIL_TO_PASS and PASS_TO_PASS id and nothing
+//! else. Each id's steps make the calls its unittest method makes, in the call language of
+//! [`super::judge`]: `{"let": "c", "do": {"call": "pkg.mod:LRUCache", "args": [2]}}`,
+//! `{"see": {"method": [{"var": "c"}, "get"], "args": ["a"]}}`, `{"do": ..., "raises": true}`
+//! for a call the test expects to raise. The verifier runs them on the gold-patched files once
+//! to learn the expected observations, and judges the policy's repository by comparing its
+//! observations with those, in a process that never imports the policy's code. An instance
+//! without `call_tests` can be verified only by the in-process unittest runner, whose verdict
+//! the policy's code can forge; the environment refuses it unless
+//! `SweConfig::allow_in_process_verdict` is set.
 //!
 //! Other fields of SWE-Gym records (`base_commit`, `version`, `created_at`, ...) are accepted
 //! and ignored. Test ids are `unittest` names (`tests.test_core.TestSlug.test_digits`).
@@ -56,6 +68,10 @@ pub struct SweInstance {
     pub pass_to_pass: Vec<String>,
     /// The split the instance belongs to.
     pub split: Split,
+    /// The hidden tests as calls (test id -> steps), judged outside the policy's process;
+    /// empty when the instance has none (see the module docs).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub call_tests: BTreeMap<String, Vec<Value>>,
 }
 
 impl SweInstance {
@@ -114,6 +130,27 @@ impl SweInstance {
                         "`{bad}` is not a unittest id (dotted Python names such as `tests.test_mod.TestCase.test_name`; pytest ids `path.py::Class::test` are converted, parametrised ones are not supported)"
                     ),
                 ));
+            }
+        }
+        if !self.call_tests.is_empty() {
+            let all = self.all_tests();
+            if let Some(missing) = all.iter().find(|id| !self.call_tests.contains_key(*id)) {
+                return Err((
+                    "call_tests",
+                    format!(
+                        "has no steps for `{missing}`; expected steps for every FAIL_TO_PASS and PASS_TO_PASS id"
+                    ),
+                ));
+            }
+            for (id, steps) in &self.call_tests {
+                if !all.contains(id) {
+                    return Err((
+                        "call_tests",
+                        format!("`{id}` is neither in FAIL_TO_PASS nor in PASS_TO_PASS"),
+                    ));
+                }
+                super::judge::check_steps(steps, &format!("call_tests.{id}"))
+                    .map_err(|e| ("call_tests", e))?;
             }
         }
         let touched = diff::parse_patch(&self.patch).map_err(|e| ("patch", e))?;
@@ -357,6 +394,7 @@ fn instance_from_value(
         fail_to_pass: test_list(obj.get("FAIL_TO_PASS"), "FAIL_TO_PASS", true)?,
         pass_to_pass: test_list(obj.get("PASS_TO_PASS"), "PASS_TO_PASS", false)?,
         split,
+        call_tests: call_tests(obj.get("call_tests"))?,
     })
 }
 
@@ -392,6 +430,33 @@ fn test_list(
             other => Err((
                 format!("{field}[{i}]"),
                 format!("expected a test id string, found {}", kind(other)),
+            )),
+        })
+        .collect()
+}
+
+fn call_tests(
+    value: Option<&Value>,
+) -> std::result::Result<BTreeMap<String, Vec<Value>>, FieldError> {
+    let map = match value {
+        None | Some(Value::Null) => return Ok(BTreeMap::new()),
+        Some(Value::Object(map)) => map,
+        Some(other) => {
+            return Err((
+                "call_tests".into(),
+                format!(
+                    "expected an object mapping test ids to lists of steps, found {}",
+                    kind(other)
+                ),
+            ));
+        }
+    };
+    map.iter()
+        .map(|(id, steps)| match steps {
+            Value::Array(steps) => Ok((normalize_test_id(id), steps.clone())),
+            other => Err((
+                format!("call_tests.{id}"),
+                format!("expected a list of steps, found {}", kind(other)),
             )),
         })
         .collect()

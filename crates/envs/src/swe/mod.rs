@@ -17,7 +17,7 @@
 //! The verifier judges the final state of the copy (whether or not the policy called `submit`,
 //! like SWE-agent's auto-submission; the details say whether it did) in a fresh copy built from
 //! the instance's files and the policy's text files, with the instance's own test files and its
-//! hidden `test_patch`, and runs every FAIL_TO_PASS and PASS_TO_PASS test with `python3`: R = 1
+//! hidden `test_patch`, and judges every FAIL_TO_PASS and PASS_TO_PASS test (see below): R = 1
 //! when all pass. Test runs and the verifier run on tokio's blocking pool, so a long test run
 //! does not stall the other episodes on the runtime.
 //!
@@ -33,38 +33,35 @@
 //! environment). Every path a file tool takes stays inside the copy (no absolute paths, no
 //! `..`, no symlink leading out).
 //!
-//! # Hardened against the policy's code
+//! # The judge never shares a process with the policy's code
 //! The tests import code the policy wrote, and a policy trained with RL will find any way to
-//! be rewarded without fixing the bug. So the verifier:
-//! - builds its copy from the instance's files plus the policy's UTF-8 text files, leaving out
-//!   hidden and cache folders (`.git`, `__pycache__`, any dot folder: Python would import a
-//!   module planted there), links, non-text files and test files the instance does not have;
-//!   the outcome's `left_out` lists what it left out;
-//! - fails an episode whose changes reach for the test machinery (a text scan of every file of
-//!   that copy, [`tamper::scan`]: `unittest`, `sys.exit`/`os._exit`, `atexit`, `__main__`,
-//!   `builtins`, introspection, paths outside the copy, new interpreter start-up files),
-//!   listing every finding in the outcome's `tamper` details, before any test runs;
-//! - runs the tests with the copy read-only, each test id in its own process forked from a
-//!   runner that never imports repository code ([`exec::run_verdict_tests`]). The test process
-//!   sends each outcome the moment unittest records it; when its tests are done it forks a
-//!   reporter and exits, ending every thread the repository's code started; the reporter
-//!   checks that nothing else the tests started still runs and writes `done`; only then does
-//!   the verifier make the id's key, and the reporter seals the id's lines with it. Until then
-//!   no key exists in the sandbox (not in a frame, a closure, an object the garbage collector
-//!   holds, `/proc/self` or a file descriptor), so forged lines cannot be sealed;
-//! - checks in the test process, after loading and after running, and in the reporter, that
-//!   builtins, the unittest modules and classes, `sys.exit`, `os._exit`, the runner's own
-//!   functions and recorder are as the runner found them, that every test method comes from a
-//!   test file, and that every loaded test reported an outcome;
-//! - scores only `pass`: a missing, repeated, unsealed or skipped verdict, or a runner that did
-//!   not finish on its own, fails the id.
+//! be rewarded without fixing the bug. Any verdict produced inside the process that imports
+//! that code can be forged (by impersonating the reporter, objects equal to anything,
+//! unittest's internals reached through `inspect`, audit hooks, ...), so none is produced there:
+//! - the verifier builds its copy from the instance's files plus the policy's UTF-8 text files,
+//!   leaving out hidden and cache folders (`.git`, `__pycache__`, any dot folder: Python would
+//!   import a module planted there), links, non-text files and test files the instance does
+//!   not have; the outcome's `left_out` lists what it left out;
+//! - each hidden test is a list of calls ([`SweInstance::call_tests`], [`judge`]): the driver
+//!   in the sandbox imports the policy's code, makes the calls and returns plain data only
+//!   (each result as a tagged snapshot, each exception as its class, MRO and message); it holds
+//!   no expected value, key or verdict. The trainer compares the observations with the gold
+//!   code's, computed once per instance from the gold-patched files in a sandbox the policy's
+//!   code never reaches ([`SweEnv::gold_expectations`]); an id passes only when every step
+//!   matches. The outcome's details say `"verdict": "judged"`;
+//! - an instance without call specs (a user's SWE-Gym import) can be verified only by the
+//!   in-process unittest runner ([`exec::run_verdict_tests`]), which the policy's code can
+//!   forge; the environment refuses such an instance unless
+//!   [`SweConfig::allow_in_process_verdict`] is set, and then the details say
+//!   `"verdict": "in_process"` with a warning. The built-in instances all have call specs;
+//! - [`tamper::scan`] lists added lines that reach for the test machinery in the details'
+//!   `tamper` (a statistic of attempted tampering, not a defence: the judge does not need it).
 //!
-//! What this does not stop (the README has the full list): the tests run in the same
-//! interpreter as the policy's code, so code that knows this runner's protocol can write `done`
-//! itself and seal what it likes with the key it is sent; a patch of the machinery undone
-//! before the next check, or a return value that compares equal to anything, is not seen; and
-//! code that reads the interpreter's memory directly (`ctypes`, named at run time) can do
-//! anything the runner can.
+//! What this does not stop (the README has the full list): the calls mirror the repository's
+//! visible tests, so code that special-cases exactly those inputs passes, as with any test
+//! suite; a correct fix that adds a public attribute to an object a test compares fails; and
+//! the public `run_tests` tool still runs unittest in one process, its statuses are feedback
+//! the policy's code can rewrite.
 //!
 //! # Shell access
 //! Two switches must both be on for the policy to run arbitrary commands. The environment
@@ -92,6 +89,7 @@ mod builtin;
 pub mod diff;
 pub mod exec;
 mod instance;
+pub mod judge;
 mod oracle;
 pub mod sandbox;
 mod session;
@@ -145,6 +143,12 @@ pub struct SweConfig {
     pub no_site: bool,
     /// The sandbox every command of the policy's runs in (see [`sandbox`]).
     pub sandbox: SandboxConfig,
+    /// Verify instances that have no call specs (`call_tests`) with the in-process unittest
+    /// runner ([`exec::run_verdict_tests`]). Off by default: that runner judges inside the
+    /// process that imports the policy's code, so the policy's code can forge its verdict
+    /// (the outcome's details say `"verdict": "in_process"` and why). Instances with call specs,
+    /// the built-in ones among them, are always judged outside that process ([`judge`]).
+    pub allow_in_process_verdict: bool,
 }
 
 impl SweConfig {
@@ -207,6 +211,7 @@ impl Default for SweConfig {
             max_file_bytes: 512 * 1024,
             no_site: false,
             sandbox: SandboxConfig::default(),
+            allow_in_process_verdict: false,
         }
     }
 }
@@ -221,7 +226,13 @@ pub struct SweEnv {
     instances: BTreeMap<String, Arc<SweInstance>>,
     config: Arc<SweConfig>,
     sandbox: Arc<OnceLock<std::result::Result<Option<Arc<Sandbox>>, Refusal>>>,
+    /// The gold code's observations of each instance's call specs, computed on first use.
+    gold: Arc<std::sync::Mutex<BTreeMap<String, GoldCell>>>,
 }
+
+/// One instance's expected observations, computed on first use ([`judge::gold_expectations`])
+/// and kept once computed (a failed computation, e.g. a time limit under load, is retried).
+pub(crate) type GoldCell = Arc<std::sync::Mutex<Option<Arc<judge::Expectations>>>>;
 
 /// Why no episode can start, kept to answer every later call alike.
 #[derive(Debug, Clone)]
@@ -264,6 +275,7 @@ impl SweEnv {
             instances: map,
             config: Arc::new(SweConfig::default()),
             sandbox: Arc::default(),
+            gold: Arc::default(),
         })
     }
 
@@ -278,6 +290,7 @@ impl SweEnv {
     pub fn with_config(mut self, config: SweConfig) -> Self {
         self.config = Arc::new(config);
         self.sandbox = Arc::default();
+        self.gold = Arc::default();
         self
     }
 
@@ -380,7 +393,49 @@ impl SweEnv {
     /// The seed does not change the initial state: an instance has one repository.
     pub fn start(&self, task: &Task) -> Result<SweSession> {
         let sandbox = self.sandbox()?;
-        SweSession::create(self.lookup(task)?, Arc::clone(&self.config), sandbox)
+        let instance = self.lookup(task)?;
+        self.check_verdict(&instance)?;
+        let gold = self.gold_cell(&instance.instance_id);
+        SweSession::create(instance, Arc::clone(&self.config), sandbox, gold)
+    }
+
+    /// Refuse an instance without call specs unless the in-process verdict is allowed.
+    fn check_verdict(&self, instance: &SweInstance) -> Result<()> {
+        if instance.call_tests.is_empty() && !self.config.allow_in_process_verdict {
+            return Err(Error::invalid(
+                "swe.allow_in_process_verdict",
+                format!(
+                    "instance `{}` has no call specs (`call_tests`), so only the in-process unittest runner could verify it, and the policy's code can forge that runner's verdict; give the instance `call_tests`, or set swe.allow_in_process_verdict = true to accept a forgeable verdict",
+                    instance.instance_id
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn gold_cell(&self, instance_id: &str) -> GoldCell {
+        let mut cells = self.gold.lock().unwrap_or_else(|e| e.into_inner());
+        Arc::clone(cells.entry(instance_id.to_string()).or_default())
+    }
+
+    /// The gold code's observations of an instance's call specs (computed once, in a sandbox
+    /// the policy's code never reaches). `Err` when the gold code does not run them as written.
+    pub fn gold_expectations(&self, instance_id: &str) -> Result<Arc<judge::Expectations>> {
+        let instance =
+            self.instances.get(instance_id).cloned().ok_or_else(|| {
+                Error::invalid("instance_id", format!("no instance `{instance_id}`"))
+            })?;
+        let sandbox = self.sandbox()?;
+        gold_of(
+            &self.gold_cell(instance_id),
+            &self.config,
+            sandbox.as_deref(),
+            &instance,
+        )
+        .map_err(|message| Error::Environment {
+            env: ENV_NAME.to_string(),
+            message: format!("instance `{instance_id}`: {message}"),
+        })
     }
 
     /// The oracle policy of a task (replays the gold patch through the tools, then submits).
@@ -404,6 +459,12 @@ impl SweEnv {
             env: ENV_NAME.to_string(),
             message: format!("cannot run `{}`: {e}", self.config.python),
         };
+        self.check_verdict(&instance)?;
+        let gold = if instance.call_tests.is_empty() {
+            None
+        } else {
+            Some(self.gold_expectations(instance_id)?)
+        };
         let run = |files: &BTreeMap<String, String>| -> Result<TestRun> {
             let dir = tempfile::tempdir().map_err(|e| Error::io(std::env::temp_dir(), e))?;
             let root = dir
@@ -417,15 +478,31 @@ impl SweEnv {
                 }
                 std::fs::write(&target, text).map_err(|e| Error::io(&target, e))?;
             }
-            exec::run_verdict_tests(
-                &self.config,
-                sandbox.as_deref(),
-                &root,
-                &instance.all_tests(),
-                self.config.verify_timeout,
-                self.config.output_cap,
-            )
-            .map_err(io)
+            let ids = instance.all_tests();
+            match &gold {
+                Some(gold) => {
+                    let calls = judge::run_calls(
+                        &self.config,
+                        sandbox.as_deref(),
+                        &root,
+                        &instance.call_tests,
+                        &ids,
+                        self.config.verify_timeout,
+                        self.config.output_cap,
+                    )
+                    .map_err(io)?;
+                    Ok(judge::judge(&ids, gold, calls))
+                }
+                None => exec::run_verdict_tests(
+                    &self.config,
+                    sandbox.as_deref(),
+                    &root,
+                    &ids,
+                    self.config.verify_timeout,
+                    self.config.output_cap,
+                )
+                .map_err(io),
+            }
         };
         let invalid = |message: String| Error::invalid(format!("{instance_id}.patch"), message);
         let mut before_files = instance.files.clone();
@@ -475,6 +552,23 @@ impl SweEnv {
             after,
         })
     }
+}
+
+/// The expected observations in `cell`, computed on first use from the gold code.
+pub(crate) fn gold_of(
+    cell: &GoldCell,
+    config: &SweConfig,
+    sandbox: Option<&Sandbox>,
+    instance: &SweInstance,
+) -> std::result::Result<Arc<judge::Expectations>, String> {
+    // Held while computing, so concurrent first uses compute once.
+    let mut slot = cell.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(gold) = slot.as_ref() {
+        return Ok(Arc::clone(gold));
+    }
+    let gold = Arc::new(judge::gold_expectations(config, sandbox, instance)?);
+    *slot = Some(Arc::clone(&gold));
+    Ok(gold)
 }
 
 /// What [`SweEnv::validate_instance`] found.

@@ -12,7 +12,7 @@ use serde_json::{Map, Value, json};
 use super::exec::{self, TestStatus};
 use super::instance::{SweInstance, check_relative_path, is_test_id, normalize_test_id};
 use super::sandbox::Sandbox;
-use super::{ENV_NAME, SweConfig, diff, tamper};
+use super::{ENV_NAME, GoldCell, SweConfig, diff, judge, tamper};
 
 /// Tool names.
 pub mod tools {
@@ -64,6 +64,8 @@ struct Workdir {
     root: PathBuf,
     /// The copy's root as the temporary directory named it (may differ through links).
     raw: PathBuf,
+    /// The gold code's observations of the instance's call specs, shared by its episodes.
+    gold: GoldCell,
 }
 
 impl std::fmt::Debug for SweSession {
@@ -89,6 +91,7 @@ impl SweSession {
         instance: Arc<SweInstance>,
         config: Arc<SweConfig>,
         sandbox: Option<Arc<Sandbox>>,
+        gold: GoldCell,
     ) -> Result<Self> {
         let dir = tempfile::Builder::new()
             .prefix("harness-swe-")
@@ -106,6 +109,7 @@ impl SweSession {
                 sandbox,
                 root,
                 raw: dir.path().to_path_buf(),
+                gold,
             },
             _dir: dir,
             submitted: false,
@@ -523,9 +527,11 @@ impl Workdir {
     /// Judge the final state in a fresh copy that the policy's commands never ran in: the
     /// policy's text files ([`Workdir::policy_files`]) with the instance's own test files in
     /// place of any the policy changed, no test files the instance does not have, and the
-    /// hidden test patch applied. Every file of that copy goes through the tamper scan; then
-    /// every FAIL_TO_PASS and PASS_TO_PASS test runs, the copy read-only; success when all
-    /// pass.
+    /// hidden test patch applied. Every file of that copy goes through the tamper scan (a
+    /// statistic, in the details); then every FAIL_TO_PASS and PASS_TO_PASS test is judged
+    /// with the copy read-only: by the call judge when the instance has call specs, by the
+    /// in-process unittest runner only when `allow_in_process_verdict` allows it; success when
+    /// all pass.
     fn verify(&self, submitted: bool) -> Result<Outcome> {
         let instance = Arc::clone(&self.instance);
         let mut details = json!({
@@ -553,14 +559,11 @@ impl Workdir {
             // The instance is checked when loaded: its test patch applies to its own files.
             let _ = diff::apply_to_files(&mut expected, &instance.test_patch);
         }
-        // Code that reaches for the test machinery fails the episode before any of it runs.
+        // The scan is a statistic of attempted tampering, not a defence: the verdict comes
+        // from a process that never imports the policy's code.
         let findings = tamper::scan(&expected, &files);
         if !findings.is_empty() {
             details["tamper"] = json!(findings);
-            details["error"] = json!(
-                "the changes reach for the test machinery or outside the repository (see `tamper`); the tests were not run"
-            );
-            return Ok(Outcome::failure(details));
         }
         let dir = tempfile::Builder::new()
             .prefix("harness-swe-verify-")
@@ -572,15 +575,54 @@ impl Workdir {
             .map_err(|e| Error::io(dir.path(), e))?;
         write_tree(&fresh, &files)?;
         let ids = instance.all_tests();
-        let run = exec::run_verdict_tests(
-            &self.config,
-            self.sandbox.as_deref(),
-            &fresh,
-            &ids,
-            self.config.verify_timeout,
-            self.config.output_cap,
-        )
-        .map_err(|e| env_error(format!("cannot run `{}`: {e}", self.config.python)))?;
+        let io = |e: std::io::Error| env_error(format!("cannot run `{}`: {e}", self.config.python));
+        let run = if !instance.call_tests.is_empty() {
+            details["verdict"] = json!("judged");
+            let gold = match super::gold_of(
+                &self.gold,
+                &self.config,
+                self.sandbox.as_deref(),
+                &instance,
+            ) {
+                Ok(gold) => gold,
+                Err(message) => {
+                    details["error"] = json!(format!(
+                        "the expected observations could not be computed from the gold code: {message}"
+                    ));
+                    return Ok(Outcome::failure(details));
+                }
+            };
+            let calls = judge::run_calls(
+                &self.config,
+                self.sandbox.as_deref(),
+                &fresh,
+                &instance.call_tests,
+                &ids,
+                self.config.verify_timeout,
+                self.config.output_cap,
+            )
+            .map_err(io)?;
+            judge::judge(&ids, &gold, calls)
+        } else if self.config.allow_in_process_verdict {
+            details["verdict"] = json!("in_process");
+            details["verdict_warning"] = json!(
+                "no call specs: the in-process unittest runner judged, whose verdict the policy's code can forge (swe.allow_in_process_verdict)"
+            );
+            exec::run_verdict_tests(
+                &self.config,
+                self.sandbox.as_deref(),
+                &fresh,
+                &ids,
+                self.config.verify_timeout,
+                self.config.output_cap,
+            )
+            .map_err(io)?
+        } else {
+            details["error"] = json!(
+                "the instance has no call specs (`call_tests`) and swe.allow_in_process_verdict is off; the tests were not run"
+            );
+            return Ok(Outcome::failure(details));
+        };
         if !run.problems.is_empty() {
             details["problems"] = json!(run.problems);
         }

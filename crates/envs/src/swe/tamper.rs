@@ -2,13 +2,14 @@
 //! machinery or for files outside the copy. The verifier scans every file of the copy it tests
 //! (which holds no hidden or cache folders: they are left out of it).
 //!
-//! The verifier runs the policy's code inside the test process, so a reward-hacking fix looks
-//! like ordinary code that happens to touch `unittest`, the interpreter's exit, `atexit`,
-//! `__main__`, `builtins`, interpreter introspection or paths outside the repository. A repair
-//! of library code has no reason to do any of that, so every such added line fails the episode
-//! and is listed in the outcome's details (`tamper`). The scan reads text: code that builds
-//! these names at run time (`getattr(__import__("uni" + "ttest"), ...)`) passes it, which is
-//! why the runner also checks the machinery at run time (see `exec::run_verdict_tests`).
+//! A reward-hacking fix looks like ordinary code that happens to touch `unittest`, the
+//! interpreter's exit, `atexit`, `__main__`, `builtins`, interpreter introspection or paths
+//! outside the repository. A repair of library code has no reason to do any of that, so every
+//! such added line is listed in the outcome's details (`tamper`): a statistic of attempted
+//! tampering, not a defence. The scan reads text: code that builds these names at run time
+//! (`getattr(__import__("uni" + "ttest"), ...)`), NFKC-normalised identifiers
+//! (`ｓｙｓ.ｓｅｔｐｒｏｆｉｌｅ`) or a source coding cookie pass it. The verdict does not rely on
+//! it: the call judge decides outside the policy's process (see `judge`).
 
 use std::collections::BTreeMap;
 use std::sync::OnceLock;

@@ -1,4 +1,6 @@
-# The verifier's test runner (see `exec::run_verdict_tests`).
+# The in-process unittest runner (see `exec::run_verdict_tests`): the verifier's fallback for
+# instances without call specs, used only under `allow_in_process_verdict`. Its verdict is made
+# where the policy's code runs, so it can be forged (tests/swe_judge.rs shows routes that do).
 #
 # Usage: python3 -c <this file> sandboxed|unsandboxed <test id>...
 # fd 0: keys from the verifier, one per id, sent only after that id's reporter wrote `done`.

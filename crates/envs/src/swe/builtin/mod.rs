@@ -24,6 +24,9 @@ pub const PAIR_SEED: u64 = 2026;
 struct Package {
     name: &'static str,
     files: &'static [(&'static str, &'static str)],
+    /// The package's tests as calls (`specs/<name>.json`: test id -> steps), one per unittest
+    /// method of its test files; the verifier judges these ([`super::judge`]).
+    calls: &'static str,
 }
 
 macro_rules! repo_file {
@@ -35,6 +38,7 @@ macro_rules! repo_file {
 const PACKAGES: &[Package] = &[
     Package {
         name: "textkit",
+        calls: include_str!("specs/textkit.json"),
         files: &[
             repo_file!("textkit", "README.md"),
             repo_file!("textkit", "textkit/__init__.py"),
@@ -45,6 +49,7 @@ const PACKAGES: &[Package] = &[
     },
     Package {
         name: "spans",
+        calls: include_str!("specs/spans.json"),
         files: &[
             repo_file!("spans", "README.md"),
             repo_file!("spans", "spans/__init__.py"),
@@ -57,6 +62,7 @@ const PACKAGES: &[Package] = &[
     },
     Package {
         name: "confkit",
+        calls: include_str!("specs/confkit.json"),
         files: &[
             repo_file!("confkit", "README.md"),
             repo_file!("confkit", "confkit/__init__.py"),
@@ -69,6 +75,7 @@ const PACKAGES: &[Package] = &[
     },
     Package {
         name: "lrukit",
+        calls: include_str!("specs/lrukit.json"),
         files: &[
             repo_file!("lrukit", "README.md"),
             repo_file!("lrukit", "lrukit/__init__.py"),
@@ -79,6 +86,7 @@ const PACKAGES: &[Package] = &[
     },
     Package {
         name: "matkit",
+        calls: include_str!("specs/matkit.json"),
         files: &[
             repo_file!("matkit", "README.md"),
             repo_file!("matkit", "matkit/__init__.py"),
@@ -483,6 +491,7 @@ fn make_instance(instance_id: String, pkg: &Package, bugs: &[&Bug], split: Split
             parts.join("\n\n")
         )
     };
+    let call_tests = package_calls(pkg);
     SweInstance {
         instance_id,
         repo: format!("harness-s/{}", pkg.name),
@@ -494,7 +503,14 @@ fn make_instance(instance_id: String, pkg: &Package, bugs: &[&Bug], split: Split
         fail_to_pass,
         pass_to_pass,
         split,
+        call_tests,
     }
+}
+
+/// The package's call specs, parsed.
+fn package_calls(pkg: &Package) -> BTreeMap<String, Vec<serde_json::Value>> {
+    serde_json::from_str(pkg.calls)
+        .unwrap_or_else(|e| unreachable!("specs/{}.json is a map of id -> steps: {e}", pkg.name))
 }
 
 /// The built-in instances: one per planted bug, plus one seeded two-bug instance per package
@@ -564,6 +580,16 @@ mod tests {
                     instance.instance_id
                 );
             }
+            // Every test id has its calls, so the built-in instances never need the in-process
+            // unittest verdict.
+            let mut ids = instance.all_tests();
+            ids.sort();
+            assert_eq!(
+                instance.call_tests.keys().cloned().collect::<Vec<_>>(),
+                ids,
+                "{}",
+                instance.instance_id
+            );
             // The gold patch never touches tests.
             assert!(
                 !instance.patch.contains("tests/"),
