@@ -39,7 +39,10 @@
 //! - builds its copy from the instance's files plus the policy's UTF-8 text files, leaving out
 //!   hidden and cache folders (`.git`, `__pycache__`, any dot folder: Python would import a
 //!   module planted there), links, non-text files and test files the instance does not have;
-//!   the outcome's `left_out` lists what it left out;
+//!   the outcome's `left_out` lists what it left out; a repository with more files or bytes
+//!   to copy than the instance's own plus [`SweConfig::verify_max_new_files`] and
+//!   [`SweConfig::verify_max_added_bytes`] fails verification, with the reason in
+//!   `copy_refused`, before anything is written;
 //! - fails an episode whose changes reach for the test machinery (a text scan of every file of
 //!   that copy, [`tamper::scan`]: `unittest`, `sys.exit`/`os._exit`, `atexit`, `__main__`,
 //!   `builtins`, introspection, paths outside the copy, new interpreter start-up files),
@@ -137,8 +140,18 @@ pub struct SweConfig {
     pub max_view_lines: usize,
     /// Matches shown by one `search` call.
     pub max_search_results: usize,
-    /// The largest file the tools read or write, in bytes.
+    /// The largest file the tools read or write, in bytes; also the largest file of the
+    /// policy's the verifier copies (a larger one is left out, listed in `left_out`).
     pub max_file_bytes: usize,
+    /// Files the verifier's copy may hold beyond the instance's own number (default 1,000).
+    /// A repository with more to copy fails verification without running a test; the
+    /// outcome's `copy_refused` says which cap and where (the copy is made on the host's
+    /// disk, so without a cap a policy could fill it).
+    pub verify_max_new_files: usize,
+    /// Bytes the verifier's copy may hold beyond the instance's own files' total (default
+    /// 32 MiB, at least `max_file_bytes`); more fails verification like
+    /// `verify_max_new_files`.
+    pub verify_max_added_bytes: u64,
     /// Start Python without the `site` module (`-S`): no site-packages, about 30 ms faster
     /// per run. Right for repositories that need only the standard library (the built-in
     /// ones); leave it off for repositories with third-party dependencies.
@@ -188,6 +201,22 @@ impl SweConfig {
             self.max_file_bytes > 0,
             "must be at least 1 byte",
         )?;
+        if self.verify_max_new_files == 0 {
+            return Err(Error::invalid(
+                "swe.verify_max_new_files",
+                "must be at least 1 (files the verifier's copy may hold beyond the instance's own), got 0",
+            ));
+        }
+        if self.verify_max_added_bytes < self.max_file_bytes as u64 {
+            return Err(Error::invalid(
+                "swe.verify_max_added_bytes",
+                format!(
+                    "must be at least `swe.max_file_bytes` ({} bytes), so that one new file of \
+                     the largest size fits, got {}",
+                    self.max_file_bytes, self.verify_max_added_bytes
+                ),
+            ));
+        }
         self.sandbox
             .check("swe.sandbox")
             .map_err(|(field, message)| Error::invalid(field, message))
@@ -205,6 +234,8 @@ impl Default for SweConfig {
             max_view_lines: 300,
             max_search_results: 50,
             max_file_bytes: 512 * 1024,
+            verify_max_new_files: 1_000,
+            verify_max_added_bytes: 32 << 20,
             no_site: false,
             sandbox: SandboxConfig::default(),
         }
