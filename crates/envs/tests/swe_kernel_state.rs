@@ -416,3 +416,85 @@ fn copy_caps_are_checked_by_name() {
     assert!(err.contains("max_file_bytes"), "{err}");
     assert!(SweConfig::default().check().is_ok());
 }
+
+/// The descriptors a command holds: number and target, one per line.
+const DESCRIPTORS: &str = r#"
+import os
+for fd in sorted(os.listdir("/proc/self/fd"), key=int):
+    try:
+        print("FD", fd, os.readlink("/proc/self/fd/" + fd))
+    except OSError:
+        pass
+"#;
+
+/// A descriptor the trainer holds without close-on-exec (as one inherited from whatever
+/// started it would be) does not reach a sandboxed command, which holds only stdin, stdout,
+/// stderr and the user namespace it runs in. Control: an unsandboxed command gets it.
+#[test]
+#[allow(unsafe_code)]
+fn the_trainers_open_descriptors_do_not_reach_the_command() {
+    use std::os::fd::AsRawFd;
+    let (reader, _writer) = std::io::pipe().unwrap();
+    let fd = reader.as_raw_fd();
+    // SAFETY: fcntl on a descriptor this test owns; it clears close-on-exec only.
+    assert_eq!(unsafe { libc::fcntl(fd, libc::F_SETFD, 0) }, 0);
+    let target = std::fs::read_link(format!("/proc/self/fd/{fd}")).unwrap();
+    let target = target.display().to_string();
+
+    let work = tempfile::tempdir().unwrap();
+    let env = exec::command_env(work.path());
+    let control = exec::run_limited(
+        "python3",
+        &["-c", DESCRIPTORS],
+        work.path(),
+        &env,
+        Duration::from_secs(20),
+        20_000,
+    )
+    .unwrap();
+    assert!(
+        control.output.contains(&format!("FD {fd} {target}")),
+        "the control did not inherit the descriptor: {}",
+        control.output
+    );
+
+    let inside = run(&sandbox(61_130, true, true), DESCRIPTORS, &[]);
+    assert!(!inside.contains(&target), "{inside}");
+    for line in inside.lines().filter(|l| l.starts_with("FD ")) {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let number: i32 = fields[1].parse().unwrap();
+        assert!(
+            number <= 2 || fields[2].starts_with("user:["),
+            "a descriptor reached the command: {line}\n{inside}"
+        );
+    }
+}
+
+/// Commands started at the same time from many threads each get their namespace and finish:
+/// the short-lived children that make the namespaces never wait on each other.
+#[test]
+fn many_commands_at_once_each_get_their_own_namespace() {
+    let sandbox = std::sync::Arc::new(Sandbox::new(&SandboxConfig::default(), "python3").unwrap());
+    let started = std::time::Instant::now();
+    let handles: Vec<_> = (0..8)
+        .map(|_| {
+            let sandbox = std::sync::Arc::clone(&sandbox);
+            std::thread::spawn(move || {
+                for _ in 0..6 {
+                    let work = tempfile::tempdir().unwrap();
+                    let root = work.path().canonicalize().unwrap();
+                    let (command, _lease) = sandbox
+                        .command(&root, true, "cat", &["/proc/self/uid_map"])
+                        .unwrap();
+                    let out = exec::run_command(command, Duration::from_secs(20), 4000).unwrap();
+                    assert_eq!(out.status, Some(0), "{}", out.describe());
+                    assert!(!out.output.contains("4294967295"), "{}", out.output);
+                }
+            })
+        })
+        .collect();
+    for handle in handles {
+        handle.join().unwrap();
+    }
+    assert!(started.elapsed() < Duration::from_secs(60));
+}

@@ -338,6 +338,10 @@ impl Sandbox {
     /// path that is not absolute, `/`, a folder holding `dir`, or one of the sandbox's own
     /// (`/tmp`, `/proc`, `/dev` and what lies under the latter two) is refused
     /// (`InvalidInput`): binding it would hide the sandbox's own folders or expose the host's.
+    ///
+    /// The command gets no descriptor of the trainer's beyond stdin, stdout and stderr: every
+    /// other one is closed at `exec` (a caller that means to hand one on clears its
+    /// close-on-exec flag in a `pre_exec` of its own, which runs after this one's).
     pub fn command_with(
         &self,
         dir: &Path,
@@ -854,7 +858,10 @@ struct KernelFds {
 /// `keyctl(KEYCTL_JOIN_SESSION_KEYRING, NULL)`: join a new anonymous session keyring.
 const KEYCTL_JOIN_SESSION_KEYRING: libc::c_long = 1;
 
-/// Run in the child between `fork` and bwrap's `exec`: let the descriptors bwrap reads
+/// Run in the child between `fork` and bwrap's `exec`: close at `exec` every descriptor
+/// beyond stdin, stdout and stderr that the trainer holds without close-on-exec (one it
+/// inherited from whatever started it, such as a pipe to its parent, would otherwise reach
+/// every sandbox, a channel between runs and out of them); let the descriptors bwrap reads
 /// survive the `exec` (they are opened close-on-exec, so no other child of the trainer gets
 /// them); give the command a session keyring of its own (it would otherwise share the
 /// trainer's, which every sandbox possesses); and, with a user namespace made for the command,
@@ -869,6 +876,29 @@ fn prepare_child(fds: KernelFds, gid: Option<u32>) -> std::io::Result<()> {
             Ok(())
         }
     };
+    // SAFETY: close_range only sets flags on descriptor numbers; no memory is touched.
+    let marked = unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            3 as libc::c_uint,
+            libc::c_uint::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        )
+    };
+    if marked == -1 {
+        // Before Linux 5.11: one descriptor at a time, up to the descriptor limit.
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit writes the local it is given.
+        check(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) }.into())?;
+        let top = limit.rlim_cur.min(1 << 20) as libc::c_int;
+        for fd in 3..top {
+            // SAFETY: fcntl on a descriptor number (EBADF for a closed one is fine).
+            unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+        }
+    }
     for fd in [fds.userns, fds.seccomp].into_iter().flatten() {
         // SAFETY: fcntl on a descriptor number; no memory is touched.
         check(unsafe { libc::fcntl(fd, libc::F_SETFD, 0) }.into())?;
@@ -907,17 +937,18 @@ fn prepare_child(fds: KernelFds, gid: Option<u32>) -> std::io::Result<()> {
 /// user namespace, so a namespace no earlier command used holds none of their keys.
 ///
 /// A short-lived child of the trainer makes the namespace (`unshare` is refused to a process
-/// with threads): it unshares, the trainer writes the maps and opens the namespace, the child
-/// exits, and the descriptor keeps the namespace alive until bwrap has joined it.
+/// with threads): it unshares and reports, the trainer writes the maps, opens the namespace
+/// and kills the child, and the descriptor keeps the namespace alive until bwrap has joined
+/// it. The child is killed rather than told to exit through a pipe: a child forked at the
+/// same time by another thread would hold that pipe open, and two such children would wait
+/// on each other for ever.
 #[allow(unsafe_code)]
 fn user_namespace(uid: u32) -> std::io::Result<OwnedFd> {
     use std::io::{Read, Write};
     let (mut ready_reader, ready_writer) = std::io::pipe()?;
-    let (go_reader, go_writer) = std::io::pipe()?;
-    let (ready_r, ready_w) = (ready_reader.as_raw_fd(), ready_writer.as_raw_fd());
-    let (go_r, go_w) = (go_reader.as_raw_fd(), go_writer.as_raw_fd());
-    // SAFETY: the child calls only async-signal-safe functions (close, unshare, write, read,
-    // _exit) on integers and stack bytes, allocates nothing and never returns.
+    let ready_w = ready_writer.as_raw_fd();
+    // SAFETY: the child calls only async-signal-safe functions (close_range, unshare, write,
+    // pause) on integers and stack bytes, allocates nothing and never returns.
     let pid = unsafe { libc::fork() };
     if pid < 0 {
         return Err(std::io::Error::last_os_error());
@@ -925,8 +956,22 @@ fn user_namespace(uid: u32) -> std::io::Result<OwnedFd> {
     if pid == 0 {
         // SAFETY: see above.
         unsafe {
-            libc::close(ready_r);
-            libc::close(go_w);
+            // Let go at once of every descriptor but its report pipe (other commands' pipes
+            // among them), so that nothing waits on this child.
+            if ready_w > 3 {
+                libc::syscall(
+                    libc::SYS_close_range,
+                    3 as libc::c_uint,
+                    (ready_w - 1) as libc::c_uint,
+                    0,
+                );
+            }
+            libc::syscall(
+                libc::SYS_close_range,
+                (ready_w + 1) as libc::c_uint,
+                libc::c_uint::MAX,
+                0,
+            );
             let errno: i32 = if libc::unshare(libc::CLONE_NEWUSER) == 0 {
                 0
             } else {
@@ -934,13 +979,12 @@ fn user_namespace(uid: u32) -> std::io::Result<OwnedFd> {
             };
             let bytes = errno.to_ne_bytes();
             libc::write(ready_w, bytes.as_ptr().cast(), bytes.len());
-            let mut byte = 0u8;
-            libc::read(go_r, (&mut byte as *mut u8).cast(), 1);
-            libc::_exit(0);
+            loop {
+                libc::pause();
+            }
         }
     }
     drop(ready_writer);
-    drop(go_reader);
     let made = (|| {
         let mut bytes = [0u8; 4];
         ready_reader.read_exact(&mut bytes)?;
@@ -964,9 +1008,9 @@ fn user_namespace(uid: u32) -> std::io::Result<OwnedFd> {
         let ns = std::fs::File::open(format!("/proc/{pid}/ns/user"))?;
         Ok(OwnedFd::from(ns))
     })();
-    drop(go_writer);
     let mut status = 0;
-    // SAFETY: waitpid on our own child, with a valid pointer to a local.
+    // SAFETY: kill and waitpid on our own child, with a valid pointer to a local.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
     while unsafe { libc::waitpid(pid, &mut status, 0) } == -1
         && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted
     {}
@@ -1298,6 +1342,35 @@ mod tests {
                 assert_eq!(verdict(&insns, arch, nr | 0x4000_0000, 0), eperm);
             }
         }
+    }
+
+    /// The probe's new checks can fail: asked for a user namespace of its own and a seccomp
+    /// filter in a sandbox built without them (as root), it names both; in the default
+    /// sandbox it passes.
+    #[test]
+    fn the_probe_sees_a_shared_user_namespace_and_a_missing_filter() {
+        let probe = |sandbox: &Sandbox| {
+            let dir = tempfile::tempdir().unwrap();
+            let root = dir.path().canonicalize().unwrap();
+            let python = sandbox.python().display().to_string();
+            let args = ["-I", "-S", "-c", PROBE, "isolated", "userns", "seccomp"];
+            let (command, _lease) = sandbox.command(&root, true, &python, &args).unwrap();
+            let out = super::super::exec::run_command(command, Duration::from_secs(20), 4000);
+            out.unwrap().output
+        };
+        let defended = Sandbox::new(&SandboxConfig::default(), "python3").unwrap();
+        assert_eq!(probe(&defended).trim(), PROBE_OK);
+        if !is_root() {
+            return;
+        }
+        let open = SandboxConfig {
+            own_user_namespace: false,
+            seccomp: false,
+            ..SandboxConfig::default()
+        };
+        let out = probe(&Sandbox::new(&open, "python3").unwrap());
+        assert!(out.contains("shares the host's user namespace"), "{out}");
+        assert!(out.contains("no seccomp filter"), "{out}");
     }
 
     #[test]
