@@ -26,9 +26,11 @@
 //! network, their own pid namespace with a fresh `/proc` (nothing outlives the command, the
 //! trainer's processes are not there), the system read-only, a private `/tmp`, the episode's
 //! copy as the only folder of the host, an empty environment, limits on CPU seconds, address
-//! space, processes and file size ([`SandboxConfig`]), and an unprivileged user. Where no
-//! sandbox can be made (bubblewrap missing or failing its probe), [`SweEnv::start`] refuses with
-//! an error that says how to install one, unless [`SandboxConfig::allow_unsandboxed`] is set
+//! space, processes and file size ([`SandboxConfig`]), an unprivileged user in a user
+//! namespace made for the command, and a seccomp filter, so that nothing a run leaves in the
+//! kernel (keyrings, IPC) reaches a later one. Where no sandbox can be made (bubblewrap
+//! missing or failing its probe), [`SweEnv::start`] refuses with an error that says how to
+//! install one, unless [`SandboxConfig::allow_unsandboxed`] is set
 //! (unsafe: the policy's code then runs with the trainer's user, files, network and
 //! environment). Every path a file tool takes stays inside the copy (no absolute paths, no
 //! `..`, no symlink leading out).
