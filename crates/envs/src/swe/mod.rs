@@ -26,9 +26,11 @@
 //! network, their own pid namespace with a fresh `/proc` (nothing outlives the command, the
 //! trainer's processes are not there), the system read-only, a private `/tmp`, the episode's
 //! copy as the only folder of the host, an empty environment, limits on CPU seconds, address
-//! space, processes and file size ([`SandboxConfig`]), and an unprivileged user. Where no
-//! sandbox can be made (bubblewrap missing or failing its probe), [`SweEnv::start`] refuses with
-//! an error that says how to install one, unless [`SandboxConfig::allow_unsandboxed`] is set
+//! space, processes and file size ([`SandboxConfig`]), an unprivileged user in a user
+//! namespace made for the command, and a seccomp filter, so that nothing a run leaves in the
+//! kernel (keyrings, IPC) reaches a later one. Where no sandbox can be made (bubblewrap
+//! missing or failing its probe), [`SweEnv::start`] refuses with an error that says how to
+//! install one, unless [`SandboxConfig::allow_unsandboxed`] is set
 //! (unsafe: the policy's code then runs with the trainer's user, files, network and
 //! environment). Every path a file tool takes stays inside the copy (no absolute paths, no
 //! `..`, no symlink leading out).
@@ -41,7 +43,10 @@
 //! - the verifier builds its copy from the instance's files plus the policy's UTF-8 text files,
 //!   leaving out hidden and cache folders (`.git`, `__pycache__`, any dot folder: Python would
 //!   import a module planted there), links, non-text files and test files the instance does
-//!   not have; the outcome's `left_out` lists what it left out;
+//!   not have; the outcome's `left_out` lists what it left out; a repository with more files
+//!   or bytes to copy than the instance's own plus [`SweConfig::verify_max_new_files`] and
+//!   [`SweConfig::verify_max_added_bytes`] fails verification, with the reason in
+//!   `copy_refused`, before anything is written;
 //! - each hidden test is a list of calls ([`SweInstance::call_tests`], [`judge`]): the driver
 //!   in the sandbox imports the policy's code, makes the calls and returns plain data only
 //!   (each result as a tagged snapshot, each exception as its class, MRO and message); it holds
@@ -135,8 +140,18 @@ pub struct SweConfig {
     pub max_view_lines: usize,
     /// Matches shown by one `search` call.
     pub max_search_results: usize,
-    /// The largest file the tools read or write, in bytes.
+    /// The largest file the tools read or write, in bytes; also the largest file of the
+    /// policy's the verifier copies (a larger one is left out, listed in `left_out`).
     pub max_file_bytes: usize,
+    /// Files the verifier's copy may hold beyond the instance's own number (default 1,000).
+    /// A repository with more to copy fails verification without running a test; the
+    /// outcome's `copy_refused` says which cap and where (the copy is made on the host's
+    /// disk, so without a cap a policy could fill it).
+    pub verify_max_new_files: usize,
+    /// Bytes the verifier's copy may hold beyond the instance's own files' total (default
+    /// 32 MiB, at least `max_file_bytes`); more fails verification like
+    /// `verify_max_new_files`.
+    pub verify_max_added_bytes: u64,
     /// Start Python without the `site` module (`-S`): no site-packages, about 30 ms faster
     /// per run. Right for repositories that need only the standard library (the built-in
     /// ones); leave it off for repositories with third-party dependencies.
@@ -192,6 +207,22 @@ impl SweConfig {
             self.max_file_bytes > 0,
             "must be at least 1 byte",
         )?;
+        if self.verify_max_new_files == 0 {
+            return Err(Error::invalid(
+                "swe.verify_max_new_files",
+                "must be at least 1 (files the verifier's copy may hold beyond the instance's own), got 0",
+            ));
+        }
+        if self.verify_max_added_bytes < self.max_file_bytes as u64 {
+            return Err(Error::invalid(
+                "swe.verify_max_added_bytes",
+                format!(
+                    "must be at least `swe.max_file_bytes` ({} bytes), so that one new file of \
+                     the largest size fits, got {}",
+                    self.max_file_bytes, self.verify_max_added_bytes
+                ),
+            ));
+        }
         self.sandbox
             .check("swe.sandbox")
             .map_err(|(field, message)| Error::invalid(field, message))
@@ -209,6 +240,8 @@ impl Default for SweConfig {
             max_view_lines: 300,
             max_search_results: 50,
             max_file_bytes: 512 * 1024,
+            verify_max_new_files: 1_000,
+            verify_max_added_bytes: 32 << 20,
             no_site: false,
             sandbox: SandboxConfig::default(),
             allow_in_process_verdict: false,

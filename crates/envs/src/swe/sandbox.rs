@@ -1,6 +1,7 @@
 //! The sandbox every command of the repository-repair world runs in: Linux namespaces through
-//! bubblewrap (`bwrap`), resource limits through `prlimit`, and (when the trainer runs as root)
-//! an unprivileged user through `setpriv`.
+//! bubblewrap (`bwrap`), resource limits through `prlimit`, a seccomp filter, and (when the
+//! trainer runs as root) a user namespace made for each command and an unprivileged user
+//! through `setpriv`.
 //!
 //! A sandboxed command sees:
 //! - no network (its own network namespace holds only a loopback device), unless
@@ -19,20 +20,42 @@
 //!   `prlimit` inside the namespaces, right before the command starts.
 //!
 //! # Users and the process limit
-//! `RLIMIT_NPROC` counts the processes of a user, and the kernel does not enforce it for root.
-//! So when the trainer runs as root, bwrap keeps only the capabilities needed to change user,
-//! and `setpriv` switches the command to a user of its own, leased from
+//! `RLIMIT_NPROC` counts the processes of a user, and the kernel does not enforce it for the
+//! host's root. So when the trainer runs as root, bwrap keeps only the capabilities needed to
+//! change user, and `setpriv` switches the command to a user of its own, leased from
 //! [`SandboxConfig::first_uid`].. for the command's lifetime: no two running sandboxes share
-//! one, so each has its own process count. The directory the command may use is handed to that
-//! user (`chown`). Otherwise bwrap runs unprivileged in a new user namespace, where the limit
-//! counts the processes of that namespace.
+//! one. The directory the command may use is handed to that user (`chown`). Otherwise bwrap
+//! runs unprivileged in a new user namespace, where the limit counts the processes of that
+//! namespace.
+//!
+//! # Nothing kept between runs
+//! A command must find nothing in the kernel that an earlier one left, since a verifier run
+//! sees the hidden tests and a later episode must not. The kernel keeps some state per user
+//! and user namespace, outside every other namespace: above all the user's keyrings
+//! (`add_key`), which outlive the process that filled them. So every command runs in a user
+//! namespace of its own ([`SandboxConfig::own_user_namespace`]). As root, the trainer makes it
+//! for the command (`user_namespace`): bwrap (`--userns`) would otherwise map the sandbox's
+//! user to the host's root, exempt from the process limit. Only root (for bwrap's set-up,
+//! left by `setpriv` before the command starts) and the leased user are mapped, each to
+//! itself, so the command's processes are the leased user on the host, counted against
+//! `RLIMIT_NPROC` per namespace. Each command also gets a new session keyring (the trainer's
+//! would otherwise be shared by all), and its own IPC namespace (System V IPC, POSIX message
+//! queues) and, unless the network is shared, its own network namespace (abstract sockets).
+//!
+//! On top, a seccomp filter ([`seccomp_program`], [`SandboxConfig::seccomp`]) refuses with
+//! `EPERM` what no test needs and what reaches state or processes outside the command: the
+//! keyring calls, `ptrace` and `process_vm_*`, `bpf`, `perf_event_open`, every mount call,
+//! `unshare`, `setns` and namespace flags on `clone` (`clone3` gets `ENOSYS`, so the C
+//! library falls back to `clone`), and io_uring.
 //!
 //! # Probe
 //! [`Sandbox::new`] resolves the Python interpreter, then runs a probe inside a sandbox built
-//! exactly like the real ones and checks from inside that the user is unprivileged, the system
-//! is read-only, the directory is writable and, unless it is shared, there is no network. When
-//! bwrap is missing or the probe fails, it returns an error that says how to install
-//! bubblewrap.
+//! exactly like the real ones and checks from inside that the user is unprivileged (not root,
+//! no capabilities, no supplementary groups), that it has a user namespace of its own in which
+//! it is not the host's root (`/proc/self/uid_map`), that the seccomp filter is loaded, that
+//! the system is read-only, the directory is writable and, unless it is shared, there is no
+//! network. When bwrap is missing or the probe fails, it returns an error that says how to
+//! install bubblewrap.
 //!
 //! The trainer's own environment (API keys) is kept out of the sandbox by the empty environment
 //! and the pid namespace; [`set_non_dumpable`] also keeps it from processes of the same user
@@ -40,6 +63,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsString;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Mutex;
@@ -76,6 +101,19 @@ pub struct SandboxConfig {
     /// environment server and the recording proxy on `127.0.0.1`; the policy's commands of the
     /// repository-repair world never do.
     pub share_network: bool,
+    /// When the trainer runs as root: give every command a user namespace of its own, made
+    /// fresh for it, in which only root (for bwrap's set-up) and the leased user are mapped,
+    /// each to itself. Nothing a command leaves in the kernel that is kept per user namespace
+    /// (the user's keyrings, in particular) reaches a later command. **Unsafe** to turn off:
+    /// commands then share the host's user namespace, and what one run stores in its user's
+    /// keyring a later run with the same leased user reads back. A trainer that does not run
+    /// as root always gives bwrap a user namespace of its own, whatever this says.
+    pub own_user_namespace: bool,
+    /// Load a seccomp filter ([`seccomp_program`]) that refuses, with `EPERM`, the kernel
+    /// keyring calls, `ptrace`, `bpf`, `perf_event_open`, mounting, `unshare`, `setns` and
+    /// namespace flags on `clone` (and makes `clone3` fail with `ENOSYS`, so that the C
+    /// library falls back to `clone`). **Unsafe** to turn off.
+    pub seccomp: bool,
 }
 
 impl Default for SandboxConfig {
@@ -91,6 +129,8 @@ impl Default for SandboxConfig {
             first_uid: 60_000,
             uid_count: 1_000,
             share_network: false,
+            own_user_namespace: true,
+            seccomp: true,
         }
     }
 }
@@ -195,17 +235,36 @@ const HOW: &str = "install bubblewrap (`apt-get install bubblewrap`; it needs us
 /// What the probe prints when every check inside held.
 const PROBE_OK: &str = "harness-sandbox-ok";
 
-/// The probe: checks from inside what the sandbox promises. Its argument is `isolated` when
-/// the sandbox has no network of its own to check.
+/// The probe: checks from inside what the sandbox promises. Its arguments name the further
+/// promises to check: `isolated` (no network), `userns` (a user namespace of its own, where
+/// the command's user is not the host's root), `seccomp` (a seccomp filter).
 const PROBE: &str = r#"
 import os, socket, sys
 problems = []
+promises = sys.argv[1:]
 if os.getuid() == 0 or os.geteuid() == 0:
     problems.append("the command runs as root")
+extra = set(os.getgroups()) - {os.getgid()}
+if extra:
+    problems.append("the command keeps supplementary groups %s" % sorted(extra))
+status = {}
 with open("/proc/self/status") as handle:
     for line in handle:
-        if line.startswith("CapEff:") and int(line.split()[1], 16) != 0:
-            problems.append("the command has capabilities: " + line.strip())
+        key, _, value = line.partition(":")
+        status[key] = value.strip()
+if int(status.get("CapEff", "0"), 16) != 0:
+    problems.append("the command has capabilities: CapEff " + status["CapEff"])
+if "seccomp" in promises and status.get("Seccomp") != "2":
+    problems.append("no seccomp filter (Seccomp: %s)" % status.get("Seccomp"))
+if "userns" in promises:
+    with open("/proc/self/uid_map") as handle:
+        rows = [[int(x) for x in line.split()] for line in handle if line.strip()]
+    uid = os.getuid()
+    host = [outer + uid - inner for inner, outer, count in rows if inner <= uid < inner + count]
+    if any(count == 4294967295 for _, _, count in rows):
+        problems.append("the command shares the host's user namespace")
+    elif not host or host[0] == 0:
+        problems.append("the command's user is the host's root")
 try:
     open(os.path.join(sys.prefix, ".harness-probe"), "w")
     problems.append("the Python installation is writable")
@@ -217,7 +276,7 @@ try:
     os.remove(".harness-probe")
 except OSError as exc:
     problems.append("the working directory is not writable: %s" % exc)
-if sys.argv[1:] == ["isolated"]:
+if "isolated" in promises:
     try:
         socket.create_connection(("192.0.2.1", 9), timeout=0.2).close()
         problems.append("the network is reachable")
@@ -279,6 +338,10 @@ impl Sandbox {
     /// path that is not absolute, `/`, a folder holding `dir`, or one of the sandbox's own
     /// (`/tmp`, `/proc`, `/dev` and what lies under the latter two) is refused
     /// (`InvalidInput`): binding it would hide the sandbox's own folders or expose the host's.
+    ///
+    /// The command gets no descriptor of the trainer's beyond stdin, stdout and stderr: every
+    /// other one is closed at `exec` (a caller that means to hand one on clears its
+    /// close-on-exec flag in a `pre_exec` of its own, which runs after this one's).
     pub fn command_with(
         &self,
         dir: &Path,
@@ -306,15 +369,44 @@ impl Sandbox {
         } else {
             None
         };
+        let uid = lease.as_ref().map(|l| l.uid);
+        // Root: a user namespace made for this command alone (see the module docs).
+        let userns = match uid {
+            Some(uid) if self.config.own_user_namespace => Some(user_namespace(uid)?),
+            _ => None,
+        };
+        let filter = if self.config.seccomp {
+            Some(seccomp_fd()?)
+        } else {
+            None
+        };
+        let fds = KernelFds {
+            userns: userns.as_ref().map(AsRawFd::as_raw_fd),
+            seccomp: filter.as_ref().map(AsRawFd::as_raw_fd),
+        };
         let mut command = Command::new(&self.config.bwrap);
         command
-            .args(self.bwrap_args(dir, writable, read_only, lease.as_ref().map(|l| l.uid)))
+            .args(self.bwrap_args(dir, writable, read_only, uid, fds))
             .arg(program)
             .args(args)
             .env_clear()
             .envs(self.env())
             .current_dir(dir)
             .stdin(Stdio::null());
+        let gid = uid.filter(|_| fds.userns.is_some());
+        let owned = (userns, filter);
+        let prepare = move || {
+            // The closure owns the descriptors, so they stay open as long as the command.
+            let _held = &owned;
+            prepare_child(fds, gid)
+        };
+        // SAFETY: `prepare_child` makes only async-signal-safe system calls (fcntl, lseek,
+        // keyctl, setgroups, setresgid) and allocates nothing, as code between fork and exec
+        // must.
+        #[allow(unsafe_code)]
+        unsafe {
+            command.pre_exec(prepare);
+        }
         Ok((command, lease))
     }
 
@@ -351,8 +443,19 @@ impl Sandbox {
         writable: bool,
         read_only: &[PathBuf],
         uid: Option<u32>,
+        fds: KernelFds,
     ) -> Vec<OsString> {
         let mut args = Args::default();
+        if let Some(fd) = fds.seccomp {
+            args.flag("--seccomp");
+            args.flag(&fd.to_string());
+        }
+        if let Some(fd) = fds.userns {
+            // Root with a user namespace made for this command: bwrap joins it before it
+            // makes the other namespaces, so they belong to it.
+            args.flag("--userns");
+            args.flag(&fd.to_string());
+        }
         args.flags(&["--unshare-ipc", "--unshare-pid"]);
         if !self.config.share_network {
             args.flag("--unshare-net");
@@ -429,6 +532,8 @@ impl Sandbox {
         if let Some(uid) = uid {
             // Root: keep only what `setpriv` needs to switch to the leased user; it drops the
             // rest, and bwrap's no-new-privileges flag keeps set-uid programs from gaining any.
+            // In a namespace of the command's own these are capabilities over that namespace
+            // only, held by bwrap's root until `setpriv` runs.
             args.flags(&[
                 "--cap-drop",
                 "ALL",
@@ -468,13 +573,18 @@ impl Sandbox {
             .canonicalize()
             .map_err(|e| format!("cannot resolve the probe's folder: {e}"))?;
         let python = self.python.display().to_string();
-        let network = if self.config.share_network {
-            "shared"
-        } else {
-            "isolated"
-        };
+        let mut args = vec!["-I", "-S", "-c", PROBE];
+        if !self.config.share_network {
+            args.push("isolated");
+        }
+        if !self.privileged || self.config.own_user_namespace {
+            args.push("userns");
+        }
+        if self.config.seccomp {
+            args.push("seccomp");
+        }
         let (command, _lease) = self
-            .command(&root, true, &python, &["-I", "-S", "-c", PROBE, network])
+            .command(&root, true, &python, &args)
             .map_err(|e| format!("cannot prepare the sandbox probe: {e}; {how}"))?;
         let out =
             super::exec::run_command(command, Duration::from_secs(20), 4000).map_err(|e| {
@@ -735,6 +845,359 @@ pub fn is_dumpable() -> bool {
     unsafe { libc::prctl(libc::PR_GET_DUMPABLE, 0, 0, 0, 0) == 1 }
 }
 
+/// The descriptors a sandboxed command hands to bwrap, by their numbers (the same in the
+/// child, where [`prepare_child`] lets them survive `exec`).
+#[derive(Debug, Clone, Copy, Default)]
+struct KernelFds {
+    /// The user namespace made for the command ([`user_namespace`]), for `--userns`.
+    userns: Option<RawFd>,
+    /// The seccomp program ([`seccomp_fd`]), for `--seccomp`.
+    seccomp: Option<RawFd>,
+}
+
+/// `keyctl(KEYCTL_JOIN_SESSION_KEYRING, NULL)`: join a new anonymous session keyring.
+const KEYCTL_JOIN_SESSION_KEYRING: libc::c_long = 1;
+
+/// Run in the child between `fork` and bwrap's `exec`: close at `exec` every descriptor
+/// beyond stdin, stdout and stderr that the trainer holds without close-on-exec (one it
+/// inherited from whatever started it, such as a pipe to its parent, would otherwise reach
+/// every sandbox, a channel between runs and out of them); let the descriptors bwrap reads
+/// survive the `exec` (they are opened close-on-exec, so no other child of the trainer gets
+/// them); give the command a session keyring of its own (it would otherwise share the
+/// trainer's, which every sandbox possesses); and, with a user namespace made for the command,
+/// drop root's supplementary groups and take the leased group, so that bwrap starts with
+/// nothing of root's group ids (they would count inside, mapped or not).
+#[allow(unsafe_code)]
+fn prepare_child(fds: KernelFds, gid: Option<u32>) -> std::io::Result<()> {
+    let check = |rc: libc::c_long| {
+        if rc == -1 {
+            Err(std::io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
+    };
+    // SAFETY: close_range only sets flags on descriptor numbers; no memory is touched.
+    let marked = unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            3 as libc::c_uint,
+            libc::c_uint::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        )
+    };
+    if marked == -1 {
+        // Before Linux 5.11: one descriptor at a time, up to the descriptor limit.
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit writes the local it is given.
+        check(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) }.into())?;
+        let top = limit.rlim_cur.min(1 << 20) as libc::c_int;
+        for fd in 3..top {
+            // SAFETY: fcntl on a descriptor number (EBADF for a closed one is fine).
+            unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+        }
+    }
+    for fd in [fds.userns, fds.seccomp].into_iter().flatten() {
+        // SAFETY: fcntl on a descriptor number; no memory is touched.
+        check(unsafe { libc::fcntl(fd, libc::F_SETFD, 0) }.into())?;
+    }
+    if let Some(fd) = fds.seccomp {
+        // bwrap reads the program from the descriptor's offset, shared with the parent.
+        // SAFETY: lseek on a descriptor number; no memory is touched.
+        check(unsafe { libc::lseek(fd, 0, libc::SEEK_SET) })?;
+    }
+    // SAFETY: keyctl with a null name pointer, which the kernel reads as "anonymous".
+    let joined = unsafe {
+        libc::syscall(
+            libc::SYS_keyctl,
+            KEYCTL_JOIN_SESSION_KEYRING,
+            std::ptr::null::<libc::c_char>(),
+        )
+    };
+    if joined == -1 && std::io::Error::last_os_error().raw_os_error() != Some(libc::ENOSYS) {
+        return Err(std::io::Error::last_os_error());
+    }
+    if let Some(gid) = gid {
+        // SAFETY: setgroups with an empty list reads no memory; setresgid takes integers.
+        check(unsafe { libc::setgroups(0, std::ptr::null()) }.into())?;
+        check(unsafe { libc::setresgid(gid, gid, gid) }.into())?;
+    }
+    Ok(())
+}
+
+/// A user namespace made for one command of the leased user `uid` (root only), as an open
+/// descriptor for bwrap's `--userns`. Only two users are mapped, each to itself: root, which
+/// bwrap needs to resolve and mount what it binds (a Python installation under `/root` is
+/// reachable only by root) and which no process of the command ever is again (`setpriv`
+/// leaves it, without capabilities, with no-new-privileges and no set-uid mounts); and the
+/// leased user, whose processes the kernel counts against `RLIMIT_NPROC` (it exempts only
+/// the host's root). Only the leased group is mapped. The kernel keeps the user keyrings per
+/// user namespace, so a namespace no earlier command used holds none of their keys.
+///
+/// A short-lived child of the trainer makes the namespace (`unshare` is refused to a process
+/// with threads): it unshares and reports, the trainer writes the maps, opens the namespace
+/// and kills the child, and the descriptor keeps the namespace alive until bwrap has joined
+/// it. The child is killed rather than told to exit through a pipe: a child forked at the
+/// same time by another thread would hold that pipe open, and two such children would wait
+/// on each other for ever.
+#[allow(unsafe_code)]
+fn user_namespace(uid: u32) -> std::io::Result<OwnedFd> {
+    use std::io::{Read, Write};
+    let (mut ready_reader, ready_writer) = std::io::pipe()?;
+    let ready_w = ready_writer.as_raw_fd();
+    // SAFETY: the child calls only async-signal-safe functions (close_range, unshare, write,
+    // pause) on integers and stack bytes, allocates nothing and never returns.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if pid == 0 {
+        // SAFETY: see above.
+        unsafe {
+            // Let go at once of every descriptor but its report pipe (other commands' pipes
+            // among them), so that nothing waits on this child.
+            if ready_w > 3 {
+                libc::syscall(
+                    libc::SYS_close_range,
+                    3 as libc::c_uint,
+                    (ready_w - 1) as libc::c_uint,
+                    0,
+                );
+            }
+            libc::syscall(
+                libc::SYS_close_range,
+                (ready_w + 1) as libc::c_uint,
+                libc::c_uint::MAX,
+                0,
+            );
+            let errno: i32 = if libc::unshare(libc::CLONE_NEWUSER) == 0 {
+                0
+            } else {
+                *libc::__errno_location()
+            };
+            let bytes = errno.to_ne_bytes();
+            libc::write(ready_w, bytes.as_ptr().cast(), bytes.len());
+            loop {
+                libc::pause();
+            }
+        }
+    }
+    drop(ready_writer);
+    let made = (|| {
+        let mut bytes = [0u8; 4];
+        ready_reader.read_exact(&mut bytes)?;
+        let errno = i32::from_ne_bytes(bytes);
+        if errno != 0 {
+            let cause = std::io::Error::from_raw_os_error(errno);
+            return Err(std::io::Error::new(
+                cause.kind(),
+                format!("cannot make a user namespace for the sandbox: {cause}"),
+            ));
+        }
+        // Each map in one write, as the kernel requires.
+        let map = |name: &str, text: String| -> std::io::Result<()> {
+            let path = format!("/proc/{pid}/{name}");
+            let mut file = std::fs::OpenOptions::new().write(true).open(&path)?;
+            file.write_all(text.as_bytes())
+                .map_err(|e| std::io::Error::new(e.kind(), format!("cannot write `{path}`: {e}")))
+        };
+        map("uid_map", format!("0 0 1\n{uid} {uid} 1\n"))?;
+        map("gid_map", format!("{uid} {uid} 1\n"))?;
+        let ns = std::fs::File::open(format!("/proc/{pid}/ns/user"))?;
+        Ok(OwnedFd::from(ns))
+    })();
+    let mut status = 0;
+    // SAFETY: kill and waitpid on our own child, with a valid pointer to a local.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    while unsafe { libc::waitpid(pid, &mut status, 0) } == -1
+        && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted
+    {}
+    made
+}
+
+/// The seccomp program in a memory file, for bwrap's `--seccomp`.
+#[allow(unsafe_code)]
+fn seccomp_fd() -> std::io::Result<OwnedFd> {
+    use std::io::Write;
+    let program = seccomp_program().ok_or_else(|| {
+        std::io::Error::new(std::io::ErrorKind::Unsupported, NO_SECCOMP.to_string())
+    })?;
+    // SAFETY: memfd_create with a NUL-terminated name; the result is checked before use.
+    let fd = unsafe { libc::memfd_create(c"harness-seccomp".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just opened and is owned by nothing else.
+    let mut file = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    file.write_all(&program)?;
+    Ok(OwnedFd::from(file))
+}
+
+/// Why there is no seccomp filter on this machine.
+const NO_SECCOMP: &str = "the sandbox's seccomp filter is written for x86_64 and aarch64 only; \
+    on this architecture set `seccomp = false` in the sandbox settings (unsafe: the kernel \
+    keyring, ptrace, bpf, mount and namespace calls are then open to the policy's code)";
+
+// Classic BPF, as `linux/filter.h` and `linux/seccomp.h` spell it.
+const BPF_LD_W_ABS: u16 = 0x20;
+const BPF_JEQ_K: u16 = 0x15;
+const BPF_JGE_K: u16 = 0x35;
+const BPF_JSET_K: u16 = 0x45;
+const BPF_RET_K: u16 = 0x06;
+const SECCOMP_RET_KILL_PROCESS: u32 = 0x8000_0000;
+const SECCOMP_RET_ERRNO: u32 = 0x0005_0000;
+const SECCOMP_RET_ALLOW: u32 = 0x7fff_0000;
+/// Offsets in `struct seccomp_data`: the call's number, its architecture, the low 32 bits of
+/// its first argument (both architectures are little-endian).
+const DATA_NR: u32 = 0;
+const DATA_ARCH: u32 = 4;
+const DATA_ARG0_LOW: u32 = 16;
+/// The namespace flags of `clone` (`CLONE_NEWNS`, `NEWCGROUP`, `NEWUTS`, `NEWIPC`, `NEWUSER`,
+/// `NEWPID`, `NEWNET`; `CLONE_NEWTIME` shares its bit with the exit signal and only
+/// `unshare` and `clone3` take it, both refused whole).
+const CLONE_NAMESPACES: u32 =
+    0x0002_0000 | 0x0200_0000 | 0x0400_0000 | 0x0800_0000 | 0x1000_0000 | 0x2000_0000 | 0x4000_0000;
+
+#[cfg(target_arch = "x86_64")]
+const AUDIT_ARCH: Option<u32> = Some(0xC000_003E);
+#[cfg(target_arch = "aarch64")]
+const AUDIT_ARCH: Option<u32> = Some(0xC000_00B7);
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+const AUDIT_ARCH: Option<u32> = None;
+
+/// The calls the filter refuses with `EPERM`: the kernel keyrings (state kept per user,
+/// outside any sandbox), tracing and reading other processes, eBPF and performance
+/// counters, every way to mount (the old call and the new mount API), and namespaces, plus
+/// io_uring, whose operations the filter would not see.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+const REFUSED: &[libc::c_long] = &[
+    libc::SYS_add_key,
+    libc::SYS_keyctl,
+    libc::SYS_request_key,
+    libc::SYS_ptrace,
+    libc::SYS_process_vm_readv,
+    libc::SYS_process_vm_writev,
+    libc::SYS_bpf,
+    libc::SYS_perf_event_open,
+    libc::SYS_mount,
+    libc::SYS_umount2,
+    libc::SYS_open_tree,
+    libc::SYS_move_mount,
+    libc::SYS_fsopen,
+    libc::SYS_fsconfig,
+    libc::SYS_fsmount,
+    libc::SYS_fspick,
+    libc::SYS_mount_setattr,
+    libc::SYS_pivot_root,
+    libc::SYS_unshare,
+    libc::SYS_setns,
+    libc::SYS_io_uring_setup,
+    libc::SYS_io_uring_enter,
+    libc::SYS_io_uring_register,
+];
+
+/// One classic BPF instruction (`struct sock_filter`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Insn {
+    code: u16,
+    jt: u8,
+    jf: u8,
+    k: u32,
+}
+
+/// Where a conditional jump of [`seccomp_program`] goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum To {
+    Next,
+    Allow,
+    Refuse,
+    NoSys,
+    Kill,
+}
+
+/// The seccomp filter every sandboxed command runs under, as the bytes bwrap's `--seccomp`
+/// reads (an array of `struct sock_filter`), or `None` on an architecture it is not written
+/// for. A call of another architecture (a 32-bit program through `int 0x80`) kills the
+/// process; on x86_64 every x32 call is refused with `EPERM`, so that a refused call cannot
+/// come back under its x32 number. `clone3` fails with `ENOSYS` (its
+/// flags lie in memory the filter cannot read), and the C library then uses `clone`, whose
+/// namespace flags are refused.
+pub fn seccomp_program() -> Option<Vec<u8>> {
+    let insns = seccomp_insns()?;
+    let mut bytes = Vec::with_capacity(insns.len() * 8);
+    for insn in insns {
+        bytes.extend_from_slice(&insn.code.to_ne_bytes());
+        bytes.push(insn.jt);
+        bytes.push(insn.jf);
+        bytes.extend_from_slice(&insn.k.to_ne_bytes());
+    }
+    Some(bytes)
+}
+
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+fn seccomp_insns() -> Option<Vec<Insn>> {
+    let arch = AUDIT_ARCH?;
+    // The body with symbolic jump targets, resolved once its length is known.
+    let mut body: Vec<(u16, To, To, u32)> = vec![
+        (BPF_LD_W_ABS, To::Next, To::Next, DATA_ARCH),
+        (BPF_JEQ_K, To::Next, To::Kill, arch),
+        (BPF_LD_W_ABS, To::Next, To::Next, DATA_NR),
+    ];
+    if cfg!(target_arch = "x86_64") {
+        // __X32_SYSCALL_BIT: x32 calls reach the same kernel functions under other numbers.
+        body.push((BPF_JGE_K, To::Refuse, To::Next, 0x4000_0000));
+    }
+    for nr in REFUSED {
+        body.push((BPF_JEQ_K, To::Refuse, To::Next, *nr as u32));
+    }
+    body.push((BPF_JEQ_K, To::NoSys, To::Next, libc::SYS_clone3 as u32));
+    body.push((BPF_JEQ_K, To::Next, To::Allow, libc::SYS_clone as u32));
+    body.push((BPF_LD_W_ABS, To::Next, To::Next, DATA_ARG0_LOW));
+    body.push((BPF_JSET_K, To::Refuse, To::Allow, CLONE_NAMESPACES));
+    let allow = body.len();
+    let (refuse, nosys, kill) = (allow + 1, allow + 2, allow + 3);
+    let mut insns = Vec::with_capacity(body.len() + 4);
+    for (at, (code, jt, jf, k)) in body.iter().enumerate() {
+        let offset = |to: To| -> u8 {
+            let target = match to {
+                To::Next => at + 1,
+                To::Allow => allow,
+                To::Refuse => refuse,
+                To::NoSys => nosys,
+                To::Kill => kill,
+            };
+            u8::try_from(target - at - 1).expect("the filter is short enough for 8-bit jumps")
+        };
+        insns.push(Insn {
+            code: *code,
+            jt: offset(*jt),
+            jf: offset(*jf),
+            k: *k,
+        });
+    }
+    for k in [
+        SECCOMP_RET_ALLOW,
+        SECCOMP_RET_ERRNO | libc::EPERM as u32,
+        SECCOMP_RET_ERRNO | libc::ENOSYS as u32,
+        SECCOMP_RET_KILL_PROCESS,
+    ] {
+        insns.push(Insn {
+            code: BPF_RET_K,
+            jt: 0,
+            jf: 0,
+            k,
+        });
+    }
+    Some(insns)
+}
+
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+fn seccomp_insns() -> Option<Vec<Insn>> {
+    None
+}
+
 /// Whether the effective user is root.
 #[allow(unsafe_code)]
 fn is_root() -> bool {
@@ -767,6 +1230,147 @@ mod tests {
             ..SandboxConfig::default()
         };
         assert_eq!(wrap.check("s").unwrap_err().0, "s.uid_count");
+    }
+
+    /// Run the classic BPF program on one call, as the kernel would: its verdict.
+    fn verdict(insns: &[Insn], arch: u32, nr: i64, arg0: u64) -> u32 {
+        let mut data = [0u8; 64];
+        data[0..4].copy_from_slice(&(nr as u32).to_ne_bytes());
+        data[4..8].copy_from_slice(&arch.to_ne_bytes());
+        data[16..24].copy_from_slice(&arg0.to_ne_bytes());
+        let (mut acc, mut pc) = (0u32, 0usize);
+        loop {
+            let insn = insns[pc];
+            let jump = |taken: bool| pc + 1 + usize::from(if taken { insn.jt } else { insn.jf });
+            pc = match insn.code {
+                BPF_LD_W_ABS => {
+                    let k = insn.k as usize;
+                    acc = u32::from_ne_bytes(data[k..k + 4].try_into().unwrap());
+                    pc + 1
+                }
+                BPF_JEQ_K => jump(acc == insn.k),
+                BPF_JGE_K => jump(acc >= insn.k),
+                BPF_JSET_K => jump(acc & insn.k != 0),
+                BPF_RET_K => return insn.k,
+                other => panic!("unexpected instruction {other:#x}"),
+            };
+        }
+    }
+
+    #[test]
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    fn the_seccomp_program_refuses_what_it_lists_and_allows_the_rest() {
+        let insns = seccomp_insns().unwrap();
+        let arch = AUDIT_ARCH.unwrap();
+        let eperm = SECCOMP_RET_ERRNO | libc::EPERM as u32;
+        // Every jump lands inside the program and it ends in a return, as the kernel checks.
+        for (at, insn) in insns.iter().enumerate() {
+            assert!(
+                at + 1 + usize::from(insn.jt.max(insn.jf)) < insns.len() || insn.code == BPF_RET_K
+            );
+        }
+        assert_eq!(insns.last().unwrap().code, BPF_RET_K);
+        assert_eq!(seccomp_program().unwrap().len(), insns.len() * 8);
+        for nr in REFUSED {
+            assert_eq!(verdict(&insns, arch, *nr, 0), eperm, "call {nr}");
+        }
+        for name in [
+            libc::SYS_keyctl,
+            libc::SYS_add_key,
+            libc::SYS_ptrace,
+            libc::SYS_bpf,
+        ] {
+            assert!(REFUSED.contains(&name));
+        }
+        // The control: ordinary calls, and a fork (`clone` without namespace flags), pass.
+        let sigchld = libc::SIGCHLD as u64;
+        for nr in [
+            libc::SYS_read,
+            libc::SYS_write,
+            libc::SYS_openat,
+            libc::SYS_exit_group,
+        ] {
+            assert_eq!(verdict(&insns, arch, nr, 0), SECCOMP_RET_ALLOW, "call {nr}");
+        }
+        let thread = (libc::CLONE_VM
+            | libc::CLONE_FS
+            | libc::CLONE_FILES
+            | libc::CLONE_SIGHAND
+            | libc::CLONE_THREAD
+            | libc::CLONE_SYSVSEM
+            | libc::CLONE_SETTLS
+            | libc::CLONE_PARENT_SETTID
+            | libc::CLONE_CHILD_CLEARTID) as u64;
+        for flags in [
+            sigchld,
+            thread,
+            libc::CLONE_VM as u64 | libc::CLONE_VFORK as u64 | sigchld,
+        ] {
+            assert_eq!(
+                verdict(&insns, arch, libc::SYS_clone, flags),
+                SECCOMP_RET_ALLOW
+            );
+        }
+        for flag in [
+            libc::CLONE_NEWUSER,
+            libc::CLONE_NEWNS,
+            libc::CLONE_NEWPID,
+            libc::CLONE_NEWNET,
+            libc::CLONE_NEWIPC,
+            libc::CLONE_NEWUTS,
+            libc::CLONE_NEWCGROUP,
+        ] {
+            let flags = flag as u64 | sigchld;
+            assert_eq!(
+                verdict(&insns, arch, libc::SYS_clone, flags),
+                eperm,
+                "{flag:#x}"
+            );
+        }
+        assert_eq!(
+            verdict(&insns, arch, libc::SYS_clone3, 0),
+            SECCOMP_RET_ERRNO | libc::ENOSYS as u32
+        );
+        // Another architecture's calls are killed whatever their number.
+        assert_eq!(
+            verdict(&insns, 0x4000_0003, libc::SYS_read, 0),
+            SECCOMP_RET_KILL_PROCESS
+        );
+        if cfg!(target_arch = "x86_64") {
+            // An x32 call (a refused one under its x32 number, or any other) is refused.
+            for nr in [libc::SYS_keyctl, libc::SYS_read] {
+                assert_eq!(verdict(&insns, arch, nr | 0x4000_0000, 0), eperm);
+            }
+        }
+    }
+
+    /// The probe's new checks can fail: asked for a user namespace of its own and a seccomp
+    /// filter in a sandbox built without them (as root), it names both; in the default
+    /// sandbox it passes.
+    #[test]
+    fn the_probe_sees_a_shared_user_namespace_and_a_missing_filter() {
+        let probe = |sandbox: &Sandbox| {
+            let dir = tempfile::tempdir().unwrap();
+            let root = dir.path().canonicalize().unwrap();
+            let python = sandbox.python().display().to_string();
+            let args = ["-I", "-S", "-c", PROBE, "isolated", "userns", "seccomp"];
+            let (command, _lease) = sandbox.command(&root, true, &python, &args).unwrap();
+            let out = super::super::exec::run_command(command, Duration::from_secs(20), 4000);
+            out.unwrap().output
+        };
+        let defended = Sandbox::new(&SandboxConfig::default(), "python3").unwrap();
+        assert_eq!(probe(&defended).trim(), PROBE_OK);
+        if !is_root() {
+            return;
+        }
+        let open = SandboxConfig {
+            own_user_namespace: false,
+            seccomp: false,
+            ..SandboxConfig::default()
+        };
+        let out = probe(&Sandbox::new(&open, "python3").unwrap());
+        assert!(out.contains("shares the host's user namespace"), "{out}");
+        assert!(out.contains("no seccomp filter"), "{out}");
     }
 
     #[test]

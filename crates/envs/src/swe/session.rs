@@ -35,9 +35,6 @@ pub mod tools {
 /// Directories hidden from listings and searches.
 const HIDDEN_DIRS: &[&str] = &[".git", "__pycache__"];
 
-/// Files of the policy's copy beyond the instance's own that verification takes at most.
-const MAX_NEW_FILES: usize = 10_000;
-
 /// The most test ids one `run_tests` call may name.
 const MAX_TEST_IDS: usize = 200;
 
@@ -539,7 +536,17 @@ impl Workdir {
             "submitted": submitted,
             "sandboxed": self.sandbox.is_some(),
         });
-        let (mut files, left_out) = self.policy_files();
+        let (mut files, left_out) = match self.policy_files() {
+            Ok(found) => found,
+            Err(refused) => {
+                // Too much to copy: a failed verification that says why, nothing written.
+                details["copy_refused"] = json!(refused);
+                details["error"] = json!(format!(
+                    "the repository is too large to copy for verification: {refused}; the tests were not run"
+                ));
+                return Ok(Outcome::failure(details));
+            }
+        };
         if !left_out.is_empty() {
             details["left_out"] = json!(left_out);
         }
@@ -660,7 +667,12 @@ impl Workdir {
     /// cache folders (`.git`, `__pycache__`, any folder whose name starts with a dot), never
     /// through a link, that is UTF-8 text within the size limit (or unchanged from the
     /// instance). Also what was left out, and why.
-    fn policy_files(&self) -> (BTreeMap<String, String>, Vec<String>) {
+    ///
+    /// `Err` says which cap the files to copy exceed: more than the instance's own number of
+    /// files plus [`SweConfig::verify_max_new_files`](super::SweConfig), or more bytes than the
+    /// instance's own plus [`SweConfig::verify_max_added_bytes`](super::SweConfig). Sizes are
+    /// counted before a file is read, so no more than the cap is ever read or written.
+    fn policy_files(&self) -> std::result::Result<(BTreeMap<String, String>, Vec<String>), String> {
         let mut files = BTreeMap::new();
         let mut left_out = Vec::new();
         let mut more = 0usize;
@@ -671,7 +683,15 @@ impl Workdir {
                 more += 1;
             }
         };
-        let limit = self.instance.files.len() + MAX_NEW_FILES;
+        let config = &self.config;
+        let max_files = self
+            .instance
+            .files
+            .len()
+            .saturating_add(config.verify_max_new_files);
+        let instance_bytes: u64 = self.instance.files.values().map(|t| t.len() as u64).sum();
+        let max_bytes = instance_bytes.saturating_add(config.verify_max_added_bytes);
+        let mut bytes = 0u64;
         let mut stack = vec![self.root.clone()];
         while let Some(dir) = stack.pop() {
             let Ok(entries) = std::fs::read_dir(&dir) else {
@@ -710,10 +730,6 @@ impl Workdir {
                     leave_out(format!("{rel}: not a valid path"));
                     continue;
                 }
-                if files.len() >= limit {
-                    leave_out(format!("{rel}: more than {limit} files"));
-                    continue;
-                }
                 let original = self.instance.files.get(&rel);
                 let max = original
                     .map_or(0, String::len)
@@ -721,6 +737,22 @@ impl Workdir {
                 if meta.len() > max as u64 {
                     leave_out(format!("{rel}: larger than {max} bytes"));
                     continue;
+                }
+                if files.len() >= max_files {
+                    return Err(format!(
+                        "more than {max_files} files (the instance's {} plus \
+                         `swe.verify_max_new_files` = {}), at `{rel}`",
+                        self.instance.files.len(),
+                        config.verify_max_new_files
+                    ));
+                }
+                bytes = bytes.saturating_add(meta.len());
+                if bytes > max_bytes {
+                    return Err(format!(
+                        "more than {max_bytes} bytes (the instance's {instance_bytes} plus \
+                         `swe.verify_max_added_bytes` = {}), at `{rel}`",
+                        config.verify_max_added_bytes
+                    ));
                 }
                 match std::fs::read(&path).map(String::from_utf8) {
                     Ok(Ok(text)) => {
@@ -733,7 +765,7 @@ impl Workdir {
         if more > 0 {
             left_out.push(format!("... and {more} more"));
         }
-        (files, left_out)
+        Ok((files, left_out))
     }
 
     /// Resolve a policy-given path inside the copy: relative, no `..`, and (following any
