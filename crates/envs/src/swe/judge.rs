@@ -20,7 +20,7 @@
 //! return an object that equals anything) reaches the verdict: the only way to pass is to
 //! return what the gold code returns for these calls.
 //!
-//! What this leaves (the README's security section): the calls themselves are visible to the
+//! What this leaves (docs/SECURITY.md): the calls themselves are visible to the
 //! policy's process at run time (they mirror the repository's own tests), so code that
 //! special-cases those exact inputs passes, as it would any test suite; and the snapshot
 //! compares public attributes, so a correct fix that adds a public attribute to a returned

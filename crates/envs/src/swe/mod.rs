@@ -62,7 +62,7 @@
 //! - [`tamper::scan`] lists added lines that reach for the test machinery in the details'
 //!   `tamper` (a statistic of attempted tampering, not a defence: the judge does not need it).
 //!
-//! What this does not stop (the README has the full list): the calls mirror the repository's
+//! What this does not stop (docs/SECURITY.md has the full list): the calls mirror the repository's
 //! visible tests, so code that special-cases exactly those inputs passes, as with any test
 //! suite; a correct fix that adds a public attribute to an object a test compares fails; and
 //! the public `run_tests` tool still runs unittest in one process, its statuses are feedback
