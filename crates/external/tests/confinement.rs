@@ -835,3 +835,31 @@ async fn a_hostile_program_gains_nothing_and_the_other_episodes_go_on() {
         }
     }
 }
+
+#[test]
+fn the_librarys_default_runner_settings_sandbox_where_bubblewrap_works() {
+    let Some(python) = python() else { return };
+    let settings = RunnerSettings::default();
+    if bwrap() {
+        let sandbox = settings.sandbox.as_ref().expect("bubblewrap works here");
+        assert!(!sandbox.config().share_network);
+        assert_eq!(
+            settings.sandbox_kind(),
+            "bubblewrap (own network: env server and proxy only)"
+        );
+        // The control's sandbox says that it shares the host's network.
+        let shared = RunnerSettings {
+            sandbox: Some(host_network(python)),
+            ..RunnerSettings::default()
+        };
+        assert_eq!(shared.sandbox_kind(), "bubblewrap (host network)");
+    } else {
+        assert!(settings.sandbox.is_none());
+        assert_eq!(settings.sandbox_kind(), "none");
+    }
+    let bare = RunnerSettings {
+        sandbox: None,
+        ..RunnerSettings::default()
+    };
+    assert_eq!(bare.sandbox_kind(), "none");
+}
