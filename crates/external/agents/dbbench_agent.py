@@ -130,6 +130,8 @@ def fired(hooks, event, observation, remaining_steps):
 def main():
     env_url = os.environ["HARNESS_ENV_URL"]
     session = "%s/v1/sessions/%s" % (env_url, os.environ["HARNESS_SESSION_ID"])
+    # The session's token authorises this session's episode, step and finish, nothing else.
+    token = os.environ.get("HARNESS_SESSION_TOKEN") or None
     proxy = os.environ["HARNESS_PROXY_URL"]
     key = os.environ["HARNESS_PROXY_KEY"]
     model = os.environ.get("HARNESS_MODEL", "policy")
@@ -138,7 +140,7 @@ def main():
     if history not in ("exact", "text"):
         raise SystemExit("AGENT_HISTORY: expected exact or text, got %r" % history)
 
-    episode = call("GET", session + "/episode")
+    episode = call("GET", session + "/episode", key=token)
     tools = [
         {
             "type": "function",
@@ -168,8 +170,9 @@ def main():
     steps = 0
 
     def finish(final_answer=None):
-        result = call("POST", session + "/finish", {"final_answer": final_answer})
-        print(json.dumps({"reward": result["outcome"]["reward"]}))
+        result = call("POST", session + "/finish", {"final_answer": final_answer}, key=token)
+        # The verdict is the runner's: a program is told only that the session is finished.
+        print(json.dumps({"finished": True, "steps": result["steps"]}))
         return 0
 
     for _ in range(limits.get("max_model_calls", 15)):
@@ -215,6 +218,7 @@ def main():
                 "POST",
                 session + "/step",
                 {"name": tool_call["function"]["name"], "arguments": arguments},
+                key=token,
             )
             steps += 1
             observation = step["observation"]

@@ -21,7 +21,10 @@
 //!   with the proxy's and the environment server's addresses; a crash, a hang past the limit
 //!   or an unfinished session is a failed episode with its reason, and the program's process
 //!   group is killed when it ends; with a sandbox set, each program runs in harness-envs'
-//!   bubblewrap sandbox, and nothing it starts outlives it.
+//!   bubblewrap sandbox, and nothing it starts outlives it; the program holds a token for its
+//!   own session's step and finish only, and whatever it does, only its episode fails.
+//! - [`relay`]: the network of a sandboxed program, a namespace of its own where only the
+//!   environment server and the proxy are reachable.
 //!
 //! It sits beside harness-openai (whose wire types it reuses) and depends on harness-core's
 //! seams and harness-envs' sandbox only: it never sees candle, the trainer or an environment's
@@ -49,5 +52,6 @@ pub mod envserver;
 pub mod error;
 pub mod program;
 pub mod proxy;
+pub mod relay;
 
 pub use error::{Error, Result};

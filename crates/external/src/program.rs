@@ -15,6 +15,7 @@
 //! | --- | --- |
 //! | `HARNESS_ENV_URL` | the environment server (`http://127.0.0.1:port`) |
 //! | `HARNESS_SESSION_ID` | the episode's session; `GET $HARNESS_ENV_URL/v1/sessions/$HARNESS_SESSION_ID/episode` gives the task, the initial observation and the tools |
+//! | `HARNESS_SESSION_TOKEN` | the session's token, sent as `Authorization: Bearer <token>`: it authorises this session's `episode`, `step` and `finish`, nothing else |
 //! | `HARNESS_PROXY_URL`, `OPENAI_BASE_URL` | the recording proxy's OpenAI base URL (`.../v1`) |
 //! | `HARNESS_PROXY_KEY`, `OPENAI_API_KEY` | the episode's key |
 //! | `HARNESS_MODEL` | the model name to send |
@@ -26,27 +27,42 @@
 //! failure, with [`harness_core::Termination::ProgramFailed`] and the reason in the outcome's
 //! details (`{"external": {"failure", "reason", "exit_code", "stderr_tail"}}`), when the
 //! program exits with an error or a signal (`crashed`), runs past `timeout_s` (`timed_out`:
-//! it is killed) or exits without finishing its session (`unfinished`). The program runs in
-//! its own process group, and the whole group is killed when the program ends, however it
-//! ends.
+//! it is killed), exits without finishing its session (`unfinished`) or its session is gone
+//! when the runner reads it (`session_gone`: closed or expired). The program runs in its own
+//! process group, and the whole group is killed when the program ends, however it ends.
+//!
+//! # Confined to its episode
+//! The runner alone opens the session, reads its outcome and closes it, with the environment
+//! server's runner token ([`ProgramEnv`] sets one; see [`crate::envserver`]'s authority). The
+//! program holds its session's token and its proxy episode's key: it can step and finish its
+//! own session and call the policy for its own episode, nothing else: no task lists, no other
+//! sessions, no verdict (`finish` answers it `"outcome": null`; the verifier's details stay
+//! with the runner). Whatever it does, only its own episode fails: both servers bound its
+//! requests in flight and their time, and a session it cannot finish or that is gone is a
+//! failed episode with the reason, never an error of the run.
 //!
 //! # The sandbox
 //! With [`RunnerSettings::sandbox`] set (made by [`program_sandbox`]), the program runs inside
 //! harness-envs' sandbox of policy-caused commands (`harness_envs::swe::sandbox`): bubblewrap
 //! namespaces, resource limits and, when the runner is root, a user of its own. It then sees
 //! the system read-only, a private `/tmp`, a fresh working folder of its own (its current
-//! folder, removed after the episode), and, read-only, the folder of each command argument
-//! that names an existing file (a path relative to the runner's current folder is handed to
-//! the program made absolute), so `["python3", "agent.py"]` runs its script and may import
-//! its neighbours; the rest of the file system is not there. Its environment is the sandbox's
-//! (`PATH` with the sandbox's Python first, `HOME=/tmp`, ...) plus the harness's `env` and
-//! the variables above; the sandbox's `PATH` is kept. It runs in a pid namespace of its own:
-//! when it ends, or is killed, the kernel kills everything it left inside, a child that
-//! called `setsid` included. The network is the host's, not an empty one as for the policy's
-//! commands, because the program must reach the environment server and the proxy on the
-//! host's loopback; a sandboxed program can therefore still reach the network. Without a
-//! sandbox, a program runs with the runner's user and files, and a process that leaves the
-//! group with `setsid` outlives the episode.
+//! folder, removed after the episode), and, read-only, each command argument that names an
+//! existing file, that file alone (a path relative to the runner's current folder is handed
+//! to the program made absolute): `["python3", "agent.py"]` runs its script, and the folder
+//! the script lies in (a checkout, a run folder with instance files) is not there. A program
+//! of several files names each in its command or ships as one (a Python zipapp). Its
+//! environment is the sandbox's (`PATH` with the sandbox's Python first, `HOME=/tmp`, ...)
+//! plus the harness's `env` and the variables above; the sandbox's `PATH` is kept. It runs in
+//! a pid namespace of its own: when it ends, or is killed, the kernel kills everything it
+//! left inside, a child that called `setsid` included.
+//!
+//! Its network is a namespace of its own where only the environment server and the proxy are
+//! reachable, at the URLs it is handed ([`crate::relay`]: a forwarder inside relays
+//! `127.0.0.1:<port>` to Unix sockets bound from the host, where a relay connects them to the
+//! servers); the host's other loopback services and the network are not. A sandbox built
+//! with [`SandboxConfig::share_network`] set gives the program the host's network instead
+//! (no relay). Without a sandbox, a program runs with the runner's user, files and network,
+//! and a process that leaves the group with `setsid` outlives the episode.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -60,18 +76,18 @@ use harness_core::{
     SamplingParams, Split, Task, Termination, Trajectory,
 };
 use harness_envs::swe::sandbox::{Sandbox, SandboxConfig, UidLease};
-use reqwest::Method;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::io::AsyncReadExt;
 
 use crate::envserver::SessionStatus;
-use crate::envserver::client::{RemoteEnv, call};
+use crate::envserver::client::RemoteEnv;
 use crate::envserver::server::{EnvServer, EnvServerConfig, EnvServerHandle};
 use crate::error::{Error, Result};
 use crate::proxy::{
     EpisodeEnd, EpisodeRecord, EpisodeSpec, ProxyConfig, ProxyHandle, RecordingProxy,
 };
+use crate::relay::{FORWARDER, Relay};
 
 /// The `kind` of an external pool member.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -348,6 +364,8 @@ pub enum ProgramFailure {
     TimedOut,
     /// It exited without finishing its session.
     Unfinished,
+    /// Its session was gone when the runner read the outcome (closed or expired).
+    SessionGone,
 }
 
 /// What happened to the process.
@@ -392,23 +410,50 @@ pub struct RunnerSettings {
 }
 
 impl Default for RunnerSettings {
+    /// Programs sandboxed when bubblewrap works here ([`default_sandbox`]), else unsandboxed.
     fn default() -> Self {
         RunnerSettings {
             path: "/usr/local/bin:/usr/bin:/bin".into(),
             stderr_tail_bytes: 4096,
-            sandbox: None,
+            sandbox: default_sandbox().ok(),
         }
     }
 }
 
+impl RunnerSettings {
+    /// Which sandbox programs run in, in words for reports and `run.json`: `bubblewrap
+    /// (own network: env server and proxy only)`, `bubblewrap (host network)` or `none`.
+    pub fn sandbox_kind(&self) -> &'static str {
+        match &self.sandbox {
+            Some(sandbox) if sandbox.config().share_network => "bubblewrap (host network)",
+            Some(_) => "bubblewrap (own network: env server and proxy only)",
+            None => "none",
+        }
+    }
+}
+
+/// The program sandbox with default settings and `python3`, probed once per process: what
+/// [`RunnerSettings::default`] uses. The error says why there is none (bubblewrap missing,
+/// the probe failed).
+pub fn default_sandbox() -> std::result::Result<Arc<Sandbox>, String> {
+    static SANDBOX: std::sync::OnceLock<std::result::Result<Arc<Sandbox>, String>> =
+        std::sync::OnceLock::new();
+    SANDBOX
+        .get_or_init(|| {
+            program_sandbox(&SandboxConfig::default(), "python3").map_err(|e| e.to_string())
+        })
+        .clone()
+}
+
 /// The sandbox for [`RunnerSettings::sandbox`]: harness-envs' sandbox built from `config`
-/// with the host's network shared (programs reach the environment server and the proxy on
-/// the loopback; see [`SandboxConfig::share_network`]) and `python` as the interpreter first
-/// on its `PATH`. Blocks for the sandbox's probe (a fraction of a second). The error names
-/// the setting and says how to install bubblewrap.
+/// with a network namespace of its own (programs reach only the environment server and the
+/// proxy, through [`crate::relay`]; `config.share_network` is ignored, see
+/// [`SandboxConfig::share_network`] to give a sandbox the host's network on purpose) and
+/// `python` as the interpreter first on its `PATH`. Blocks for the sandbox's probe (a fraction
+/// of a second). The error names the setting and says how to install bubblewrap.
 pub fn program_sandbox(config: &SandboxConfig, python: &str) -> Result<Arc<Sandbox>> {
     let config = SandboxConfig {
-        share_network: true,
+        share_network: false,
         ..config.clone()
     };
     let sandbox = Sandbox::new(&config, python).map_err(|message| {
@@ -430,6 +475,8 @@ struct Prepared {
     workdir: Option<tempfile::TempDir>,
     /// The sandbox's user, leased until the program has ended.
     lease: Option<UidLease>,
+    /// The relay to the servers of a program in a network of its own, open until it ends.
+    relay: Option<Relay>,
 }
 
 /// Runs programs, one per episode, against an environment server and a recording proxy.
@@ -506,21 +553,42 @@ impl ProgramRunner {
             limits: limits.episode_limits(),
             sampling,
         })?;
+        // An open server issues tokens too; one without (an older server) leaves the program
+        // the session id alone.
+        let token = session.started().token.clone().unwrap_or_default();
         let run = self
-            .spawn_and_wait(program, task, seed, session.id(), &key)
+            .spawn_and_wait(program, task, seed, session.id(), &token, &key)
             .await;
         // Whatever happened, the episode's recording ends here.
         let record = self.proxy.close_episode(&key)?;
-        let run = run?;
-        let status: SessionStatus = call(
-            &reqwest_client(),
-            Method::GET,
-            format!("{}/v1/sessions/{}", self.env.base_url(), session.id()),
-            None,
-        )
-        .await?;
+        let mut run = run?;
+        // A session the program had closed, or that expired, fails this episode only.
+        let status: SessionStatus = match self.env.status(session.id()).await {
+            Ok(status) => status,
+            Err(Error::Request {
+                status: Some(code),
+                message,
+                ..
+            }) => {
+                if run.failure.is_none() {
+                    run.failure = Some(ProgramFailure::SessionGone);
+                    run.reason = Some(format!(
+                        "the episode's session could not be read after the program ended (HTTP {code}: {message}), so its outcome is lost"
+                    ));
+                }
+                SessionStatus {
+                    session_id: session.id().to_string(),
+                    task_id: task.id.clone(),
+                    state: crate::envserver::SessionState::Open,
+                    steps: 0,
+                    tool_errors: 0,
+                    done: false,
+                    outcome: None,
+                }
+            }
+            Err(e) => return Err(e),
+        };
         drop(session); // closes the session on the server
-        let mut run = run;
         if run.failure.is_none() && status.outcome.is_none() {
             run.failure = Some(ProgramFailure::Unfinished);
             run.reason = Some(
@@ -576,14 +644,35 @@ impl ProgramRunner {
         task: &Task,
         seed: u64,
         session_id: &str,
+        token: &str,
         key: &str,
     ) -> Result<ProgramRun> {
+        // A program in a network of its own reaches the servers through a relay, at
+        // 127.0.0.1 with their own ports.
+        let relay = match &self.settings.sandbox {
+            Some(sandbox) if !sandbox.config().share_network => {
+                let targets = [
+                    address_of(self.env.base_url())?,
+                    address_of(&self.proxy_url)?,
+                ];
+                Some(Relay::open(&targets).await?)
+            }
+            _ => None,
+        };
+        let (env_url, proxy_url) = match &relay {
+            Some(_) => (
+                inside_url(self.env.base_url())?,
+                inside_url(&self.proxy_url)?,
+            ),
+            None => (self.env.base_url().to_string(), self.proxy_url.clone()),
+        };
         let variables = [
-            ("HARNESS_ENV_URL", self.env.base_url().to_string()),
+            ("HARNESS_ENV_URL", env_url),
             ("HARNESS_SESSION_ID", session_id.to_string()),
-            ("HARNESS_PROXY_URL", self.proxy_url.clone()),
+            ("HARNESS_SESSION_TOKEN", token.to_string()),
+            ("HARNESS_PROXY_URL", proxy_url.clone()),
             ("HARNESS_PROXY_KEY", key.to_string()),
-            ("OPENAI_BASE_URL", self.proxy_url.clone()),
+            ("OPENAI_BASE_URL", proxy_url),
             ("OPENAI_API_KEY", key.to_string()),
             ("HARNESS_MODEL", self.proxy.config().model.clone()),
             (
@@ -597,8 +686,9 @@ impl ProgramRunner {
             mut command,
             workdir,
             lease,
+            relay,
         } = match &self.settings.sandbox {
-            Some(sandbox) => sandboxed(sandbox, program, &variables)?,
+            Some(sandbox) => sandboxed(sandbox, program, &variables, relay)?,
             None => {
                 let mut command = tokio::process::Command::new(&program.command[0]);
                 command
@@ -611,6 +701,7 @@ impl ProgramRunner {
                     command,
                     workdir: None,
                     lease: None,
+                    relay: None,
                 }
             }
         };
@@ -669,8 +760,10 @@ impl ProgramRunner {
             Ok(Ok(text)) => text,
             _ => "[stderr unavailable: a process outside the program's group kept it open]".into(),
         };
-        // The program and everything it started have ended: its user and its folder go.
+        // The program and everything it started have ended: its user, its relay and its
+        // folder go.
         drop(lease);
+        drop(relay);
         if let Some(workdir) = workdir {
             let path = workdir.path().to_path_buf();
             if let Err(e) = workdir.close() {
@@ -717,13 +810,39 @@ impl ProgramRunner {
     }
 }
 
-/// `program`'s command inside `sandbox`: a fresh working folder, the folders of its file
-/// arguments bound read-only (those arguments made absolute), and `variables` and the
-/// harness's `env` on top of the sandbox's environment, whose `PATH` is kept.
+/// The socket address of a server's URL (`http://127.0.0.1:port[/v1]`).
+fn address_of(url: &str) -> Result<std::net::SocketAddr> {
+    reqwest::Url::parse(url)
+        .ok()
+        .and_then(|u| u.socket_addrs(|| None).ok())
+        .and_then(|addrs| addrs.into_iter().next())
+        .ok_or_else(|| {
+            Error::config(
+                "url",
+                format!("expected a server URL such as http://127.0.0.1:8000, got `{url}`"),
+            )
+        })
+}
+
+/// A server's URL as a program in a network of its own reaches it: the forwarder's
+/// `127.0.0.1` with the server's port and the URL's path.
+fn inside_url(url: &str) -> Result<String> {
+    let port = address_of(url)?.port();
+    let path = reqwest::Url::parse(url)
+        .map(|u| u.path().trim_end_matches('/').to_string())
+        .unwrap_or_default();
+    Ok(format!("http://127.0.0.1:{port}{path}"))
+}
+
+/// `program`'s command inside `sandbox`: a fresh working folder, its file arguments bound
+/// read-only, each alone (those arguments made absolute), and `variables` and the harness's
+/// `env` on top of the sandbox's environment, whose `PATH` is kept. With `relay`, the program
+/// runs under the forwarder ([`crate::relay::FORWARDER`]), whose sockets' folder is bound.
 fn sandboxed(
     sandbox: &Sandbox,
     program: &ExternalHarness,
     variables: &[(&str, String)],
+    relay: Option<Relay>,
 ) -> Result<Prepared> {
     let workdir = tempfile::Builder::new()
         .prefix("harness-program-")
@@ -751,14 +870,34 @@ fn sandboxed(
         };
         match file.as_ref().and_then(|f| f.to_str().map(|s| (f, s))) {
             Some((file, text)) => {
-                let bind = visible_part(file, &root);
-                if !binds.contains(&bind) {
-                    binds.push(bind);
+                if !binds.contains(file) {
+                    binds.push(file.clone());
                 }
                 args.push(text.to_string());
             }
             None => args.push(arg.clone()),
         }
+    }
+    if let Some(relay) = &relay {
+        let folder = relay.folder().canonicalize().map_err(|source| {
+            Error::Core(harness_core::Error::Io {
+                path: relay.folder().to_path_buf(),
+                source,
+            })
+        })?;
+        binds.push(folder);
+        let mut forwarded = vec![
+            sandbox.python().display().to_string(),
+            "-c".to_string(),
+            FORWARDER.to_string(),
+        ];
+        for route in relay.routes() {
+            forwarded.push(route.port.to_string());
+            forwarded.push(route.socket.display().to_string());
+        }
+        forwarded.push("--".to_string());
+        forwarded.append(&mut args);
+        args = forwarded;
     }
     let rest: Vec<&str> = args[1..].iter().map(String::as_str).collect();
     let (command, lease) = sandbox
@@ -787,35 +926,8 @@ fn sandboxed(
         command: tokio::process::Command::from(command),
         workdir: Some(workdir),
         lease,
+        relay,
     })
-}
-
-/// What of the host a file argument needs inside the sandbox: its folder, or the file alone
-/// where the folder is `/`, holds the working folder `root` (the host's `/tmp`, say) or holds
-/// private files (a home folder, `/etc`), which would expose far more than the program.
-fn visible_part(file: &Path, root: &Path) -> PathBuf {
-    match file.parent() {
-        Some(folder)
-            if folder != Path::new("/")
-                && !root.starts_with(folder)
-                && !holds_private_files(folder) =>
-        {
-            folder.to_path_buf()
-        }
-        _ => file.to_path_buf(),
-    }
-}
-
-/// Folders whose whole content must not be shown to a program for the sake of one script in
-/// them: home folders (`/root`, `/home`, `/home/<user>`) and the system's configuration
-/// (`/etc`, `/var`). A script there is bound alone.
-fn holds_private_files(folder: &Path) -> bool {
-    let parts: Vec<_> = folder.components().collect();
-    folder == Path::new("/root")
-        || folder.starts_with("/etc")
-        || folder == Path::new("/var")
-        || folder == Path::new("/home")
-        || (folder.starts_with("/home") && parts.len() == 3)
 }
 
 /// The verifier's outcome with the proxy's prefix-check counts beside its details
@@ -864,19 +976,26 @@ pub struct ProgramEnv {
 }
 
 impl ProgramEnv {
-    /// Serve `inner` and a proxy in front of `policy` on loopback ports.
+    /// Serve `inner` and a proxy in front of `policy` on loopback ports. The environment
+    /// server gets a fresh runner token (any set in `config` is replaced), known to this
+    /// runner alone, so programs hold only their sessions' tokens.
     pub async fn serve(
         inner: Arc<dyn Environment>,
         policy: Arc<dyn Policy>,
         config: ProgramEnvConfig,
     ) -> Result<Self> {
         let loopback: std::net::SocketAddr = ([127, 0, 0, 1], 0).into();
-        let server = EnvServer::new(inner.clone(), config.env_server)?;
+        let runner_token = crate::envserver::fresh_token();
+        let env_config = EnvServerConfig {
+            runner_token: Some(runner_token.clone()),
+            ..config.env_server
+        };
+        let server = EnvServer::new(inner.clone(), env_config)?;
         let env_server = EnvServerHandle::spawn(loopback, server).await?;
         let policy_name = policy.name().to_string();
         let proxy = RecordingProxy::new(policy, config.proxy)?;
         let proxy_handle = ProxyHandle::spawn(loopback, proxy.clone()).await?;
-        let remote = RemoteEnv::connect(env_server.base_url()).await?;
+        let remote = RemoteEnv::connect_as(env_server.base_url(), runner_token).await?;
         let runner = ProgramRunner::new(
             remote,
             proxy.clone(),
@@ -944,31 +1063,25 @@ impl Environment for ProgramEnv {
     }
 }
 
-fn reqwest_client() -> reqwest::Client {
-    harness_openai::http_client()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn a_script_in_a_home_folder_is_bound_alone() {
-        let root = Path::new("/tmp/harness-program-x");
-        for (file, visible) in [
-            ("/root/agent.py", "/root/agent.py"),
-            ("/home/ana/agent.py", "/home/ana/agent.py"),
-            ("/home/ana/agents/agent.py", "/home/ana/agents"),
-            ("/etc/agent.py", "/etc/agent.py"),
-            ("/tmp/agent.py", "/tmp/agent.py"),
-            ("/agent.py", "/agent.py"),
-            ("/work/agents/agent.py", "/work/agents"),
-        ] {
-            assert_eq!(
-                visible_part(Path::new(file), root),
-                PathBuf::from(visible),
-                "{file}"
-            );
-        }
+    fn servers_are_reached_inside_at_the_loopback_with_their_ports() {
+        assert_eq!(
+            inside_url("http://127.0.0.1:4100").unwrap(),
+            "http://127.0.0.1:4100"
+        );
+        assert_eq!(
+            inside_url("http://127.0.0.1:4200/v1/").unwrap(),
+            "http://127.0.0.1:4200/v1"
+        );
+        assert_eq!(
+            address_of("http://127.0.0.1:4200/v1").unwrap(),
+            ([127, 0, 0, 1], 4200).into()
+        );
+        let err = address_of("not a url").unwrap_err().to_string();
+        assert!(err.contains("url") && err.contains("not a url"), "{err}");
     }
 }

@@ -43,8 +43,8 @@ fn ci() -> bool {
     std::env::var("CI").is_ok_and(|v| matches!(v.trim(), "true" | "1"))
 }
 
-/// The program sandbox (bubblewrap with the network shared), or `None` to skip when bwrap is
-/// not installed. Under CI (`CI=true`) it must be there; where it is, the sandbox must work.
+/// The program sandbox (bubblewrap with a network of its own, where only the servers are
+/// reachable), or `None` to skip when bwrap is not installed. Under CI (`CI=true`) it must be there; where it is, the sandbox must work.
 fn sandbox(python: &str) -> Option<Arc<Sandbox>> {
     let found = std::process::Command::new("bwrap")
         .arg("--version")
@@ -83,7 +83,16 @@ async fn rig_with(sandbox: Option<Arc<Sandbox>>) -> Rig {
         validation: 2,
         test: 2,
     });
-    let server = EnvServer::new(Arc::new(local.clone()), EnvServerConfig::default()).unwrap();
+    // The runner holds the server's runner token; programs get their sessions' tokens.
+    let runner_token = harness_external::envserver::fresh_token();
+    let server = EnvServer::new(
+        Arc::new(local.clone()),
+        EnvServerConfig {
+            runner_token: Some(runner_token.clone()),
+            ..EnvServerConfig::default()
+        },
+    )
+    .unwrap();
     let env = EnvServerHandle::spawn("127.0.0.1:0".parse().unwrap(), server)
         .await
         .unwrap();
@@ -119,7 +128,9 @@ async fn rig_with(sandbox: Option<Arc<Sandbox>>) -> Rig {
     let proxy = ProxyHandle::spawn("127.0.0.1:0".parse().unwrap(), proxy)
         .await
         .unwrap();
-    let remote = RemoteEnv::connect(env.base_url()).await.unwrap();
+    let remote = RemoteEnv::connect_as(env.base_url(), runner_token)
+        .await
+        .unwrap();
     let runner = ProgramRunner::new(
         remote,
         proxy.proxy().clone(),
@@ -375,7 +386,7 @@ async fn the_python_agent_solves_dbbench_in_the_sandbox() {
     };
     let rig = rig_with(Some(sandbox)).await;
     // A path relative to the runner's folder (the crate's, under cargo test): the runner
-    // binds its folder and hands the program the absolute path.
+    // binds the script alone and hands the program the absolute path.
     assert!(Path::new("agents/dbbench_agent.py").is_file());
     let harness = program(&[python, "agents/dbbench_agent.py"], 60.0);
     for task in tasks(&rig, Split::Train).into_iter().take(2) {

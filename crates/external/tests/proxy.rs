@@ -706,6 +706,20 @@ fn bad_configurations_name_the_field() {
         ),
         (
             ProxyConfig {
+                max_requests_per_episode: 0,
+                ..ProxyConfig::new("m")
+            },
+            "max_requests_per_episode",
+        ),
+        (
+            ProxyConfig {
+                request_timeout: std::time::Duration::ZERO,
+                ..ProxyConfig::new("m")
+            },
+            "request_timeout",
+        ),
+        (
+            ProxyConfig {
                 sampling: Some(SamplingParams {
                     top_p: 1.5,
                     ..SamplingParams::default()

@@ -388,6 +388,14 @@ pub struct ExternalConfig {
     /// Wall-clock seconds one program episode may take before it is killed (the bundled
     /// agent's; a member file's own `limits.timeout_s` applies to it).
     pub timeout_s: f64,
+    /// Requests one program may have in flight at once, at the environment server and at the
+    /// recording proxy each; one more is refused at once (default 4).
+    #[serde(skip_serializing_if = "is_default_requests_in_flight")]
+    pub requests_in_flight: usize,
+    /// Seconds one request of a program to the environment server or the proxy may take,
+    /// reading its body and a verification included (default 600).
+    #[serde(skip_serializing_if = "is_default_request_timeout_s")]
+    pub request_timeout_s: f64,
 }
 
 impl Default for ExternalConfig {
@@ -401,8 +409,25 @@ impl Default for ExternalConfig {
             prefix: PrefixMode::OwnContext,
             sandbox: SandboxMode::Auto,
             timeout_s: 120.0,
+            requests_in_flight: DEFAULT_REQUESTS_IN_FLIGHT,
+            request_timeout_s: DEFAULT_REQUEST_TIMEOUT_S,
         }
     }
+}
+
+/// `external.requests_in_flight`'s default.
+const DEFAULT_REQUESTS_IN_FLIGHT: usize = 4;
+/// `external.request_timeout_s`'s default.
+const DEFAULT_REQUEST_TIMEOUT_S: f64 = 600.0;
+
+/// Defaults stay out of `run.json`, so a run saved before these settings existed still
+/// matches its configuration.
+fn is_default_requests_in_flight(value: &usize) -> bool {
+    *value == DEFAULT_REQUESTS_IN_FLIGHT
+}
+
+fn is_default_request_timeout_s(value: &f64) -> bool {
+    *value == DEFAULT_REQUEST_TIMEOUT_S
 }
 
 impl ExternalConfig {
@@ -1138,6 +1163,18 @@ impl RunConfig {
                 format!("expected seconds above zero, found {}", x.timeout_s),
             );
         }
+        if x.requests_in_flight == 0 {
+            return bad(
+                "external.requests_in_flight".into(),
+                "expected at least 1 request in flight per program".into(),
+            );
+        }
+        if !(x.request_timeout_s.is_finite() && x.request_timeout_s > 0.0) {
+            return bad(
+                "external.request_timeout_s".into(),
+                format!("expected seconds above zero, found {}", x.request_timeout_s),
+            );
+        }
         Ok(())
     }
 
@@ -1818,6 +1855,8 @@ Run configuration (TOML or JSON; any subset; `preset` picks the defaults; flags 
   external.prefix               own_context (default) | mask_episode: what a turn that rewrote the program's history gets
   external.sandbox              auto (default: bubblewrap when it works) | on | off: programs inside the sandbox of policy-caused commands
   external.timeout_s            seconds one episode of the bundled agent may take (default 120)
+  external.requests_in_flight   requests one program may have in flight at the env server and the proxy each (default 4)
+  external.request_timeout_s    seconds one request of a program to the env server or the proxy may take (default 600)
   learner                       candle (default: grpo-candle in this process) | tinker (a Tinker-protocol server trains a LoRA; [tinker])
   tinker.url                    the Tinker server's root, http://host:port (SkyRL's `python -m tx.tinker.api` listens on 8000; --tinker-url)
   tinker.server                 skyrl (default: SkyRL's self-hosted server) | tinker (hosted Tinker): how the server reduces losses

@@ -68,16 +68,34 @@ pub struct MainJobSummary {
     pub seconds: f64,
 }
 
+/// The key of `run.json` that records which sandbox agent programs ran in.
+pub const SANDBOX_RECORD: &str = "external_sandbox";
+
 /// Write the resolved configuration of a seed's run (`run.json`). A directory that already
 /// holds a run of another configuration is refused (its results are never mixed or lost);
 /// one of the same configuration is continued.
+///
+/// Beside the configuration it records `external_sandbox`: which sandbox the run's agent
+/// programs run in (`Workbench::program_sandbox`), with the reason when `external.sandbox =
+/// "auto"` found none; a continued run records its own.
 pub fn write_run_config(wb: &Workbench) -> Result<()> {
     let path = wb.layout.config();
-    let current = serde_json::to_value(&wb.cfg).unwrap_or_else(|_| unreachable!("plain data"));
+    let mut current = serde_json::to_value(&wb.cfg).unwrap_or_else(|_| unreachable!("plain data"));
+    if let (Some(note), Some(map)) = (&wb.program_sandbox, current.as_object_mut()) {
+        map.insert(
+            SANDBOX_RECORD.into(),
+            serde_json::Value::from(note.as_str()),
+        );
+    }
     if let Ok(text) = std::fs::read_to_string(&path) {
         let saved: serde_json::Value = serde_json::from_str(&text)
             .map_err(|e| Error::input("run", &path, format!("not a run configuration: {e}")))?;
-        if comparable(saved) == comparable(current.clone()) {
+        if comparable(saved.clone()) == comparable(current.clone()) {
+            if saved.get(SANDBOX_RECORD) != current.get(SANDBOX_RECORD) {
+                let text = serde_json::to_string_pretty(&current)
+                    .unwrap_or_else(|_| unreachable!("plain data"));
+                harness_core::fsutil::write_atomic(&path, text.as_bytes()).at("run")?;
+            }
             return Ok(());
         }
         return Err(Error::input(
@@ -96,6 +114,9 @@ pub fn write_run_config(wb: &Workbench) -> Result<()> {
 /// A run configuration without the settings a resumed run may change: where the Tinker
 /// server is and how long to wait for it (a server restarted on another port keeps the run).
 fn comparable(mut cfg: serde_json::Value) -> serde_json::Value {
+    if let Some(map) = cfg.as_object_mut() {
+        map.remove(SANDBOX_RECORD);
+    }
     if let Some(t) = cfg.get_mut("tinker").and_then(|t| t.as_object_mut()) {
         for key in [
             "url",

@@ -138,6 +138,9 @@ pub struct Workbench {
     pub programs: Vec<Harness>,
     /// How programs run (the sandbox, chosen once per run).
     pub runner: harness_external::program::RunnerSettings,
+    /// Which sandbox agent programs run in, in words (`run.json`'s `external_sandbox` and the
+    /// report), with the reason when `auto` found none; `None` when the run has no programs.
+    pub program_sandbox: Option<String>,
 }
 
 impl Workbench {
@@ -253,7 +256,7 @@ impl Workbench {
             || base.is_external()
             || cfg.pool.is_some()
             || !cfg.eval.harnesses.is_empty();
-        let runner = program_runner(&cfg, uses_programs, &progress)?;
+        let (runner, program_sandbox) = program_runner(&cfg, uses_programs, &progress)?;
         Ok(Workbench {
             cfg,
             layout,
@@ -269,6 +272,7 @@ impl Workbench {
             progress,
             programs,
             runner,
+            program_sandbox,
         })
     }
 
@@ -324,7 +328,11 @@ impl Workbench {
         if !pool.members().iter().any(Harness::is_external) {
             return Ok(self.env.clone());
         }
+        let x = &self.cfg.external;
+        let request_timeout = std::time::Duration::from_secs_f64(x.request_timeout_s);
         let mut proxy = harness_external::proxy::ProxyConfig::new(policy.name());
+        proxy.max_requests_per_episode = x.requests_in_flight;
+        proxy.request_timeout = request_timeout;
         proxy.prefix_policy = match self.cfg.external.prefix {
             PrefixMode::OwnContext => harness_external::proxy::PrefixPolicy::OwnContext,
             PrefixMode::MaskEpisode => harness_external::proxy::PrefixPolicy::MaskEpisode,
@@ -334,7 +342,11 @@ impl Workbench {
             policy,
             harness_external::program::ProgramEnvConfig {
                 proxy,
-                env_server: Default::default(),
+                env_server: harness_external::envserver::server::EnvServerConfig {
+                    max_requests_per_program: x.requests_in_flight,
+                    request_timeout,
+                    ..Default::default()
+                },
                 runner: self.runner.clone(),
             },
         )
@@ -504,15 +516,25 @@ fn python_sibling(cfg: &RunConfig, base: &Harness, siblings: &[Harness]) -> Resu
 }
 
 /// How programs run: inside the sandbox of policy-caused commands when `external.sandbox`
-/// asks for it and bubblewrap works (`auto` goes without, saying so, when it does not).
+/// asks for it and bubblewrap works (`auto` goes without, saying so, when it does not), and
+/// which sandbox that is, in words (`None` without programs).
 fn program_runner(
     cfg: &RunConfig,
     uses_programs: bool,
     progress: &Progress,
-) -> Result<harness_external::program::RunnerSettings> {
-    let mut settings = harness_external::program::RunnerSettings::default();
-    if !uses_programs || cfg.external.sandbox == SandboxMode::Off {
-        return Ok(settings);
+) -> Result<(harness_external::program::RunnerSettings, Option<String>)> {
+    let mut settings = harness_external::program::RunnerSettings {
+        sandbox: None,
+        ..harness_external::program::RunnerSettings::default()
+    };
+    if !uses_programs {
+        return Ok((settings, None));
+    }
+    if cfg.external.sandbox == SandboxMode::Off {
+        return Ok((
+            settings,
+            Some("none (external.sandbox = \"off\")".to_string()),
+        ));
     }
     let config = swe::sandbox::SandboxConfig {
         // An agent episode's program is one process tree for its whole episode.
@@ -520,19 +542,24 @@ fn program_runner(
         ..swe::sandbox::SandboxConfig::default()
     };
     match harness_external::program::program_sandbox(&config, &cfg.external.python) {
-        Ok(sandbox) => settings.sandbox = Some(sandbox),
-        Err(e) if cfg.external.sandbox == SandboxMode::On => {
-            return Err(Error::Config {
-                file: PathBuf::from("<run config>"),
-                field: "external.sandbox".into(),
-                message: format!("no sandbox for agent programs: {e}"),
-            });
+        Ok(sandbox) => {
+            settings.sandbox = Some(sandbox);
+            let kind = settings.sandbox_kind().to_string();
+            Ok((settings, Some(kind)))
         }
-        Err(e) => progress.println(format!(
-            "agent programs run without a sandbox (external.sandbox = \"auto\"): {e}"
-        )),
+        Err(e) if cfg.external.sandbox == SandboxMode::On => Err(Error::Config {
+            file: PathBuf::from("<run config>"),
+            field: "external.sandbox".into(),
+            message: format!("no sandbox for agent programs: {e}"),
+        }),
+        Err(e) => {
+            let note = format!(
+                "none: external.sandbox = \"auto\" found no sandbox, so agent programs run with the trainer's user, files and network ({e})"
+            );
+            progress.println(format!("warning: {note}"));
+            Ok((settings, Some(note)))
+        }
     }
-    Ok(settings)
 }
 
 /// The LLM roles' client on `roles.llm`, when one is configured (the retail world's LLM

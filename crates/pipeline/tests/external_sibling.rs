@@ -192,4 +192,79 @@ async fn a_program_can_be_h0_of_the_main_job() {
         tests.lines().any(|l| l.contains("\"method\":\"grpo\"")),
         "{tests}"
     );
+    // run.json and the report say which sandbox the program ran in.
+    let run: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("run.json")).unwrap()).unwrap();
+    let note = run["external_sandbox"].as_str().unwrap();
+    if bwrap() {
+        assert_eq!(note, "bubblewrap (own network: env server and proxy only)");
+    } else {
+        assert!(
+            note.starts_with("none: external.sandbox = \"auto\""),
+            "{note}"
+        );
+    }
+    let report = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(report.contains(note), "{report}");
+
+    // `auto` that finds no sandbox (no interpreter to build it with) says so in run.json,
+    // with the reason, and the report puts it in bold.
+    let mut bare = cfg.clone();
+    bare.out = dir.path().join("bare");
+    bare.set("external.python", "\"/no/such/python3\"").unwrap();
+    let wb = Workbench::new(bare.clone(), Secrets::default(), Progress::hidden()).unwrap();
+    assert!(wb.runner.sandbox.is_none());
+    let note = wb.program_sandbox.clone().unwrap();
+    assert!(
+        note.starts_with("none: external.sandbox = \"auto\" found no sandbox")
+            && note.contains("/no/such/python3"),
+        "{note}"
+    );
+    harness_pipeline::write_run_config(&wb).unwrap();
+    let run: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(bare.out.join("run.json")).unwrap()).unwrap();
+    assert_eq!(run["external_sandbox"].as_str(), Some(note.as_str()));
+    let report = harness_pipeline::write_report(&bare).unwrap();
+    let text = std::fs::read_to_string(&report[0]).unwrap();
+    assert!(
+        text.contains("**Agent programs ran without a sandbox**") && text.contains(&note),
+        "{text}"
+    );
+}
+
+/// Whether bubblewrap runs here.
+fn bwrap() -> bool {
+    std::process::Command::new("bwrap")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+#[test]
+fn the_programs_request_bounds_are_settings_checked_by_name() {
+    let defaults = RunConfig::default();
+    assert_eq!(defaults.external.requests_in_flight, 4);
+    assert_eq!(defaults.external.request_timeout_s, 600.0);
+    // Defaults stay out of run.json (a run saved before the settings existed still matches).
+    let saved = serde_json::to_value(&defaults).unwrap();
+    assert!(saved["external"].get("requests_in_flight").is_none());
+    assert!(saved["external"].get("request_timeout_s").is_none());
+    let mut cfg = RunConfig::preset(harness_pipeline::Preset::Quick);
+    cfg.set("external.requests_in_flight", "8").unwrap();
+    cfg.set("external.request_timeout_s", "30").unwrap();
+    cfg.validate(None).unwrap();
+    assert_eq!(
+        serde_json::to_value(&cfg).unwrap()["external"]["requests_in_flight"],
+        8
+    );
+    for (field, value, expected) in [
+        ("external.requests_in_flight", "0", "at least 1"),
+        ("external.request_timeout_s", "0", "above zero"),
+        ("external.request_timeout_s", "-3", "above zero"),
+    ] {
+        let mut cfg = RunConfig::preset(harness_pipeline::Preset::Quick);
+        cfg.set(field, value).unwrap();
+        let e = cfg.validate(None).unwrap_err().to_string();
+        assert!(e.contains(field) && e.contains(expected), "{e}");
+    }
 }

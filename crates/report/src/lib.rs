@@ -235,6 +235,26 @@ fn summary(run: &Run) -> Vec<String> {
             features.join(", ")
         ));
     }
+    // Which sandbox the agent programs ran in (run.json's `external_sandbox`); a run whose
+    // `auto` found none says so in bold, with the reason.
+    for seed in &run.seeds {
+        let Some(note) = seed
+            .config
+            .as_ref()
+            .and_then(|c| c.get("external_sandbox"))
+            .and_then(serde_json::Value::as_str)
+        else {
+            continue;
+        };
+        lines.push(if note.starts_with("none") {
+            format!(
+                "**Agent programs ran without a sandbox** in {}: {note}",
+                seed.name()
+            )
+        } else {
+            format!("Agent programs' sandbox in {}: {note}", seed.name())
+        });
+    }
     // Methods the run was configured with that left no training record (the main job skips a
     // method whose rescue needs more siblings than evolution kept).
     for seed in &run.seeds {

@@ -696,3 +696,42 @@ fn routed_methods_are_labelled_by_the_allocation_that_ran() {
         None
     );
 }
+
+#[test]
+fn the_sandbox_agent_programs_ran_in_is_reported_and_none_stands_out() {
+    let cases = [
+        (
+            Some("bubblewrap (own network: env server and proxy only)"),
+            Some(
+                "- Agent programs' sandbox in seed 4: bubblewrap (own network: env server and proxy only)",
+            ),
+        ),
+        (
+            Some("none: external.sandbox = \"auto\" found no sandbox (bwrap is missing)"),
+            Some(
+                "- **Agent programs ran without a sandbox** in seed 4: none: external.sandbox = \"auto\" found no sandbox (bwrap is missing)",
+            ),
+        ),
+        // A run without agent programs records nothing and reports nothing.
+        (None, None),
+    ];
+    for (note, line) in cases {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut run = serde_json::json!({"seed": 4});
+        if let Some(note) = note {
+            run["external_sandbox"] = serde_json::Value::from(note);
+        }
+        write_json(&tmp.path().join("run.json"), &run);
+        write_method(tmp.path(), "grpo", true);
+        let files = write_report(tmp.path()).unwrap();
+        let text = std::fs::read_to_string(&files.markdown).unwrap();
+        match line {
+            Some(line) => assert!(text.contains(line), "{text}"),
+            None => assert!(
+                !text.contains("Agent programs' sandbox")
+                    && !text.contains("ran without a sandbox"),
+                "{text}"
+            ),
+        }
+    }
+}

@@ -13,7 +13,7 @@
 //!   installation), a private `/tmp` (a size-capped tmpfs), `/dev` with only the basic devices;
 //! - one directory of the host, the episode's repository copy (writable for the policy's
 //!   commands, read-only for verification), and the further paths a caller binds read-only
-//!   ([`Sandbox::command_with`]: an agent program's own folder);
+//!   ([`Sandbox::command_with`]: an agent program's script file and its relay's sockets);
 //! - an environment with only `PATH`, `HOME=/tmp`, `TMPDIR`, `LANG`, `USER` and the `PYTHON*`
 //!   flags the runners need;
 //! - limits on CPU seconds, address space, processes and file size ([`SandboxConfig`]), set by
@@ -97,9 +97,9 @@ pub struct SandboxConfig {
     pub uid_count: u32,
     /// Give commands the host's network namespace instead of an empty one of their own. This
     /// gives up the network isolation: a command can reach every service listening on the
-    /// host's loopback and, through the host, the network. Agent programs need it to reach the
-    /// environment server and the recording proxy on `127.0.0.1`; the policy's commands of the
-    /// repository-repair world never do.
+    /// host's loopback and, through the host, the network. Nothing needs it: agent programs
+    /// keep a network of their own and reach harness-external's two servers through Unix
+    /// sockets bound into the sandbox (its `relay`); tests set it as the control.
     pub share_network: bool,
     /// When the trainer runs as root: give every command a user namespace of its own, made
     /// fresh for it, in which only root (for bwrap's set-up) and the leased user are mapped,

@@ -19,15 +19,16 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::{
-    ErrorBody, FinishRequest, FinishResponse, Health, PROTOCOL, StartRequest, StartResponse,
-    StepResponse, TaskList,
+    ErrorBody, FinishRequest, FinishResponse, Health, PROTOCOL, SessionStatus, StartRequest,
+    StartResponse, StepResponse, TaskList,
 };
 use crate::error::{Error, Result};
 
-/// Send one request and read its JSON answer; an error status becomes [`Error::Request`]
-/// carrying the server's message.
+/// Send one request (with `token` as its bearer credential, when given) and read its JSON
+/// answer; an error status becomes [`Error::Request`] carrying the server's message.
 pub(crate) async fn call<T: DeserializeOwned>(
     http: &reqwest::Client,
+    token: Option<&str>,
     method: Method,
     url: String,
     body: Option<String>,
@@ -38,6 +39,9 @@ pub(crate) async fn call<T: DeserializeOwned>(
         _ => "POST",
     };
     let mut request = http.request(method, &url);
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
     if let Some(body) = body {
         request = request
             .header(reqwest::header::CONTENT_TYPE, "application/json")
@@ -80,12 +84,16 @@ pub(crate) fn to_json<T: Serialize>(value: &T) -> String {
 pub struct RemoteEnvConfig {
     /// The longest a request may take (a step of a slow environment included).
     pub request_timeout: Duration,
+    /// The runner's credential, sent with every request: a server with a runner token
+    /// (`EnvServerConfig::runner_token`) serves only it. `None` for an open server.
+    pub token: Option<String>,
 }
 
 impl Default for RemoteEnvConfig {
     fn default() -> Self {
         RemoteEnvConfig {
             request_timeout: Duration::from_secs(600),
+            token: None,
         }
     }
 }
@@ -95,6 +103,7 @@ pub struct RemoteEnv {
     name: String,
     base: String,
     http: reqwest::Client,
+    token: Option<String>,
     tasks: Vec<Task>,
     parsers: BTreeMap<String, Arc<dyn ActionParser>>,
 }
@@ -111,10 +120,20 @@ impl std::fmt::Debug for RemoteEnv {
 }
 
 impl RemoteEnv {
-    /// Connect to the server at `base_url` (`http://host:port`) with default settings: check
-    /// its protocol and fetch its task lists (the [`Environment::tasks`] seam is synchronous).
+    /// Connect to the open server at `base_url` (`http://host:port`) with default settings:
+    /// check its protocol and fetch its task lists (the [`Environment::tasks`] seam is
+    /// synchronous).
     pub async fn connect(base_url: impl Into<String>) -> Result<Self> {
         Self::connect_with(base_url, &RemoteEnvConfig::default()).await
+    }
+
+    /// [`RemoteEnv::connect`] as the runner of a server with the runner token `token`.
+    pub async fn connect_as(base_url: impl Into<String>, token: impl Into<String>) -> Result<Self> {
+        let config = RemoteEnvConfig {
+            token: Some(token.into()),
+            ..RemoteEnvConfig::default()
+        };
+        Self::connect_with(base_url, &config).await
     }
 
     /// [`RemoteEnv::connect`] with `config`.
@@ -134,7 +153,15 @@ impl RemoteEnv {
             .timeout(config.request_timeout)
             .build()
             .map_err(|e| Error::config("base_url", format!("cannot build an HTTP client: {e}")))?;
-        let health: Health = call(&http, Method::GET, format!("{base}/health"), None).await?;
+        let token = config.token.clone();
+        let health: Health = call(
+            &http,
+            token.as_deref(),
+            Method::GET,
+            format!("{base}/health"),
+            None,
+        )
+        .await?;
         if health.protocol != PROTOCOL {
             return Err(Error::Protocol {
                 url: format!("{base}/health"),
@@ -148,6 +175,7 @@ impl RemoteEnv {
         for split in Split::ALL {
             let list: TaskList = call(
                 &http,
+                token.as_deref(),
                 Method::GET,
                 format!("{base}/v1/tasks?split={split}"),
                 None,
@@ -159,6 +187,7 @@ impl RemoteEnv {
             name: health.env,
             base,
             http,
+            token,
             tasks,
             parsers: BTreeMap::new(),
         })
@@ -190,6 +219,7 @@ impl RemoteEnv {
         };
         let started: StartResponse = call(
             &self.http,
+            self.token.as_deref(),
             Method::POST,
             format!("{}/v1/sessions", self.base),
             Some(to_json(&request)),
@@ -199,10 +229,25 @@ impl RemoteEnv {
             env: self.name.clone(),
             url: format!("{}/v1/sessions/{}", self.base, started.session_id),
             http: self.http.clone(),
+            token: self.token.clone(),
             started,
             parsers: self.parsers.clone(),
             format: Mutex::new(None),
         })
+    }
+}
+
+impl RemoteEnv {
+    /// Session `session_id`'s status and outcome (the runner's route).
+    pub async fn status(&self, session_id: &str) -> Result<SessionStatus> {
+        call(
+            &self.http,
+            self.token.as_deref(),
+            Method::GET,
+            format!("{}/v1/sessions/{session_id}", self.base),
+            None,
+        )
+        .await
     }
 }
 
@@ -237,6 +282,7 @@ pub struct RemoteSession {
     env: String,
     url: String,
     http: reqwest::Client,
+    token: Option<String>,
     started: StartResponse,
     parsers: BTreeMap<String, Arc<dyn ActionParser>>,
     format: Mutex<Option<String>>,
@@ -260,6 +306,7 @@ impl RemoteSession {
     ) -> harness_core::Result<T> {
         call(
             &self.http,
+            self.token.as_deref(),
             Method::POST,
             format!("{}/{what}", self.url),
             Some(to_json(body)),
@@ -290,7 +337,13 @@ impl EnvSession for RemoteSession {
                 .clone(),
         };
         let answer: FinishResponse = self.post("finish", &request).await?;
-        Ok(answer.outcome)
+        answer.outcome.ok_or_else(|| harness_core::Error::Environment {
+            env: self.env.clone(),
+            message: format!(
+                "{}/finish withheld the outcome: the server answers it to the runner's credential only (RemoteEnvConfig::token)",
+                self.url
+            ),
+        })
     }
 
     fn initial_observation(&self) -> String {
@@ -308,10 +361,12 @@ impl Drop for RemoteSession {
     fn drop(&mut self) {
         // Free the server's state now rather than at its idle timeout.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let http = self.http.clone();
-            let url = self.url.clone();
+            let mut request = self.http.delete(&self.url);
+            if let Some(token) = &self.token {
+                request = request.bearer_auth(token);
+            }
             runtime.spawn(async move {
-                let _ = http.delete(url).send().await;
+                let _ = request.send().await;
             });
         }
     }

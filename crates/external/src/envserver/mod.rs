@@ -9,16 +9,39 @@
 //! with an explicit session id so that one server runs many episodes at once. Every body is
 //! JSON; unknown fields are refused with a 400 naming the field.
 //!
-//! | request | body | answer |
-//! | --- | --- | --- |
-//! | `GET /health` | | `{"status": "ok", "env": "dbbench", "protocol": "harness-s-env/1", "sessions": 3}` |
-//! | `GET /v1/tasks?split=train` | | `{"env", "split", "tasks": [{"id", "env", "split", "instruction", "seed"}]}` |
-//! | `POST /v1/sessions` | `{"task_id": "dbbench/train-0", "seed": 7, "max_steps": 30}` (`seed` defaults to the task's, `max_steps` to none) | 201 `{"session_id", "env", "task": {...}, "initial_observation", "tools": [{"name", "description", "parameters", "kind"}], "max_steps", "idle_timeout_s", "max_lifetime_s"}` |
-//! | `POST /v1/sessions/{id}/step` | `{"name": "execute_sql", "arguments": {"query": "SELECT 1"}}` | `{"observation": {"text", "error", "pagination", "done"}, "steps": 1}` |
-//! | `POST /v1/sessions/{id}/finish` | `{"final_answer": null, "action_format": null}` (both optional) | `{"outcome": {"reward": 1.0, "details": {...}}, "steps": 4}` |
-//! | `GET /v1/sessions/{id}` | | `{"session_id", "task_id", "state": "open" or "finished", "steps", "tool_errors", "done", "outcome"}` |
-//! | `GET /v1/sessions/{id}/episode` | | the start's answer again (task, initial observation, tools): what a program handed only the session id reads first |
-//! | `DELETE /v1/sessions/{id}` | | 204 |
+//! | request | who | body | answer |
+//! | --- | --- | --- | --- |
+//! | `GET /health` | anyone | | `{"status": "ok", "env": "dbbench", "protocol": "harness-s-env/1", "sessions": 3}` |
+//! | `GET /v1/tasks?split=train` | runner | | `{"env", "split", "tasks": [{"id", "env", "split", "instruction", "seed"}]}` |
+//! | `POST /v1/sessions` | runner | `{"task_id": "dbbench/train-0", "seed": 7, "max_steps": 30}` (`seed` defaults to the task's, `max_steps` to none) | 201 `{"session_id", "token", "env", "task": {...}, "initial_observation", "tools": [{"name", "description", "parameters", "kind"}], "max_steps", "idle_timeout_s", "max_lifetime_s"}` |
+//! | `POST /v1/sessions/{id}/step` | runner, its program | `{"name": "execute_sql", "arguments": {"query": "SELECT 1"}}` | `{"observation": {"text", "error", "pagination", "done"}, "steps": 1}` |
+//! | `POST /v1/sessions/{id}/finish` | runner, its program | `{"final_answer": null, "action_format": null}` (both optional) | `{"outcome": {"reward": 1.0, "details": {...}}, "steps": 4}`; the program gets `"outcome": null` |
+//! | `GET /v1/sessions/{id}` | runner | | `{"session_id", "task_id", "state": "open" or "finished", "steps", "tool_errors", "done", "outcome"}` |
+//! | `GET /v1/sessions/{id}/episode` | runner, its program | | the start's answer again (task, initial observation, tools) without the token: what a program handed only the session id reads first |
+//! | `DELETE /v1/sessions/{id}` | runner | | 204 |
+//!
+//! # Authority
+//! With [`server::EnvServerConfig::runner_token`] set (as every [`crate::program::ProgramEnv`]
+//! sets it, to a fresh random value), a request presents `Authorization: Bearer <token>`:
+//! - the **runner token** authorises every route: only the runner lists tasks, opens sessions,
+//!   reads outcomes and closes sessions;
+//! - a **session token** (the `token` of the start's answer, handed to the episode's program)
+//!   authorises its own session's `step`, `finish` and `episode` and nothing else: no listing,
+//!   no new sessions, no other session, no status. Its `finish` runs the verifier and answers
+//!   `"outcome": null`: the verifier's details (DBBench's gold answers, the hidden tests'
+//!   traceback) and the reward stay with the runner, as a harness shows its policy no verdict.
+//!
+//! Anything else is refused (401 without a token, 403 with one that does not authorise the
+//! request; a session that does not exist answers the same 403 as another's, so a token learns
+//! nothing about other sessions). Without a runner token the server is open as before: every
+//! client may do everything (the standalone `env-serve` on a trusted network).
+//!
+//! # Bounds
+//! Requests made with a session token are bounded per session
+//! ([`server::EnvServerConfig::max_requests_per_program`] at once, one more is answered 429)
+//! and together ([`server::EnvServerConfig::max_program_requests`], 503); every request is
+//! bounded in time ([`server::EnvServerConfig::request_timeout`], 503), and a program holds
+//! exactly one session: the one the runner opened for it.
 //!
 //! - **Tasks** are listed without their metadata: ground truth lives there and never leaves
 //!   the server. A session is started by task id, never from a client-supplied task.
@@ -134,6 +157,10 @@ pub struct StartRequest {
 pub struct StartResponse {
     /// The session's id: the capability every later request presents.
     pub session_id: String,
+    /// The session's token: it authorises this session's `step`, `finish` and `episode` and
+    /// nothing else (see the module docs). Absent from the `episode` answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
     /// The environment's name.
     pub env: String,
     /// The task.
@@ -179,8 +206,10 @@ pub struct FinishRequest {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FinishResponse {
-    /// The verifier's judgement.
-    pub outcome: Outcome,
+    /// The verifier's judgement; `None` for a program (a session token), which is not shown
+    /// the verdict.
+    #[serde(default)]
+    pub outcome: Option<Outcome>,
     /// Steps taken in the session.
     pub steps: u32,
 }
@@ -214,6 +243,30 @@ pub struct SessionStatus {
     pub done: bool,
     /// The outcome, once finished.
     pub outcome: Option<Outcome>,
+}
+
+/// A fresh random credential (a runner token, a session token): 128 random bits in hex.
+pub fn fresh_token() -> String {
+    format!("{:032x}", rand::random::<u128>())
+}
+
+/// The bearer token of a request's `Authorization` header, if any.
+pub(crate) fn bearer(headers: &axum::http::HeaderMap) -> Option<&str> {
+    headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+}
+
+/// Compare two secrets in time that does not depend on where they first differ.
+pub(crate) fn same_secret(a: &str, b: &str) -> bool {
+    a.len() == b.len()
+        && a.bytes()
+            .zip(b.bytes())
+            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+            == 0
 }
 
 /// The body of every error answer.

@@ -14,13 +14,15 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, Path, Query, State};
-use axum::http::StatusCode;
+use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use harness_core::{EnvSession, Environment, Outcome, Split, TOOL_CALL_FORMAT, Task};
@@ -33,6 +35,7 @@ use tokio::task::JoinHandle;
 use super::{
     ErrorBody, ErrorDetail, FinishRequest, FinishResponse, Health, PROTOCOL, PublicTask,
     SessionState, SessionStatus, StartRequest, StartResponse, StepRequest, StepResponse, TaskList,
+    bearer, fresh_token, same_secret,
 };
 use crate::error::{Error, Result};
 
@@ -47,6 +50,20 @@ pub struct EnvServerConfig {
     pub max_sessions: usize,
     /// How often expired sessions are swept (they are also refused on access in between).
     pub sweep_interval: Duration,
+    /// The runner's credential (`Authorization: Bearer <token>`; see [`super`]'s authority):
+    /// with one, only it lists tasks, opens, reads and closes sessions, and a session's own
+    /// token authorises that session's step, finish and episode only. `None` serves every
+    /// client everything (the open protocol, for a trusted network and for tests' controls).
+    pub runner_token: Option<String>,
+    /// Requests a program (one session's token) may have in flight at once; one more is
+    /// answered 429 at once.
+    pub max_requests_per_program: usize,
+    /// Requests all programs together may have in flight at once; one more is answered 503.
+    /// The runner's own requests are not counted, so programs cannot crowd it out.
+    pub max_program_requests: usize,
+    /// The longest a request may take, body and environment work included (a verification
+    /// too); past it the request is answered 503 and its work dropped.
+    pub request_timeout: Duration,
 }
 
 impl Default for EnvServerConfig {
@@ -56,6 +73,10 @@ impl Default for EnvServerConfig {
             max_lifetime: Duration::from_secs(3600),
             max_sessions: 1024,
             sweep_interval: Duration::from_secs(1),
+            runner_token: None,
+            max_requests_per_program: 4,
+            max_program_requests: 256,
+            request_timeout: Duration::from_secs(600),
         }
     }
 }
@@ -67,13 +88,28 @@ impl EnvServerConfig {
             ("idle_timeout", self.idle_timeout),
             ("max_lifetime", self.max_lifetime),
             ("sweep_interval", self.sweep_interval),
+            ("request_timeout", self.request_timeout),
         ] {
             if value.is_zero() {
                 return Err(Error::config(field, "expected a duration above zero"));
             }
         }
-        if self.max_sessions == 0 {
-            return Err(Error::config("max_sessions", "expected at least 1"));
+        for (field, value) in [
+            ("max_sessions", self.max_sessions),
+            ("max_requests_per_program", self.max_requests_per_program),
+            ("max_program_requests", self.max_program_requests),
+        ] {
+            if value == 0 {
+                return Err(Error::config(field, "expected at least 1"));
+            }
+        }
+        if let Some(token) = &self.runner_token
+            && (token.len() < 16 || !token.bytes().all(|b| b.is_ascii_graphic()))
+        {
+            return Err(Error::config(
+                "runner_token",
+                "expected at least 16 printable ASCII characters without spaces (e.g. envserver::fresh_token())",
+            ));
         }
         Ok(())
     }
@@ -82,6 +118,10 @@ impl EnvServerConfig {
 /// One session's state, behind its own lock so that sessions step concurrently.
 struct Slot {
     task_id: String,
+    /// The session's token (see [`super`]'s authority).
+    token: String,
+    /// Requests made with the session's token now in flight.
+    in_flight: AtomicUsize,
     /// What the start answered, for `GET /v1/sessions/{id}/episode`.
     started_as: StartResponse,
     started: Instant,
@@ -117,6 +157,32 @@ pub struct EnvServer {
     by_split: BTreeMap<Split, Vec<String>>,
     config: EnvServerConfig,
     sessions: Mutex<HashMap<String, Arc<Slot>>>,
+    /// Requests made with session tokens now in flight, all sessions together.
+    program_requests: Arc<AtomicUsize>,
+}
+
+/// Who made a request to a session's route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Caller {
+    /// The runner (or anyone, when the server is open): every route, the whole outcome.
+    Runner,
+    /// The session's own program: step, finish and episode; no verdict.
+    Program,
+}
+
+/// A request counted against a program's and all programs' bounds, released when dropped.
+struct InFlight {
+    slot: Option<Arc<Slot>>,
+    all: Arc<AtomicUsize>,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if let Some(slot) = &self.slot {
+            slot.in_flight.fetch_sub(1, Ordering::SeqCst);
+        }
+        self.all.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl EnvServer {
@@ -150,6 +216,7 @@ impl EnvServer {
             by_split,
             config,
             sessions: Mutex::new(HashMap::new()),
+            program_requests: Arc::new(AtomicUsize::new(0)),
         }))
     }
 
@@ -174,6 +241,111 @@ impl EnvServer {
 
     fn lock_sessions(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Slot>>> {
         self.sessions.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &EnvServerConfig {
+        &self.config
+    }
+
+    /// Refuse a request to a runner-only route unless it presents the runner token (or the
+    /// server is open).
+    fn runner_only(&self, headers: &HeaderMap, what: &str) -> std::result::Result<(), ApiError> {
+        let Some(runner) = &self.config.runner_token else {
+            return Ok(());
+        };
+        match bearer(headers) {
+            Some(token) if same_secret(token, runner) => Ok(()),
+            Some(_) => Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                format!(
+                    "{what} is the runner's: a program's session token authorises only its own session's step, finish and episode"
+                ),
+            )),
+            None => Err(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                format!("{what} needs the runner's credential (`Authorization: Bearer <token>`)"),
+            )),
+        }
+    }
+
+    /// Who may use session `id`'s `step`, `finish` or `episode` with these headers, and the
+    /// request's place in the programs' bounds. A program's token must be the session's own;
+    /// a missing or other session answers the same 403, so a token learns nothing of others.
+    fn session_caller(
+        &self,
+        headers: &HeaderMap,
+        id: &str,
+    ) -> std::result::Result<(Caller, Option<InFlight>), ApiError> {
+        let token = bearer(headers);
+        let runner = match (&self.config.runner_token, token) {
+            (None, _) => true,
+            (Some(runner), Some(token)) => same_secret(token, runner),
+            (Some(_), None) => {
+                return Err(ApiError::new(
+                    StatusCode::UNAUTHORIZED,
+                    format!(
+                        "session `{id}` needs its token (HARNESS_SESSION_TOKEN) as `Authorization: Bearer <token>`"
+                    ),
+                ));
+            }
+        };
+        // A request bearing the session's own token counts against the program's bounds, in
+        // an open server too.
+        let own = token.and_then(|token| {
+            self.lock_sessions()
+                .get(id)
+                .filter(|slot| same_secret(token, &slot.token))
+                .cloned()
+        });
+        if !runner && own.is_none() {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                format!("this token does not authorise session `{id}`"),
+            ));
+        }
+        let in_flight = match own {
+            Some(slot) => Some(self.admit(slot)?),
+            None => None,
+        };
+        Ok((
+            if runner {
+                Caller::Runner
+            } else {
+                Caller::Program
+            },
+            in_flight,
+        ))
+    }
+
+    /// Count a program's request, or refuse it when its program or all programs are at their
+    /// bound.
+    fn admit(&self, slot: Arc<Slot>) -> std::result::Result<InFlight, ApiError> {
+        let mine = slot.in_flight.fetch_add(1, Ordering::SeqCst);
+        let all = self.program_requests.fetch_add(1, Ordering::SeqCst);
+        let guard = InFlight {
+            slot: Some(slot),
+            all: self.program_requests.clone(),
+        };
+        if mine >= self.config.max_requests_per_program {
+            return Err(ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                format!(
+                    "this session has {} requests in flight, its limit (max_requests_per_program); wait for their answers",
+                    self.config.max_requests_per_program
+                ),
+            ));
+        }
+        if all >= self.config.max_program_requests {
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "programs have {} requests in flight, the server's limit (max_program_requests); retry later",
+                    self.config.max_program_requests
+                ),
+            ));
+        }
+        Ok(guard)
     }
 
     /// The session `id` names, touched; expired sessions are removed and refused.
@@ -271,9 +443,11 @@ async fn health(State(server): State<Arc<EnvServer>>) -> Response {
 
 async fn list_tasks(
     State(server): State<Arc<EnvServer>>,
+    headers: HeaderMap,
     Query(query): Query<HashMap<String, String>>,
 ) -> Response {
     flatten((|| {
+        server.runner_only(&headers, "listing tasks")?;
         let raw = query.get("split").ok_or_else(|| {
             ApiError::bad("query parameter `split`: expected train, validation or test")
         })?;
@@ -300,11 +474,12 @@ async fn list_tasks(
     })())
 }
 
-async fn start(State(server): State<Arc<EnvServer>>, body: Bytes) -> Response {
-    flatten(start_inner(&server, &body).await)
+async fn start(State(server): State<Arc<EnvServer>>, headers: HeaderMap, body: Bytes) -> Response {
+    flatten(start_inner(&server, &headers, &body).await)
 }
 
-async fn start_inner(server: &Arc<EnvServer>, body: &Bytes) -> ApiResult {
+async fn start_inner(server: &Arc<EnvServer>, headers: &HeaderMap, body: &Bytes) -> ApiResult {
+    server.runner_only(headers, "opening a session")?;
     let req: StartRequest = parse(body, "start request")?;
     let task = server.tasks.get(&req.task_id).ok_or_else(|| {
         ApiError::new(
@@ -338,8 +513,10 @@ async fn start_inner(server: &Arc<EnvServer>, body: &Bytes) -> ApiResult {
             format!("the environment could not start task `{}`: {e}", task.id),
         )
     })?;
-    let response = StartResponse {
-        session_id: format!("{:032x}", rand::random::<u128>()),
+    let token = fresh_token();
+    let mut response = StartResponse {
+        session_id: fresh_token(),
+        token: None,
         env: server.env.name().to_string(),
         task: PublicTask::from(task),
         initial_observation: session.initial_observation(),
@@ -351,6 +528,9 @@ async fn start_inner(server: &Arc<EnvServer>, body: &Bytes) -> ApiResult {
     let now = Instant::now();
     let slot = Slot {
         task_id: task.id.clone(),
+        token: token.clone(),
+        in_flight: AtomicUsize::new(0),
+        // The `episode` answer, which a program reads, does not repeat the token.
         started_as: response.clone(),
         started: now,
         last_used: Mutex::new(now),
@@ -366,18 +546,21 @@ async fn start_inner(server: &Arc<EnvServer>, body: &Bytes) -> ApiResult {
     server
         .lock_sessions()
         .insert(response.session_id.clone(), Arc::new(slot));
+    response.token = Some(token);
     Ok(json(StatusCode::CREATED, &response))
 }
 
 async fn step(
     State(server): State<Arc<EnvServer>>,
+    headers: HeaderMap,
     Path(id): Path<String>,
     body: Bytes,
 ) -> Response {
-    flatten(step_inner(&server, &id, &body).await)
+    flatten(step_inner(&server, &headers, &id, &body).await)
 }
 
-async fn step_inner(server: &EnvServer, id: &str, body: &Bytes) -> ApiResult {
+async fn step_inner(server: &EnvServer, headers: &HeaderMap, id: &str, body: &Bytes) -> ApiResult {
+    let (_caller, _in_flight) = server.session_caller(headers, id)?;
     let call: StepRequest = parse(body, "step request")?;
     let slot = server.slot(id)?;
     let mut state = slot.state.lock().await;
@@ -393,7 +576,9 @@ async fn step_inner(server: &EnvServer, id: &str, body: &Bytes) -> ApiResult {
     let Some(session) = state.session.as_mut() else {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
-            format!("session `{id}` is finished; it takes no more steps"),
+            format!(
+                "session `{id}` is finished (or its verification was cut off); it takes no more steps"
+            ),
         ));
     };
     let observation = session.step(&call).await.map_err(|e| {
@@ -417,13 +602,25 @@ async fn step_inner(server: &EnvServer, id: &str, body: &Bytes) -> ApiResult {
 
 async fn finish(
     State(server): State<Arc<EnvServer>>,
+    headers: HeaderMap,
     Path(id): Path<String>,
     body: Bytes,
 ) -> Response {
-    flatten(finish_inner(&server, &id, &body).await)
+    flatten(finish_inner(&server, &headers, &id, &body).await)
 }
 
-async fn finish_inner(server: &EnvServer, id: &str, body: &Bytes) -> ApiResult {
+async fn finish_inner(
+    server: &EnvServer,
+    headers: &HeaderMap,
+    id: &str,
+    body: &Bytes,
+) -> ApiResult {
+    let (caller, _in_flight) = server.session_caller(headers, id)?;
+    // The verdict is the runner's: a program learns that its session is finished, no more.
+    let shown = |outcome: &Outcome| match caller {
+        Caller::Runner => Some(outcome.clone()),
+        Caller::Program => None,
+    };
     let req: FinishRequest = if body.iter().all(u8::is_ascii_whitespace) {
         FinishRequest::default()
     } else {
@@ -435,15 +632,21 @@ async fn finish_inner(server: &EnvServer, id: &str, body: &Bytes) -> ApiResult {
         return Ok(json(
             StatusCode::OK,
             &FinishResponse {
-                outcome: outcome.clone(),
+                outcome: shown(outcome),
                 steps: state.steps,
             },
         ));
     }
-    let mut session = state
-        .session
-        .take()
-        .expect("an unfinished session holds its episode");
+    // A verification cut off by the request's time limit dropped the episode with it.
+    let Some(mut session) = state.session.take() else {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            format!(
+                "session `{id}` lost its episode: its verification ran past the request time limit ({:?})",
+                server.config.request_timeout
+            ),
+        ));
+    };
     if let Some(format) = req
         .action_format
         .as_deref()
@@ -466,22 +669,25 @@ async fn finish_inner(server: &EnvServer, id: &str, body: &Bytes) -> ApiResult {
             ));
         }
     };
-    state.outcome = Some(outcome.clone());
+    let answer = FinishResponse {
+        outcome: shown(&outcome),
+        steps: state.steps,
+    };
+    state.outcome = Some(outcome);
     slot.touch();
-    Ok(json(
-        StatusCode::OK,
-        &FinishResponse {
-            outcome,
-            steps: state.steps,
-        },
-    ))
+    Ok(json(StatusCode::OK, &answer))
 }
 
-async fn status(State(server): State<Arc<EnvServer>>, Path(id): Path<String>) -> Response {
-    flatten(status_inner(&server, &id).await)
+async fn status(
+    State(server): State<Arc<EnvServer>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
+    flatten(status_inner(&server, &headers, &id).await)
 }
 
-async fn status_inner(server: &EnvServer, id: &str) -> ApiResult {
+async fn status_inner(server: &EnvServer, headers: &HeaderMap, id: &str) -> ApiResult {
+    server.runner_only(headers, "reading a session's status and outcome")?;
     let slot = server.slot(id)?;
     let state = slot.state.lock().await;
     Ok(json(
@@ -501,14 +707,26 @@ async fn status_inner(server: &EnvServer, id: &str) -> ApiResult {
     ))
 }
 
-async fn episode(State(server): State<Arc<EnvServer>>, Path(id): Path<String>) -> Response {
-    match server.slot(&id) {
-        Ok(slot) => json(StatusCode::OK, &slot.started_as),
-        Err(e) => e.into_response(),
-    }
+async fn episode(
+    State(server): State<Arc<EnvServer>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
+    flatten((|| {
+        let (_caller, _in_flight) = server.session_caller(&headers, &id)?;
+        let slot = server.slot(&id)?;
+        Ok(json(StatusCode::OK, &slot.started_as))
+    })())
 }
 
-async fn close(State(server): State<Arc<EnvServer>>, Path(id): Path<String>) -> Response {
+async fn close(
+    State(server): State<Arc<EnvServer>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
+    if let Err(e) = server.runner_only(&headers, "closing a session") {
+        return e.into_response();
+    }
     match server.lock_sessions().remove(&id) {
         Some(_) => StatusCode::NO_CONTENT.into_response(),
         None => ApiError::new(StatusCode::NOT_FOUND, format!("no session `{id}`")).into_response(),
@@ -523,8 +741,22 @@ async fn not_found() -> Response {
     .into_response()
 }
 
+/// Answer 503 to a request that runs past `limit` (reading its body included), dropping its
+/// work, so that no client holds a handler for long.
+pub(crate) async fn time_limited(limit: Duration, request: Request, next: Next) -> Response {
+    match tokio::time::timeout(limit, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("the request ran past the server's limit of {limit:?} (request_timeout) and was dropped"),
+        )
+        .into_response(),
+    }
+}
+
 /// The server's routes.
 pub fn router(server: Arc<EnvServer>) -> Router {
+    let limit = server.config.request_timeout;
     Router::new()
         .route("/health", get(health))
         .route("/v1/tasks", get(list_tasks))
@@ -536,6 +768,9 @@ pub fn router(server: Arc<EnvServer>) -> Router {
         .fallback(not_found)
         // Tool arguments may carry a file's contents; the conformance suite sends 1 MiB.
         .layer(DefaultBodyLimit::max(16 << 20))
+        .layer(axum::middleware::from_fn(move |request, next| {
+            time_limited(limit, request, next)
+        }))
         .with_state(server)
 }
 

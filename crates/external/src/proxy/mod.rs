@@ -14,6 +14,10 @@
 //! What the proxy does with a request:
 //! - `Authorization: Bearer <episode key>` selects the episode; an unknown (or closed) key is
 //!   answered 401. Keys are 128-bit random values, so one episode cannot write into another.
+//! - An episode has at most [`ProxyConfig::max_requests_per_episode`] calls in flight (one
+//!   more is answered 429 at once), and every request at most
+//!   [`ProxyConfig::request_timeout`] (503): a program that floods the proxy holds no more of
+//!   the policy than that.
 //! - Messages and tools are rendered by the policy's own chat template; an assistant message
 //!   that carries a reply the proxy sent (the same content up to surrounding whitespace and
 //!   the same tool calls up to JSON layout) is given back the policy's own generated text, so
@@ -68,8 +72,15 @@ pub struct ProxyConfig {
     /// `temperature` and `top_p`, defaulting to 1). A trainer whose importance weight needs
     /// one temperature and no truncation pins them here.
     pub sampling: Option<SamplingParams>,
-    /// The most episodes open at once; one more is refused.
+    /// The most episodes open at once; one more is refused. Each program holds one episode
+    /// (one key), the one its runner opened.
     pub max_episodes: usize,
+    /// Calls one episode (one key) may have in flight at once; one more is answered 429 at
+    /// once, so that a program flooding the proxy holds no more of the policy than this.
+    pub max_requests_per_episode: usize,
+    /// The longest a request may take, body and generation included; past it the request is
+    /// answered 503 and its work dropped.
+    pub request_timeout: std::time::Duration,
 }
 
 impl ProxyConfig {
@@ -81,6 +92,8 @@ impl ProxyConfig {
             prefix_policy: PrefixPolicy::OwnContext,
             sampling: None,
             max_episodes: 4096,
+            max_requests_per_episode: 4,
+            request_timeout: std::time::Duration::from_secs(600),
         }
     }
 
@@ -94,6 +107,18 @@ impl ProxyConfig {
         }
         if self.max_episodes == 0 {
             return Err(Error::config("max_episodes", "expected at least 1"));
+        }
+        if self.max_requests_per_episode == 0 {
+            return Err(Error::config(
+                "max_requests_per_episode",
+                "expected at least 1",
+            ));
+        }
+        if self.request_timeout.is_zero() {
+            return Err(Error::config(
+                "request_timeout",
+                "expected a duration above zero",
+            ));
         }
         if let Some(s) = &self.sampling {
             if !(s.temperature.is_finite() && s.temperature >= 0.0) {
@@ -145,6 +170,8 @@ pub struct RecordingProxy {
     policy: Arc<dyn Policy>,
     config: ProxyConfig,
     episodes: Mutex<HashMap<String, Arc<Mutex<EpisodeLog>>>>,
+    /// Calls in flight per open episode's key.
+    in_flight: Mutex<HashMap<String, usize>>,
     counters: Counters,
     next_id: AtomicU64,
 }
@@ -157,6 +184,7 @@ impl RecordingProxy {
             policy,
             config,
             episodes: Mutex::new(HashMap::new()),
+            in_flight: Mutex::new(HashMap::new()),
             counters: Counters::default(),
             next_id: AtomicU64::new(0),
         }))
@@ -231,6 +259,21 @@ impl RecordingProxy {
         Ok(record)
     }
 
+    /// Count a call of `key`'s episode in flight; `None` when the episode has
+    /// [`ProxyConfig::max_requests_per_episode`] in flight already.
+    pub(crate) fn admit(self: &Arc<Self>, key: &str) -> Option<InFlight> {
+        let mut in_flight = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+        let n = in_flight.entry(key.to_string()).or_insert(0);
+        if *n >= self.config.max_requests_per_episode {
+            return None;
+        }
+        *n += 1;
+        Some(InFlight {
+            proxy: self.clone(),
+            key: key.to_string(),
+        })
+    }
+
     /// Episodes open now.
     pub fn open_episodes(&self) -> usize {
         self.lock().len()
@@ -246,6 +289,28 @@ impl RecordingProxy {
             episodes_with_breaks: c.episodes_with_breaks.load(Ordering::SeqCst),
             masked_episodes: c.masked_episodes.load(Ordering::SeqCst),
             refused_calls: c.refused_calls.load(Ordering::SeqCst),
+        }
+    }
+}
+
+/// A call counted in flight for its episode; released when dropped.
+pub(crate) struct InFlight {
+    proxy: Arc<RecordingProxy>,
+    key: String,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let mut in_flight = self
+            .proxy
+            .in_flight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = in_flight.get_mut(&self.key) {
+            *n -= 1;
+            if *n == 0 {
+                in_flight.remove(&self.key);
+            }
         }
     }
 }

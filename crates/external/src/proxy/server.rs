@@ -195,6 +195,17 @@ async fn chat_inner(
             "no open episode has this API key: send the episode key the runner handed you (HARNESS_PROXY_KEY) as `Authorization: Bearer <key>`",
         )
     })?;
+    let _in_flight = proxy.admit(key).ok_or_else(|| {
+        lock(&log).refuse();
+        ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limit_error",
+            format!(
+                "this episode has {} calls in flight, its limit (max_requests_per_episode); wait for their answers",
+                proxy.config.max_requests_per_episode
+            ),
+        )
+    })?;
     let refuse = |e: ApiError| {
         lock(&log).refuse();
         e
@@ -429,13 +440,35 @@ async fn not_found() -> Response {
     .into_response()
 }
 
+/// Answer 503 to a request that runs past `limit` (reading its body included), dropping its
+/// work.
+async fn time_limited(
+    limit: std::time::Duration,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    match tokio::time::timeout(limit, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "timeout_error",
+            format!("the request ran past the proxy's limit of {limit:?} (request_timeout) and was dropped"),
+        )
+        .into_response(),
+    }
+}
+
 /// The proxy's routes.
 pub fn router(proxy: Arc<RecordingProxy>) -> Router {
+    let limit = proxy.config.request_timeout;
     Router::new()
         .route("/health", get(health))
         .route("/v1/models", get(models))
         .route("/v1/chat/completions", post(chat))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(32 << 20))
+        .layer(axum::middleware::from_fn(move |request, next| {
+            time_limited(limit, request, next)
+        }))
         .with_state(proxy)
 }
