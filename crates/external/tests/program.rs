@@ -303,15 +303,21 @@ async fn the_python_agents_hook_messages_are_recorded_as_hooks() {
     let hooks: Vec<&harness_core::TrajectoryMessage> =
         t.messages.iter().filter(|m| m.hook.is_some()).collect();
     // One warning after each action but the last (the episode ends with it).
-    assert_eq!(hooks.len(), t.counts.env_actions as usize - 1, "{}", t.transcript());
+    assert_eq!(
+        hooks.len(),
+        t.counts.env_actions as usize - 1,
+        "{}",
+        t.transcript()
+    );
     assert!(hooks.iter().all(|m| m.hook.as_deref() == Some("check")
         && m.source == harness_core::Source::Harness
         && m.content == "Check the result before you commit."));
     assert_eq!(t.counts.hook_messages as usize, hooks.len());
     // Control: the same hook without a name is sent unmarked and recorded without a hook.
-    harness
-        .env
-        .insert("AGENT_HOOKS".into(), serde_json::json!([hook(None)]).to_string());
+    harness.env.insert(
+        "AGENT_HOOKS".into(),
+        serde_json::json!([hook(None)]).to_string(),
+    );
     let t = rig.runner.run(&harness, &task, 5).await.unwrap().trajectory;
     assert!(t.messages.iter().all(|m| m.hook.is_none()));
     assert!(

@@ -406,16 +406,35 @@ mod tests {
             seed: 7,
             policy: "p".into(),
             messages: vec![
-                msg(Role::System, Source::Harness, &harness.system_prompt(&t).unwrap(), None),
-                msg(Role::User, Source::Task, &harness.user_prompt(&t).unwrap(), None),
+                msg(
+                    Role::System,
+                    Source::Harness,
+                    &harness.system_prompt(&t).unwrap(),
+                    None,
+                ),
+                msg(
+                    Role::User,
+                    Source::Task,
+                    &harness.user_prompt(&t).unwrap(),
+                    None,
+                ),
                 msg(Role::Assistant, Source::Policy, "SELECT 1", None),
                 msg(Role::Tool, Source::Environment, "1 row", None),
-                msg(Role::User, Source::Harness, "Check before you commit.", Some("check")),
+                msg(
+                    Role::User,
+                    Source::Harness,
+                    "Check before you commit.",
+                    Some("check"),
+                ),
                 msg(Role::Assistant, Source::Policy, "SELECT 2", None),
                 msg(Role::Tool, Source::Environment, "2 rows", None),
                 msg(Role::Assistant, Source::Policy, "commit", None),
             ],
-            turns: vec![turn(2, vec![5, 6, 7]), turn(5, vec![8, 9]), turn(7, vec![10])],
+            turns: vec![
+                turn(2, vec![5, 6, 7]),
+                turn(5, vec![8, 9]),
+                turn(7, vec![10]),
+            ],
             final_answer: None,
             outcome: Outcome {
                 reward: 1.0,
@@ -434,7 +453,8 @@ mod tests {
     fn hook_sibling() -> Harness {
         let mut s = h0();
         s.name = "S-check".into();
-        s.hooks.insert("check".into(), hook("Check before you commit."));
+        s.hooks
+            .insert("check".into(), hook("Check before you commit."));
         s
     }
 
@@ -460,7 +480,9 @@ mod tests {
         let task = task();
         let mut h0 = h0();
         let mut rule = hook_sibling();
-        rule.prompt.system.push_str(" Always check before you commit.");
+        rule.prompt
+            .system
+            .push_str(" Always check before you commit.");
         let tr = rescued(&rule);
         let i = first_intervention(&tr, &h0, &rule, &task).unwrap().unwrap();
         assert_eq!(
@@ -471,12 +493,17 @@ mod tests {
         );
         assert_eq!((i.first_turn(&tr), i.tokens_before(&tr)), (0, 0));
         // A sibling with H0's prompt and H0's very hook never leaves H0's context...
-        h0.hooks.insert("check".into(), hook("Check before you commit."));
+        h0.hooks
+            .insert("check".into(), hook("Check before you commit."));
         let same = hook_sibling();
         assert_eq!(first_intervention(&tr, &h0, &same, &task).unwrap(), None);
         // ...but the same hook name with another message is the sibling's.
         h0.hooks.insert("check".into(), hook("Something else."));
-        assert!(first_intervention(&tr, &h0, &same, &task).unwrap().is_some());
+        assert!(
+            first_intervention(&tr, &h0, &same, &task)
+                .unwrap()
+                .is_some()
+        );
         // A tool-view edit differs before any history.
         let mut view = h0.clone();
         view.tool_view.hide.push("sql".into());
@@ -498,7 +525,9 @@ mod tests {
             parameters: serde_json::json!({"type": "object"}),
             kind: Default::default(),
         }];
-        let req = h0_request(&tr, 2, &h0, &s, &task(), &tools).unwrap().unwrap();
+        let req = h0_request(&tr, 2, &h0, &s, &task(), &tools)
+            .unwrap()
+            .unwrap();
         let texts: Vec<&str> = req.messages.iter().map(|m| m.content.as_str()).collect();
         assert_eq!(
             texts,
@@ -513,11 +542,19 @@ mod tests {
         );
         assert_eq!(req.tools, tools);
         // Turn 0 saw no hook: its H0 request is its own history with H0's prompts.
-        let first = h0_request(&tr, 0, &h0, &s, &task(), &tools).unwrap().unwrap();
+        let first = h0_request(&tr, 0, &h0, &s, &task(), &tools)
+            .unwrap()
+            .unwrap();
         assert_eq!(first.messages.len(), 2);
         // Control: with the hook kept (the sibling as its own H0), the hook text is there.
-        let own = h0_request(&tr, 2, &s, &s, &task(), &tools).unwrap().unwrap();
-        assert!(own.messages.iter().any(|m| m.content == "Check before you commit."));
+        let own = h0_request(&tr, 2, &s, &s, &task(), &tools)
+            .unwrap()
+            .unwrap();
+        assert!(
+            own.messages
+                .iter()
+                .any(|m| m.content == "Check before you commit.")
+        );
     }
 
     #[test]
@@ -530,14 +567,20 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            err.contains("rescue_objective") && err.contains("tool_view") && err.contains("S-check"),
+            err.contains("rescue_objective")
+                && err.contains("tool_view")
+                && err.contains("S-check"),
             "{err}"
         );
         // Control: the same sibling without the tool-view edit re-renders.
         assert!(h0_request(&tr, 1, &h0, &hook_sibling(), &task(), &[]).is_ok());
         let mut memory = hook_sibling();
         memory.memory.enabled = true;
-        assert!(h0_rerender_refusal(&h0, &memory).unwrap().contains("memory"));
+        assert!(
+            h0_rerender_refusal(&h0, &memory)
+                .unwrap()
+                .contains("memory")
+        );
     }
 
     #[test]

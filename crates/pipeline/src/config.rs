@@ -1997,7 +1997,10 @@ mod set_tests {
             .set("train.rescue_objective", "\"hinted\"")
             .unwrap_err()
             .to_string();
-        assert!(e.contains("rescue_objective") && e.contains("masked"), "{e}");
+        assert!(
+            e.contains("rescue_objective") && e.contains("masked"),
+            "{e}"
+        );
         // A candle run ignores the section.
         let mut cfg = RunConfig::preset(Preset::Quick);
         cfg.set("tinker.lora_rank", "0").unwrap();

@@ -537,16 +537,23 @@ mod tests {
     #[test]
     fn rescue_objectives_are_settings_of_sibling_rescue() {
         let cfg = RescueConfig::default();
-        assert_eq!(cfg.rescue_objective, RescueObjective::Generating, "the paper's");
+        assert_eq!(
+            cfg.rescue_objective,
+            RescueObjective::Generating,
+            "the paper's"
+        );
         for o in ["generating", "masked", "h0"] {
             let cfg = RescueConfig::from_json(&format!(r#"{{"rescue_objective": "{o}"}}"#), None)
                 .unwrap();
             assert_eq!(cfg.rescue_objective.label(), o);
             cfg.validate(&pool(8)).unwrap();
         }
-        let err = RescueConfig::from_json(r#"{"rescue_objective": "hinted"}"#, Some(Path::new("r.json")))
-            .unwrap_err()
-            .to_string();
+        let err = RescueConfig::from_json(
+            r#"{"rescue_objective": "hinted"}"#,
+            Some(Path::new("r.json")),
+        )
+        .unwrap_err()
+        .to_string();
         assert!(
             err.contains("r.json") && err.contains("rescue_objective") && err.contains("masked"),
             "{err}"
@@ -559,7 +566,10 @@ mod tests {
         .validate(&pool(8))
         .unwrap_err()
         .to_string();
-        assert!(err.contains("rescue_objective") && err.contains("retains none"), "{err}");
+        assert!(
+            err.contains("rescue_objective") && err.contains("retains none"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -510,7 +510,8 @@ impl RescueTrainer {
                 scoring.push(match self.cfg.rescue_objective {
                     RescueObjective::Generating => TokenScoring::Generating,
                     RescueObjective::Masked => {
-                        let first = harness_core::first_intervention(t, base, sibling, &group.task)?;
+                        let first =
+                            harness_core::first_intervention(t, base, sibling, &group.task)?;
                         TokenScoring::FromTurn {
                             first_turn: first.map_or(t.turns.len(), |i| i.first_turn(t)),
                         }

@@ -271,7 +271,8 @@ async fn each_rescue_objective_runs_with_the_candle_learner_and_is_recorded() {
             .filter(|m| m["rescue_trigger_rate"].as_f64().unwrap() > 0.0)
             .collect();
         assert!(!rescued.is_empty(), "{objective}: no rescue in {updates:?}");
-        let figure = |m: &serde_json::Value, k: &str| m["rescue_figures"][k].as_f64().unwrap_or(0.0);
+        let figure =
+            |m: &serde_json::Value, k: &str| m["rescue_figures"][k].as_f64().unwrap_or(0.0);
         for m in &updates {
             assert_eq!(m["rescue_objective"], objective, "{m}");
             let (scored, retained) = (
@@ -300,9 +301,10 @@ async fn each_rescue_objective_runs_with_the_candle_learner_and_is_recorded() {
 #[tokio::test]
 async fn h0_is_refused_for_a_policy_that_cannot_rerender() {
     let candle = tiny_policy();
-    let scripted: Arc<dyn harness_core::Policy> = Arc::new(harness_testkit::ScriptedPolicy::new(
-        vec!["<tool_call>{\"name\": \"submit\", \"arguments\": {}}</tool_call>".into()],
-    ));
+    let scripted: Arc<dyn harness_core::Policy> =
+        Arc::new(harness_testkit::ScriptedPolicy::new(vec![
+            "<tool_call>{\"name\": \"submit\", \"arguments\": {}}</tool_call>".into(),
+        ]));
     for (objective, refused) in [("h0", true), ("generating", false)] {
         let (cfg, setup) = hook_setup(&candle, objective);
         let setup = TrainingSetup {
@@ -315,7 +317,10 @@ async fn h0_is_refused_for_a_policy_that_cannot_rerender() {
             Err(e) => {
                 let e = e.to_string();
                 assert!(refused, "{objective}: {e}");
-                assert!(e.contains("rescue_objective") && e.contains("render"), "{e}");
+                assert!(
+                    e.contains("rescue_objective") && e.contains("render"),
+                    "{e}"
+                );
             }
         }
     }

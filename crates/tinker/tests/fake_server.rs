@@ -149,7 +149,13 @@ async fn the_tinker_learner_refuses_the_rescue_objectives_beyond_the_paper() {
     assert_eq!(fake.endpoints().len(), sent);
     // ...and the paper's scoring goes through as an ordinary update.
     scoring[0][0] = TokenScoring::Generating;
-    assert!(learner.update_scored(&groups, &scoring).await.unwrap().applied);
+    assert!(
+        learner
+            .update_scored(&groups, &scoring)
+            .await
+            .unwrap()
+            .applied
+    );
 }
 
 #[tokio::test]

@@ -508,9 +508,16 @@ mod tests {
         // d(-J)/d logp_new = -coef A gamma r / (r + gamma)^2 (no clipping anywhere).
         let grads = loss.backward().unwrap();
         let g: Vec<f32> = grads.get(new.as_tensor()).unwrap().to_vec1().unwrap();
-        for (k, (r, a)) in [(2.0, 1.0), (1.0, 1.0), (0.5, -1.0)].into_iter().enumerate() {
+        for (k, (r, a)) in [(2.0, 1.0), (1.0, 1.0), (0.5, -1.0)]
+            .into_iter()
+            .enumerate()
+        {
             let want = -(1.0 / 6.0) * a * gamma * r / ((r + gamma) * (r + gamma));
-            assert!((g[k] as f64 - want).abs() < 1e-6, "token {k}: {} vs {want}", g[k]);
+            assert!(
+                (g[k] as f64 - want).abs() < 1e-6,
+                "token {k}: {} vs {want}",
+                g[k]
+            );
         }
         // Control: the paper's clipped ratio on the same tokens gives another loss.
         let paper = TokenTerms {

@@ -49,8 +49,8 @@ use crate::error::{Error, Result};
 use crate::ops::fused::cpu_slice;
 use crate::ops::logprob::{LogProbConfig, token_logprobs};
 use crate::train::objective::{
-    GUIDE_PERCENTILE, GrpoConfig, GuideStats, GuideTerms, LossStats, TokenTerms,
-    group_advantages, grpo_loss, guide_loss, quantile,
+    GUIDE_PERCENTILE, GrpoConfig, GuideStats, GuideTerms, LossStats, TokenTerms, group_advantages,
+    grpo_loss, guide_loss, quantile,
 };
 use harness_core::TokenScoring;
 
@@ -717,7 +717,8 @@ impl MicroBatchPass<'_> {
                 advantage: Tensor::from_vec(pick(&a, &guide_pos), n_g, &dev)?,
                 coef: Tensor::from_vec(pick(&c, &guide_pos), n_g, &dev)?,
             };
-            let (g_loss, g_stats) = guide_loss(&gather(&logp_new, &guide_pos)?, &guide_terms, gamma)?;
+            let (g_loss, g_stats) =
+                guide_loss(&gather(&logp_new, &guide_pos)?, &guide_terms, gamma)?;
             guide_stats = g_stats;
             let terms = TokenTerms {
                 logp_old: if paper_pos.is_empty() {
@@ -1087,7 +1088,9 @@ impl Trainer {
                 let (lp, _) =
                     score_sequences(model, &seqs, &mb, &self.cfg.logprob, self.cfg.temperature)?;
                 let lp: Vec<f32> = lp.detach().to_dtype(DType::F32)?.to_vec1()?;
-                let q = mb.iter().flat_map(|&i| seqs[i].rollout_logp.iter().copied());
+                let q = mb
+                    .iter()
+                    .flat_map(|&i| seqs[i].rollout_logp.iter().copied());
                 ratios.extend(lp.iter().zip(q).map(|(&n, q)| f64::from(n - q).exp()));
             }
             // All ratios underflowing to 0 would give gamma 0 (r / (r + 0) is undefined there).
@@ -1765,7 +1768,11 @@ mod tests {
         let paper = t
             .step_scored_rollouts(&model, &two_groups(), &paper_scoring())
             .unwrap();
-        assert!((paper.loss - -(0.2 + 1.0 / 3.0) / 2.0).abs() < 1e-6, "{}", paper.loss);
+        assert!(
+            (paper.loss - -(0.2 + 1.0 / 3.0) / 2.0).abs() < 1e-6,
+            "{}",
+            paper.loss
+        );
         assert_eq!((paper.policy_tokens, paper.masked_tokens), (8, 0));
 
         let mut scoring = paper_scoring();
@@ -1777,14 +1784,22 @@ mod tests {
         let masked = t
             .step_scored_rollouts(&model, &two_groups(), &scoring)
             .unwrap();
-        assert!((masked.loss - -(1.0 / 3.0) / 2.0).abs() < 1e-6, "{}", masked.loss);
+        assert!(
+            (masked.loss - -(1.0 / 3.0) / 2.0).abs() < 1e-6,
+            "{}",
+            masked.loss
+        );
         assert_eq!((masked.policy_tokens, masked.masked_tokens), (6, 2));
         // Masking every turn of A leaves B alone in the batch, still over |B| = 2.
         scoring[0] = vec![TokenScoring::FromTurn { first_turn: 9 }; 2];
         let none = t
             .step_scored_rollouts(&model, &two_groups(), &scoring)
             .unwrap();
-        assert!((none.loss - -(1.0 / 3.0) / 2.0).abs() < 1e-6, "{}", none.loss);
+        assert!(
+            (none.loss - -(1.0 / 3.0) / 2.0).abs() < 1e-6,
+            "{}",
+            none.loss
+        );
         assert_eq!(none.masked_tokens, 5);
     }
 
@@ -1811,7 +1826,11 @@ mod tests {
             .unwrap();
         let j_a: f64 = (0.5 / 2.1 + 0.5 / 2.1 + 2.0 / 3.6 - 1.0 / 2.6 - 1.0 / 2.6) / 5.0;
         assert!((j_a - 0.052_503).abs() < 1e-6);
-        assert!((m.loss - -(j_a + 1.0 / 3.0) / 2.0).abs() < 1e-6, "{}", m.loss);
+        assert!(
+            (m.loss - -(j_a + 1.0 / 3.0) / 2.0).abs() < 1e-6,
+            "{}",
+            m.loss
+        );
         assert!((m.h0_gamma - 1.6).abs() < 1e-5, "{}", m.h0_gamma);
         assert_eq!((m.h0_tokens, m.policy_tokens), (5, 8));
         assert!((m.h0_ratio_mean - 1.0).abs() < 1e-5, "{}", m.h0_ratio_mean);
@@ -1820,10 +1839,16 @@ mod tests {
         // A mismatched scoring is refused.
         let mut short = scoring.clone();
         short[0].pop();
-        assert!(t.step_scored_rollouts(&model, &two_groups(), &short).is_err());
+        assert!(
+            t.step_scored_rollouts(&model, &two_groups(), &short)
+                .is_err()
+        );
         let mut missing = scoring;
         missing[0][1] = TokenScoring::H0 { contexts: vec![] };
-        assert!(t.step_scored_rollouts(&model, &two_groups(), &missing).is_err());
+        assert!(
+            t.step_scored_rollouts(&model, &two_groups(), &missing)
+                .is_err()
+        );
     }
 
     #[test]
@@ -1839,6 +1864,10 @@ mod tests {
             pack_turns_from(0, 0.5, &turns, 0, false).unwrap(),
             pack_turns(0, 0.5, &turns).unwrap()
         );
-        assert!(pack_turns_from(0, 0.5, &turns, 2, false).unwrap().is_empty());
+        assert!(
+            pack_turns_from(0, 0.5, &turns, 2, false)
+                .unwrap()
+                .is_empty()
+        );
     }
 }
