@@ -32,10 +32,13 @@ prompts it knows:
   AGENT_NO_CALL  with AGENT_USER: the user message a reply without a tool call gets instead of
                  ending the episode (the loop's answer under an action format that needs a
                  call in every turn), followed by the on_error hooks
-  AGENT_HOOKS    a JSON list of hooks in harness-s's form, {"event", "condition", "parameters",
-                 "message"}: events after_tool and on_error, conditions always, tool_error,
-                 remaining_steps_lte {threshold} and observation_matches {pattern}; a hook that
-                 fires adds its message as a user message (warn hooks only)
+  AGENT_HOOKS    a JSON list of hooks in harness-s's form, {"name", "event", "condition",
+                 "parameters", "message"}: events after_tool and on_error, conditions always,
+                 tool_error, remaining_steps_lte {threshold} and observation_matches {pattern}; a
+                 hook that fires adds its message as a user message (warn hooks only), marked
+                 as the hook's with the OpenAI message name "hook:<name>" when the hook has a
+                 name, so that the proxy records it as a harness hook message (not shown to the
+                 policy)
 """
 
 import json
@@ -106,11 +109,21 @@ def load_hooks(text):
             )
         if not isinstance(hook.get("message"), str):
             raise SystemExit("%s.message: expected a string" % where)
+        if not isinstance(hook.get("name", ""), str):
+            raise SystemExit("%s.name: expected a string" % where)
     return hooks
 
 
+def hook_message(hook):
+    """A fired hook's user message, marked with the hook's name for the recording proxy."""
+    message = {"role": "user", "content": hook["message"]}
+    if hook.get("name"):
+        message["name"] = "hook:" + hook["name"]
+    return message
+
+
 def fired(hooks, event, observation, remaining_steps):
-    """The messages of the hooks of `event` whose condition holds, in order."""
+    """The hooks of `event` whose condition holds, in order."""
     out = []
     for hook in hooks:
         if hook["event"] != event:
@@ -123,7 +136,7 @@ def fired(hooks, event, observation, remaining_steps):
             or (condition == "remaining_steps_lte" and remaining_steps <= parameters["threshold"])
             or (condition == "observation_matches" and hook["regex"].search(observation["text"]))
         ):
-            out.append(hook["message"])
+            out.append(hook)
     return out
 
 
@@ -206,8 +219,8 @@ def main():
                 # The loop's answer to a turn it cannot read as an action, then its error hooks.
                 messages.append({"role": "user", "content": no_call})
                 failed = {"text": no_call, "error": True}
-                for text in fired(hooks, "on_error", failed, max(max_steps - steps, 0)):
-                    messages.append({"role": "user", "content": text})
+                for hook in fired(hooks, "on_error", failed, max(max_steps - steps, 0)):
+                    messages.append(hook_message(hook))
             continue
         for tool_call in calls:
             try:
@@ -234,8 +247,8 @@ def main():
                 messages.append({"role": "user", "content": "Result: " + observation["text"]})
             remaining = max(max_steps - steps, 0)
             for event in (["on_error"] if observation["error"] else []) + ["after_tool"]:
-                for text in fired(hooks, event, observation, remaining):
-                    messages.append({"role": "user", "content": text})
+                for hook in fired(hooks, event, observation, remaining):
+                    messages.append(hook_message(hook))
             if observation["done"] or steps >= max_steps:
                 return finish()
     # Out of model calls: finish, so the verifier judges what was done.

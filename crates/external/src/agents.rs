@@ -122,8 +122,17 @@ pub fn mirror_sibling(spec: MirrorSpec<'_>) -> Result<ExternalHarness> {
             );
         }
     }
-    // The loop fires hooks in name order; so does the program, in list order.
-    let hooks: Vec<&HookSpec> = spec.hooks.values().collect();
+    // The loop fires hooks in name order; so does the program, in list order. Each carries its
+    // name, which the program sends as the message's `hook:<name>` marker (proxy::record).
+    let hooks: Vec<serde_json::Value> = spec
+        .hooks
+        .iter()
+        .map(|(name, hook)| {
+            let mut v = serde_json::to_value(hook).expect("hooks serialise");
+            v["name"] = serde_json::Value::String(name.clone());
+            v
+        })
+        .collect();
     let mut env = BTreeMap::from([
         ("AGENT_SYSTEM".to_string(), system),
         ("AGENT_USER".to_string(), user),

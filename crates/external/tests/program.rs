@@ -288,6 +288,59 @@ async fn the_python_agent_solves_dbbench_through_the_proxy_and_the_env_server() 
 }
 
 #[tokio::test]
+async fn the_python_agents_hook_messages_are_recorded_as_hooks() {
+    let Some(python) = python() else { return };
+    let rig = rig().await;
+    let agent = agent_path();
+    let hook = |name: Option<&str>| {
+        let mut h = serde_json::json!({
+            "event": "after_tool",
+            "condition": "always",
+            "message": "Check the result before you commit."
+        });
+        if let Some(name) = name {
+            h["name"] = name.into();
+        }
+        h
+    };
+    let task = tasks(&rig, Split::Train).remove(0);
+    let mut harness = program(&[python, agent.to_str().unwrap()], 60.0);
+    harness.env.insert(
+        "AGENT_HOOKS".into(),
+        serde_json::json!([hook(Some("check"))]).to_string(),
+    );
+    let t = rig.runner.run(&harness, &task, 5).await.unwrap().trajectory;
+    assert!(t.is_success(), "{}", t.transcript());
+    let hooks: Vec<&harness_core::TrajectoryMessage> =
+        t.messages.iter().filter(|m| m.hook.is_some()).collect();
+    // One warning after each action but the last (the episode ends with it).
+    assert_eq!(
+        hooks.len(),
+        t.counts.env_actions as usize - 1,
+        "{}",
+        t.transcript()
+    );
+    assert!(hooks.iter().all(|m| m.hook.as_deref() == Some("check")
+        && m.source == harness_core::Source::Harness
+        && m.content == "Check the result before you commit."));
+    assert_eq!(t.counts.hook_messages as usize, hooks.len());
+    // Control: the same hook without a name is sent unmarked and recorded without a hook.
+    harness.env.insert(
+        "AGENT_HOOKS".into(),
+        serde_json::json!([hook(None)]).to_string(),
+    );
+    let t = rig.runner.run(&harness, &task, 5).await.unwrap().trajectory;
+    assert!(t.messages.iter().all(|m| m.hook.is_none()));
+    assert!(
+        t.messages
+            .iter()
+            .any(|m| m.content == "Check the result before you commit."),
+        "{}",
+        t.transcript()
+    );
+}
+
+#[tokio::test]
 async fn crashing_hanging_and_unfinished_programs_fail_with_their_reason() {
     let Some(python) = python() else { return };
     let rig = rig().await;

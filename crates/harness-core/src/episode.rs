@@ -492,40 +492,6 @@ impl Episode<'_> {
 
     /// The messages as the policy sees them, with old observations elided per the context policy.
     fn render(&self) -> Vec<ChatMessage> {
-        let observation_indices: Vec<usize> = self
-            .messages
-            .iter()
-            .enumerate()
-            .filter(|(_, m)| m.role == Role::Tool && m.source == Source::Environment)
-            .map(|(i, _)| i)
-            .collect();
-        let keep = self
-            .harness
-            .context
-            .keep_last_observations
-            .map(|k| k as usize);
-        let first_kept = match keep {
-            Some(k) if observation_indices.len() > k => {
-                observation_indices[observation_indices.len() - k]
-            }
-            _ => 0,
-        };
-        self.messages
-            .iter()
-            .enumerate()
-            .map(|(i, m)| {
-                let elide =
-                    m.role == Role::Tool && m.source == Source::Environment && i < first_kept;
-                ChatMessage {
-                    role: m.role,
-                    content: if elide {
-                        self.harness.context.elision_text.clone()
-                    } else {
-                        m.content.clone()
-                    },
-                    name: m.name.clone(),
-                }
-            })
-            .collect()
+        crate::objective::render_history(&self.messages, &self.harness.context)
     }
 }

@@ -8,8 +8,9 @@ use std::path::Path;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-use crate::Result;
+use crate::objective::{RescueObjective, TokenScoring};
 use crate::trajectory::Group;
+use crate::{Error, Result};
 
 /// What one policy update did, as plain numbers for `metrics.jsonl`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -61,6 +62,40 @@ pub trait Learner: Send {
     /// One update on the batch's retained groups (each trajectory scored in its own generating
     /// context; only policy tokens enter the loss).
     async fn update(&mut self, groups: &[Group]) -> Result<UpdateReport>;
+
+    /// Whether this learner computes `objective` for rescued trajectories; the rescue loop asks
+    /// before its first rollout. The default computes only the paper's objective
+    /// ([`RescueObjective::Generating`], Eqs. 13-16) and refuses the others, naming the setting.
+    fn check_rescue_objective(&self, objective: RescueObjective) -> Result<()> {
+        if objective.is_paper() {
+            return Ok(());
+        }
+        Err(Error::Learner {
+            learner: self.name().to_string(),
+            message: format!(
+                "`rescue_objective = \"{objective}\"` is not computed by this learner: it scores every policy token in its generating context (the paper's objective, Eqs. 13-16); expected `rescue_objective = \"generating\"`, or an in-process learner (grpo-candle) for `masked` and `h0`"
+            ),
+        })
+    }
+
+    /// One update where each trajectory's tokens are scored as `scoring[g][j]` says (one entry
+    /// per trajectory of each group, see [`TokenScoring`]). The default accepts only the paper's
+    /// scoring and hands the groups to [`Learner::update`].
+    async fn update_scored(
+        &mut self,
+        groups: &[Group],
+        scoring: &[Vec<TokenScoring>],
+    ) -> Result<UpdateReport> {
+        if let Some(other) = scoring.iter().flatten().find(|s| !s.is_paper()) {
+            return Err(Error::Learner {
+                learner: self.name().to_string(),
+                message: format!(
+                    "asked to score rescued tokens as {other:?}; this learner computes only the paper's objective (every token in its generating context)"
+                ),
+            });
+        }
+        self.update(groups).await
+    }
 
     /// Write everything the next update depends on into `dir` (created; the caller makes the
     /// write atomic by writing into a fresh folder and renaming it).

@@ -53,6 +53,7 @@ pub mod fsutil;
 pub mod harness;
 pub mod labels;
 pub mod learner;
+pub mod objective;
 pub mod policy;
 pub mod selector;
 pub mod task;
@@ -76,6 +77,10 @@ pub use labels::{
     steps,
 };
 pub use learner::{Learner, UpdateReport};
+pub use objective::{
+    Intervention, RescueObjective, TokenScoring, first_intervention, h0_request,
+    h0_rerender_refusal, prompt_difference, render_history,
+};
 pub use policy::{
     FinishReason, OutputFormat, Policy, PolicyRequest, PolicyTurn, SamplingParams, TurnSampling,
 };

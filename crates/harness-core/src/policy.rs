@@ -199,4 +199,16 @@ pub trait Policy: Send + Sync {
     fn weights_version(&self) -> Option<u64> {
         None
     }
+
+    /// The prompt tokens [`Policy::generate`] would feed the model for `request`, without
+    /// generating. The `h0` rescue objective re-renders rescued turns under H0's context with it
+    /// (`crate::objective::h0_request`). The default says the policy cannot: a remote engine or a
+    /// scripted policy has no chat template here.
+    fn render_prompt(&self, request: &PolicyRequest) -> Result<Vec<u32>> {
+        let _ = request;
+        Err(crate::Error::Policy {
+            policy: self.name().to_string(),
+            message: "cannot render a prompt without generating (no chat template in process); the `h0` rescue objective needs a policy that can, such as grpo-candle's CandlePolicy".into(),
+        })
+    }
 }

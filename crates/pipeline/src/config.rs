@@ -8,6 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
+use harness_core::RescueObjective;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -322,6 +323,17 @@ pub struct TrainConfig {
     pub eval_k: usize,
     /// Write a checkpoint every this many updates (0: only at the end).
     pub checkpoint_every: u64,
+    /// How the rescue methods (random-harness and router rescue: `random_harness`,
+    /// `rule_router`, `router_4x2`, `harness_s_fixed`, `harness_s`) score the trajectories
+    /// they retain from siblings: `generating` (the paper, Eqs. 13-16; the default), `masked`
+    /// or `h0` (`harness_core::objective`). The other methods keep the paper's objective.
+    /// Left out of `run.json` while it is the paper's.
+    #[serde(default, skip_serializing_if = "is_paper_objective")]
+    pub rescue_objective: RescueObjective,
+}
+
+fn is_paper_objective(o: &RescueObjective) -> bool {
+    o.is_paper()
 }
 
 /// The search methods of Table 1 (Meta-Harness, WHALE). Their search budget is evolution's
@@ -726,6 +738,7 @@ impl RunConfig {
                 eval_every: if quick { 2 } else { 5 },
                 eval_k: if quick { 2 } else { 3 },
                 checkpoint_every: if quick { 4 } else { 10 },
+                rescue_objective: RescueObjective::Generating,
             },
             search: SearchConfig {
                 proposals: None,
@@ -1274,6 +1287,15 @@ impl RunConfig {
             return bad(
                 "tinker.objective",
                 "server_ppo needs a server that honours clip_low_threshold / clip_high_threshold; SkyRL's server clips its ppo loss at a fixed 0.8 / 1.2: use `exact`".into(),
+            );
+        }
+        if !self.train.rescue_objective.is_paper() {
+            return bad(
+                "train.rescue_objective",
+                format!(
+                    "`{}` is computed by grpo-candle's learner in this process; the Tinker learner scores every policy token in its generating context (the paper's objective): expected \"generating\" with learner = \"tinker\"",
+                    self.train.rescue_objective
+                ),
             );
         }
         if self.rollout.temperature != 1.0 {
@@ -1843,6 +1865,7 @@ Run configuration (TOML or JSON; any subset; `preset` picks the defaults; flags 
   train.eval_every              validation Pass@k / Avg@k under H0 every this many updates
   train.eval_k                  attempts per validation task
   train.checkpoint_every        checkpoint every this many updates
+  train.rescue_objective        generating (default: the paper, Eqs. 13-16) | masked (rescued rollouts score only the turns from the sibling's first intervention on) | h0 (rescued turns re-rendered under H0's prompt, Guide's r / (r + gamma)); for the sibling-rescue methods only
   eval.k                        rollouts per test task (paper: 3)
   eval.ranks                    router ranks of Table 5 (paper: 3)
   eval.harnesses                unseen harnesses every policy is also tested under (RQ6, Figure 4): \"builtin\" (the environment's hand-written siblings), a pool directory or a harness JSON file
@@ -1993,6 +2016,30 @@ mod set_tests {
             cfg
         };
         tinker().validate(None).unwrap();
+        // The rescue objectives beyond the paper are grpo-candle's: refused for Tinker, named.
+        for objective in ["masked", "h0"] {
+            let mut cfg = tinker();
+            cfg.set("train.rescue_objective", &format!("\"{objective}\""))
+                .unwrap();
+            let e = cfg.validate(None).unwrap_err().to_string();
+            assert!(
+                e.contains("train.rescue_objective") && e.contains(objective),
+                "{e}"
+            );
+            // Control: the same setting with the in-process learner.
+            let mut cfg = RunConfig::preset(Preset::Quick);
+            cfg.set("train.rescue_objective", &format!("\"{objective}\""))
+                .unwrap();
+            cfg.validate(None).unwrap();
+        }
+        let e = RunConfig::preset(Preset::Quick)
+            .set("train.rescue_objective", "\"hinted\"")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("rescue_objective") && e.contains("masked"),
+            "{e}"
+        );
         // A candle run ignores the section.
         let mut cfg = RunConfig::preset(Preset::Quick);
         cfg.set("tinker.lora_rank", "0").unwrap();

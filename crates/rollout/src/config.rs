@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use harness_core::{HarnessId, SamplingParams};
+use harness_core::{HarnessId, RescueObjective, SamplingParams};
 use harness_pool::SiblingPool;
 use serde::{Deserialize, Serialize};
 
@@ -87,6 +87,13 @@ impl Strategy {
         }
     }
 
+    /// Whether the strategy retains trajectories of sibling harnesses in place of a failed H0
+    /// group (random-harness and router rescue): the only groups a rescue objective other than
+    /// the paper's changes.
+    pub fn rescues_with_siblings(&self) -> bool {
+        matches!(self, Strategy::RandomHarness | Strategy::Router { .. })
+    }
+
     /// Whether the strategy asks a selector (and so re-anchors a calibrator).
     pub fn uses_selector(&self) -> bool {
         matches!(self, Strategy::Router { .. })
@@ -159,6 +166,13 @@ pub struct RescueConfig {
     /// How retained groups are formed.
     #[serde(default)]
     pub strategy: Strategy,
+    /// How the policy tokens of trajectories retained from a sibling rescue are scored
+    /// (`harness_core::objective`): `generating` (the paper, Eqs. 13-16, the default), `masked`
+    /// (only the turns from the sibling's first intervention on) or `h0` (re-rendered under
+    /// H0's prompt, Guide's `r / (r + gamma)`). H0 groups are scored as the paper scores them
+    /// whatever the setting. Only for sibling-rescue strategies (`random_harness`, `router`).
+    #[serde(default)]
+    pub rescue_objective: RescueObjective,
     /// Shuffle the task order each epoch (seeded); `false` keeps the given order.
     #[serde(default = "yes")]
     pub shuffle: bool,
@@ -344,6 +358,41 @@ impl RescueConfig {
                 positive("strategy.max_batches", *max_batches)?;
             }
         }
+        self.validate_rescue_objective(pool)
+    }
+
+    /// `rescue_objective` against the strategy and the pool: a non-paper objective needs a
+    /// sibling rescue to act on, and `h0` needs every auxiliary the rescue may pick to be
+    /// re-renderable under H0 (no agent program, the same tool view and memory policy as H0).
+    fn validate_rescue_objective(&self, pool: &SiblingPool) -> Result<()> {
+        let objective = self.rescue_objective;
+        if objective.is_paper() {
+            return Ok(());
+        }
+        if !self.strategy.rescues_with_siblings() {
+            return Err(Error::config(
+                "rescue_objective",
+                format!(
+                    "`{objective}` scores trajectories retained from a sibling rescue, and strategy `{}` retains none; expected `generating`, or strategy `random_harness` or `router`",
+                    self.strategy.label()
+                ),
+            ));
+        }
+        if objective == RescueObjective::H0 {
+            let refused: Vec<String> = pool
+                .auxiliaries()
+                .filter_map(|h| harness_core::h0_rerender_refusal(pool.base(), h))
+                .collect();
+            if !refused.is_empty() {
+                return Err(Error::config(
+                    "rescue_objective",
+                    format!(
+                        "`h0` re-renders rescued turns under H0's prompt (hook messages dropped, observations kept), which cannot show what these siblings' policy saw: {}; expected a pool whose auxiliaries differ from H0 only in prompt, skills, hooks, context policy or limits, or `rescue_objective = \"generating\"` or `\"masked\"`",
+                        refused.join("; ")
+                    ),
+                ));
+            }
+        }
         Ok(())
     }
 }
@@ -483,6 +532,71 @@ mod tests {
         );
         let err = check(r#"{"group_size": 0}"#, 8);
         assert!(err.contains("`group_size`: must be at least 1"), "{err}");
+    }
+
+    #[test]
+    fn rescue_objectives_are_settings_of_sibling_rescue() {
+        let cfg = RescueConfig::default();
+        assert_eq!(
+            cfg.rescue_objective,
+            RescueObjective::Generating,
+            "the paper's"
+        );
+        for o in ["generating", "masked", "h0"] {
+            let cfg = RescueConfig::from_json(&format!(r#"{{"rescue_objective": "{o}"}}"#), None)
+                .unwrap();
+            assert_eq!(cfg.rescue_objective.label(), o);
+            cfg.validate(&pool(8)).unwrap();
+        }
+        let err = RescueConfig::from_json(
+            r#"{"rescue_objective": "hinted"}"#,
+            Some(Path::new("r.json")),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("r.json") && err.contains("rescue_objective") && err.contains("masked"),
+            "{err}"
+        );
+        let err = RescueConfig::from_json(
+            r#"{"rescue_objective": "masked", "strategy": {"kind": "grpo"}}"#,
+            None,
+        )
+        .unwrap()
+        .validate(&pool(8))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("rescue_objective") && err.contains("retains none"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn h0_is_refused_for_a_tool_view_sibling_and_masked_is_not() {
+        let mut view = Harness::new("S-view", "Base.");
+        view.tool_view.max_observation_chars = Some(200);
+        let p = SiblingPool::starter(
+            Harness::new("H0", "Base."),
+            (1..=7)
+                .map(|i| Harness::new(format!("S{i}"), format!("Sibling {i}.")))
+                .chain([view]),
+            serde_json::Value::Null,
+        )
+        .unwrap();
+        let cfg = |o: &str| {
+            RescueConfig::from_json(&format!(r#"{{"rescue_objective": "{o}"}}"#), None).unwrap()
+        };
+        let err = cfg("h0").validate(&p).unwrap_err().to_string();
+        assert!(
+            err.contains("rescue_objective") && err.contains("S-view") && err.contains("tool view"),
+            "{err}"
+        );
+        // Controls: the same pool is fine for the other objectives, and a pool without the
+        // tool-view sibling is fine for `h0`.
+        cfg("masked").validate(&p).unwrap();
+        cfg("generating").validate(&p).unwrap();
+        cfg("h0").validate(&pool(8)).unwrap();
     }
 
     #[test]

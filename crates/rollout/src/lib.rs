@@ -8,6 +8,10 @@
 //! retained groups (Eq. 5) go to a [`harness_core::Learner`] for one update. Every baseline of
 //! the paper is a [`Strategy`] value: `grpo`, `h0_rescue`, `random_harness`, `router` with
 //! `top_k` or `top_m_x_n` allocation, `fixed_mixture`, and DAPO's `dynamic_sampling`.
+//! How a sibling's rescued tokens are scored is [`RescueConfig::rescue_objective`]: the paper's
+//! generating context (the default, Eqs. 13-16), `masked` (from the sibling's first
+//! intervention on) or `h0` (re-rendered under H0, Guide's ratio); see
+//! [`harness_core::objective`]. Every `metrics.jsonl` update line names the objective it ran.
 //!
 //! It sits between the pool and the router in the crate graph: it depends on harness-core and
 //! harness-pool only, and meets the router, the trainer and remote engines through traits

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use harness_core::{GroupOrigin, HarnessId, UpdateReport, Usage};
+use harness_core::{GroupOrigin, HarnessId, RescueObjective, UpdateReport, Usage};
 use serde::{Deserialize, Serialize};
 
 /// One task of one update: how its group was formed and what was retained.
@@ -121,6 +121,15 @@ pub struct UpdateRecord {
     /// when 0, so runs without agent programs write what they wrote before.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub prefix_breaks: u64,
+    /// How rescued trajectories were scored (`RescueConfig::rescue_objective`); lines written
+    /// before the setting existed read as the paper's, `generating`.
+    #[serde(default)]
+    pub rescue_objective: RescueObjective,
+    /// The learner's figures of the rescue objective (its report's `rescue_*` extras that are
+    /// not 0: `rescue_masked_tokens`, `rescue_h0_tokens`, `rescue_h0_gamma`,
+    /// `rescue_h0_ratio_mean`). Left out when empty.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub rescue_figures: BTreeMap<String, f64>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -209,6 +218,13 @@ pub fn summarize(
         learner_tokens: report.policy_tokens,
         policy_version: report.policy_version,
         prefix_breaks: 0,
+        rescue_objective: RescueObjective::default(),
+        rescue_figures: report
+            .extra
+            .iter()
+            .filter(|(k, v)| k.starts_with("rescue_") && **v != 0.0)
+            .map(|(k, v)| (k.clone(), *v))
+            .collect(),
         rollout_seconds: 0.0,
         update_seconds: 0.0,
         calibration_seconds: 0.0,

@@ -8,8 +8,8 @@ use std::time::Instant;
 use futures::{StreamExt, TryStreamExt};
 use harness_core::{
     Calibrate, CalibrationPoint, Environment, EpisodeOptions, Group, GroupOrigin, Harness,
-    HarnessId, HarnessSelector, Learner, Policy, SelectionMode, SelectionRequest, Split, Task,
-    Trajectory, UpdateReport, pass_and_avg_at_k, run_episode_with,
+    HarnessId, HarnessSelector, Learner, Policy, RescueObjective, SelectionMode, SelectionRequest,
+    Split, Task, TokenScoring, Trajectory, UpdateReport, pass_and_avg_at_k, run_episode_with,
 };
 use harness_pool::SiblingPool;
 
@@ -190,6 +190,31 @@ impl RescueTrainer {
 
     fn build(cfg: RescueConfig, setup: TrainingSetup, run_dir: &Path) -> Result<Self> {
         cfg.validate(&setup.pool)?;
+        // A learner that cannot compute the objective, or a policy that cannot re-render for
+        // `h0`, is refused before anything is sampled.
+        setup.learner.check_rescue_objective(cfg.rescue_objective)?;
+        if cfg.rescue_objective == RescueObjective::H0 {
+            setup
+                .policy
+                .render_prompt(&harness_core::PolicyRequest {
+                    messages: vec![harness_core::ChatMessage {
+                        role: harness_core::Role::User,
+                        content: "probe".into(),
+                        name: None,
+                    }],
+                    tools: Vec::new(),
+                    max_new_tokens: 1,
+                    max_context_tokens: usize::MAX,
+                    sampling: cfg.sampling.clone(),
+                    seed: 0,
+                })
+                .map_err(|e| {
+                    Error::config(
+                        "rescue_objective",
+                        format!("`h0` re-renders rescued turns with the policy: {e}"),
+                    )
+                })?;
+        }
         if cfg.strategy.uses_selector() && setup.selector.is_none() {
             return Err(Error::config(
                 "strategy",
@@ -378,8 +403,11 @@ impl RescueTrainer {
                 policy_version: version,
                 ..UpdateReport::default()
             }
-        } else {
+        } else if self.cfg.rescue_objective.is_paper() {
             self.learner.update(&groups).await?
+        } else {
+            let scoring = self.rescue_scoring(&groups).await?;
+            self.learner.update_scored(&groups, &scoring).await?
         };
         if report.applied {
             if let Some(sync) = &self.sync {
@@ -393,6 +421,7 @@ impl RescueTrainer {
         let records: Vec<GroupRecord> = formed.iter().map(|f| f.record.clone()).collect();
         let mut metrics = summarize(number, &self.cfg.strategy.label(), &records, &report);
         metrics.policy_version = self.progress.policy_version;
+        metrics.rescue_objective = self.cfg.rescue_objective;
         metrics.rollout_seconds = rollout_seconds;
         metrics.update_seconds = update_seconds;
         metrics.calibration_seconds = calibration_seconds;
@@ -449,6 +478,79 @@ impl RescueTrainer {
             self.checkpoint()?;
         }
         Ok(self.progress.cost.clone())
+    }
+
+    /// How the learner scores each retained trajectory under `rescue_objective`: the paper's
+    /// scoring for every trajectory of a group that is not a rescue and for every H0 trajectory;
+    /// for a sibling's trajectory in a rescue group, `masked` scores from its first
+    /// intervention on ([`harness_core::first_intervention`]) and `h0` re-renders each turn
+    /// under H0 ([`harness_core::h0_request`], tokenized by [`Policy::render_prompt`]; the tools
+    /// H0 shows come from a fresh session of the task at the trajectory's seed).
+    async fn rescue_scoring(&self, groups: &[Group]) -> Result<Vec<Vec<TokenScoring>>> {
+        let base = self.pool.base();
+        let base_id = base.id();
+        let mut out = Vec::with_capacity(groups.len());
+        for group in groups {
+            let mut scoring = Vec::with_capacity(group.trajectories.len());
+            let mut env_tools: Option<Vec<harness_core::ToolSpec>> = None;
+            for t in &group.trajectories {
+                if group.origin != GroupOrigin::Rescue || t.harness_id == base_id {
+                    scoring.push(TokenScoring::Generating);
+                    continue;
+                }
+                let sibling = self.pool.get(&t.harness_id).ok_or_else(|| {
+                    Error::config(
+                        "rescue_objective",
+                        format!(
+                            "rescued trajectory of task `{}` names harness {} ({}), which is not in the pool",
+                            t.task_id, t.harness_id, t.harness_name
+                        ),
+                    )
+                })?;
+                scoring.push(match self.cfg.rescue_objective {
+                    RescueObjective::Generating => TokenScoring::Generating,
+                    RescueObjective::Masked => {
+                        let first =
+                            harness_core::first_intervention(t, base, sibling, &group.task)?;
+                        TokenScoring::FromTurn {
+                            first_turn: first.map_or(t.turns.len(), |i| i.first_turn(t)),
+                        }
+                    }
+                    RescueObjective::H0 => {
+                        if env_tools.is_none() {
+                            let env = self.envs.get(&group.task.env).ok_or_else(|| {
+                                Error::UnknownEnvironment {
+                                    task: group.task.id.clone(),
+                                    env: group.task.env.clone(),
+                                    available: self.envs.keys().cloned().collect(),
+                                }
+                            })?;
+                            env_tools = Some(env.reset(&group.task, t.seed).await?.tools());
+                        }
+                        let tools = env_tools.as_deref().unwrap_or_default();
+                        let mut contexts = Vec::with_capacity(t.turns.len());
+                        for k in 0..t.turns.len() {
+                            contexts.push(
+                                match harness_core::h0_request(
+                                    t,
+                                    k,
+                                    base,
+                                    sibling,
+                                    &group.task,
+                                    tools,
+                                )? {
+                                    Some(request) => self.policy.render_prompt(&request)?,
+                                    None => Vec::new(),
+                                },
+                            );
+                        }
+                        TokenScoring::H0 { contexts }
+                    }
+                });
+            }
+            out.push(scoring);
+        }
+        Ok(out)
     }
 
     /// Refuse to sample when the acting policy reports a weights version

@@ -211,3 +211,117 @@ async fn a_resumed_candle_run_ends_with_the_same_weights_and_files_as_an_unbroke
         assert!(d == 0.0, "{n}: max |diff| {d}");
     }
 }
+
+/// H0 and four siblings that differ from it only by a warn hook after a turn that does not
+/// parse (the tiny policy's usual turn): a rescued rollout is H0's until the hook speaks.
+fn hook_setup(policy: &Arc<CandlePolicy>, objective: &str) -> (RescueConfig, TrainingSetup) {
+    let siblings = (1..=4).map(|i| {
+        let mut h = harness("H0");
+        h.name = format!("S{i}");
+        h.hooks.insert(
+            format!("nudge{i}"),
+            serde_json::from_value(serde_json::json!({
+                "action": "warn", "condition": "always", "event": "on_error",
+                "message": format!("Nudge {i}: call submit."), "parameters": {}
+            }))
+            .unwrap(),
+        );
+        h
+    });
+    let pool = SiblingPool::starter(harness("H0"), siblings, serde_json::Value::Null).unwrap();
+    let cfg = RescueConfig::from_json(
+        &format!(
+            r#"{{"seed": 3, "updates": 3, "group_size": 2, "batch_tasks": 2, "checkpoint_every": 0,
+                "concurrency": 1, "rescue_objective": "{objective}",
+                "strategy": {{"kind": "random_harness"}}}}"#
+        ),
+        None,
+    )
+    .unwrap();
+    let base = setup(policy);
+    let setup = TrainingSetup {
+        selector: Some(Arc::new(RandomSelector::new(&pool))),
+        pool,
+        ..base
+    };
+    (cfg, setup)
+}
+
+/// Each rescue objective runs end to end with grpo-candle's learner, and `metrics.jsonl` says
+/// which ran with its figures: `masked` leaves the pre-hook turns out of the learner's tokens,
+/// `h0` scores every rescued token under H0's context with a Guide gamma; the paper's objective
+/// (the control) scores every retained token and reports no rescue figures.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_rescue_objective_runs_with_the_candle_learner_and_is_recorded() {
+    for objective in ["generating", "masked", "h0"] {
+        let policy = tiny_policy();
+        let (cfg, setup) = hook_setup(&policy, objective);
+        let dir = tempfile::tempdir().unwrap();
+        RescueTrainer::new(cfg, setup, dir.path())
+            .unwrap()
+            .run()
+            .await
+            .unwrap();
+        let metrics = lines(dir.path(), "metrics.jsonl");
+        let updates: Vec<&serde_json::Value> =
+            metrics.iter().filter(|m| m["kind"] == "update").collect();
+        assert_eq!(updates.len(), 3);
+        let rescued: Vec<&&serde_json::Value> = updates
+            .iter()
+            .filter(|m| m["rescue_trigger_rate"].as_f64().unwrap() > 0.0)
+            .collect();
+        assert!(!rescued.is_empty(), "{objective}: no rescue in {updates:?}");
+        let figure =
+            |m: &serde_json::Value, k: &str| m["rescue_figures"][k].as_f64().unwrap_or(0.0);
+        for m in &updates {
+            assert_eq!(m["rescue_objective"], objective, "{m}");
+            let (scored, retained) = (
+                m["learner_tokens"].as_f64().unwrap(),
+                m["policy_tokens"].as_f64().unwrap(),
+            );
+            match objective {
+                "masked" => assert_eq!(scored, retained - figure(m, "rescue_masked_tokens"), "{m}"),
+                _ => assert_eq!(scored, retained, "{m}"),
+            }
+        }
+        let total = |k: &str| updates.iter().map(|m| figure(m, k)).sum::<f64>();
+        match objective {
+            "generating" => assert!(updates.iter().all(|m| m.get("rescue_figures").is_none())),
+            "masked" => assert!(total("rescue_masked_tokens") > 0.0, "{updates:?}"),
+            _ => {
+                assert!(total("rescue_h0_tokens") > 0.0, "{updates:?}");
+                assert!(rescued.iter().all(|m| figure(m, "rescue_h0_gamma") > 0.0));
+            }
+        }
+    }
+}
+
+/// `h0` needs a policy that re-renders prompts: one that cannot is refused before sampling,
+/// naming the setting; the same policy runs the paper's objective (the control).
+#[tokio::test]
+async fn h0_is_refused_for_a_policy_that_cannot_rerender() {
+    let candle = tiny_policy();
+    let scripted: Arc<dyn harness_core::Policy> =
+        Arc::new(harness_testkit::ScriptedPolicy::new(vec![
+            "<tool_call>{\"name\": \"submit\", \"arguments\": {}}</tool_call>".into(),
+        ]));
+    for (objective, refused) in [("h0", true), ("generating", false)] {
+        let (cfg, setup) = hook_setup(&candle, objective);
+        let setup = TrainingSetup {
+            policy: scripted.clone(),
+            ..setup
+        };
+        let dir = tempfile::tempdir().unwrap();
+        match RescueTrainer::new(cfg, setup, dir.path()) {
+            Ok(_) => assert!(!refused, "{objective} was accepted"),
+            Err(e) => {
+                let e = e.to_string();
+                assert!(refused, "{objective}: {e}");
+                assert!(
+                    e.contains("rescue_objective") && e.contains("render"),
+                    "{e}"
+                );
+            }
+        }
+    }
+}

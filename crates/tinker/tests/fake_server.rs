@@ -11,7 +11,7 @@ use common::{
     lora_a_value, lora_b_value, read_safetensors,
 };
 use grpo_candle::objective::{GrpoConfig, TokenTerms, group_advantages, grpo_loss};
-use harness_core::{Group, Learner};
+use harness_core::{Group, Learner, RescueObjective, TokenScoring};
 use harness_rollout::{SyncRetry, WeightSync, sync_with_retry};
 use harness_tinker::{
     Error, ObjectiveMode, RetryPolicy, ServerKind, SyncTarget, TinkerClient, TinkerConfig,
@@ -113,6 +113,49 @@ fn scored_inputs(groups: &[Group], data: &[Value], key: &str) -> Vec<f64> {
         out.extend(s.policy_pos.iter().map(|&p| v[p - 1]));
     }
     out
+}
+
+#[tokio::test]
+async fn the_tinker_learner_refuses_the_rescue_objectives_beyond_the_paper() {
+    let fake = Fake::start(Reduction::Sum).await;
+    let mut learner = TinkerLearner::connect(client(&fake), learner_cfg(ServerKind::Tinker))
+        .await
+        .unwrap();
+    for objective in [RescueObjective::Masked, RescueObjective::H0] {
+        let err = learner
+            .check_rescue_objective(objective)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(&format!("rescue_objective = \"{objective}\""))
+                && err.contains("generating")
+                && err.contains(learner.name()),
+            "{err}"
+        );
+    }
+    // Control: the paper's objective is accepted.
+    learner
+        .check_rescue_objective(RescueObjective::Generating)
+        .unwrap();
+    // A masked scoring handed over anyway is refused before anything is sent...
+    let groups = batch();
+    let mut scoring: Vec<Vec<TokenScoring>> = groups
+        .iter()
+        .map(|g| vec![TokenScoring::Generating; g.trajectories.len()])
+        .collect();
+    scoring[0][0] = TokenScoring::FromTurn { first_turn: 1 };
+    let sent = fake.endpoints().len();
+    assert!(learner.update_scored(&groups, &scoring).await.is_err());
+    assert_eq!(fake.endpoints().len(), sent);
+    // ...and the paper's scoring goes through as an ordinary update.
+    scoring[0][0] = TokenScoring::Generating;
+    assert!(
+        learner
+            .update_scored(&groups, &scoring)
+            .await
+            .unwrap()
+            .applied
+    );
 }
 
 #[tokio::test]

@@ -33,6 +33,10 @@
 //!   `limits.max_output_tokens`; a prompt over `limits.max_context_tokens` is answered 400
 //!   (`context_length_exceeded`) and recorded as a turn without tokens; calls beyond
 //!   `limits.max_model_calls` are answered 429 and counted.
+//! - A `user` or `system` message whose `name` is `hook:<name>` is the program's own harness
+//!   message (a hook's warning, a nudge): it is recorded with source `harness` and
+//!   `hook = <name>`, like the built-in loop's hook messages (see [`record`]); the name is not
+//!   shown to the policy. Other messages get the source [`record`] infers from their role.
 //! - `tools` are offered to the template; `<tool_call>` blocks in the generated text come back
 //!   as `tool_calls` (any `tool_choice` but `"none"` is treated as `"auto"`). `n` must be 1.
 //! - `logprobs: true` returns each sampled token's log-prob with the token written

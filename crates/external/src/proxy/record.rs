@@ -12,6 +12,16 @@
 //! trained in its own generating context either way (the trainer packs only turns that extend);
 //! with [`PrefixPolicy::MaskEpisode`] an episode with a break keeps its reward (it still counts
 //! in its group's advantage) but none of its tokens is scored.
+//!
+//! **Sources.** Each new message of a request is recorded with the source it is inferred to
+//! have: system messages the harness's, tool messages the environment's, the first user
+//! message the task's, later user messages the harness's, assistant messages the policy's when
+//! the policy generated that text (else the harness's). A program marks a message it adds on
+//! its own account (a hook's warning, a nudge) by sending it as a `user` or `system` message
+//! whose OpenAI `name` is `hook:<name>` ([`HOOK_NAME_PREFIX`]): it is recorded as the harness's
+//! with `hook = <name>`, as the built-in loop records its hook messages, so diagnostics and the
+//! `masked` and `h0` rescue objectives find it. The name is not shown to the policy (chat
+//! templates and the wire form of user messages leave it out).
 
 use std::collections::{HashMap, HashSet};
 
@@ -21,6 +31,22 @@ use harness_core::{
 };
 use harness_openai::protocol::{MessageContent, WireMessage};
 use serde::{Deserialize, Serialize};
+
+/// The `name` prefix with which a program marks a message as a hook's (see the module docs).
+pub const HOOK_NAME_PREFIX: &str = "hook:";
+
+/// The hook a program marked `message` with: the rest of a `user` or `system` message's name
+/// after [`HOOK_NAME_PREFIX`], when not empty.
+fn hook_marker(message: &ChatMessage) -> Option<&str> {
+    match message.role {
+        Role::User | Role::System => message
+            .name
+            .as_deref()
+            .and_then(|n| n.strip_prefix(HOOK_NAME_PREFIX))
+            .filter(|n| !n.trim().is_empty()),
+        _ => None,
+    }
+}
 
 /// What to do with an episode whose turns break the prefix check.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -105,6 +131,7 @@ impl EpisodeRecord {
     pub fn into_trajectory(self, end: EpisodeEnd) -> Trajectory {
         let masked = self.masked();
         let policy_tokens = self.turns.iter().map(|t| t.tokens.len() as u32).sum();
+        let hook_messages = self.messages.iter().filter(|m| m.hook.is_some()).count() as u32;
         let mut turns = self.turns;
         if masked {
             for turn in &mut turns {
@@ -128,6 +155,7 @@ impl EpisodeRecord {
                 refused_actions: self.refused_calls,
                 policy_tokens,
                 prefix_breaks: self.prefix_breaks,
+                hook_messages,
                 ..Counts::default()
             },
             turns,
@@ -204,6 +232,13 @@ impl EpisodeLog {
     /// Give assistant messages that carry a reply the proxy sent the policy's own text.
     pub(crate) fn restore(&self, wire: &[WireMessage], messages: &mut [ChatMessage]) {
         for (w, m) in wire.iter().zip(messages.iter_mut()) {
+            // The hook marker rides on the message's name (dropped by the wire conversion for
+            // user and system messages); the policy's templates do not render it.
+            if matches!(m.role, Role::User | Role::System)
+                && let Some(name) = w.name.as_ref().filter(|n| n.starts_with(HOOK_NAME_PREFIX))
+            {
+                m.name = Some(name.clone());
+            }
             if m.role == Role::Assistant
                 && let Some(raw) = self.replies.get(&wire_key(w))
             {
@@ -253,6 +288,16 @@ impl EpisodeLog {
             });
         }
         for m in &messages[common..] {
+            if let Some(hook) = hook_marker(m) {
+                self.messages.push(TrajectoryMessage {
+                    role: m.role,
+                    source: Source::Harness,
+                    content: m.content.clone(),
+                    name: None,
+                    hook: Some(hook.to_string()),
+                });
+                continue;
+            }
             let source = match m.role {
                 Role::System => Source::Harness,
                 Role::Tool => Source::Environment,
@@ -357,6 +402,61 @@ mod tests {
 
     fn sampling() -> TurnSampling {
         TurnSampling::from(&harness_core::SamplingParams::default())
+    }
+
+    #[test]
+    fn a_program_marks_its_hook_messages_by_name() {
+        let wire = |role: &str, content: &str, name: Option<&str>| WireMessage {
+            name: name.map(str::to_string),
+            ..WireMessage::text(role, content)
+        };
+        let mut log = EpisodeLog::new(spec(), PrefixPolicy::OwnContext);
+        let first = [wire("system", "s", None), wire("user", "q", None)];
+        let mut m1 = harness_openai::protocol::from_wire_messages(&first).unwrap();
+        log.restore(&first, &mut m1);
+        log.record(&m1, &turn(&[1, 2], &[3], "a"), sampling(), None);
+        let second = [
+            wire("system", "s", None),
+            wire("user", "q", None),
+            wire("assistant", "a", None),
+            wire("user", "Check before you commit.", Some("hook:check")),
+            // Control: the same text unmarked, and a name that is not a hook marker.
+            wire("user", "Check before you commit.", None),
+            wire("user", "hello", Some("alice")),
+        ];
+        let mut m2 = harness_openai::protocol::from_wire_messages(&second).unwrap();
+        log.restore(&second, &mut m2);
+        log.record(&m2, &turn(&[1, 2, 3, 4], &[5], "b"), sampling(), None);
+        let record = log.finish();
+        let hooks: Vec<(Source, Option<&str>)> = record
+            .messages
+            .iter()
+            .map(|m| (m.source, m.hook.as_deref()))
+            .collect();
+        assert_eq!(
+            hooks,
+            vec![
+                (Source::Harness, None),
+                (Source::Task, None),
+                (Source::Policy, None),
+                (Source::Harness, Some("check")),
+                (Source::Harness, None),
+                (Source::Harness, None),
+                (Source::Policy, None),
+            ]
+        );
+        let end = EpisodeEnd {
+            env: "e".into(),
+            harness_id: HarnessId("h".into()),
+            harness_name: "h".into(),
+            policy: "p".into(),
+            outcome: Outcome::success(serde_json::Value::Null),
+            termination: Termination::EnvDone,
+            final_answer: None,
+            env_actions: 1,
+            tool_errors: 0,
+        };
+        assert_eq!(record.into_trajectory(end).counts.hook_messages, 1);
     }
 
     #[test]

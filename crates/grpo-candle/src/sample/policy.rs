@@ -669,6 +669,16 @@ impl Policy for CandlePolicy {
         CandlePolicy::weights_version(self)
     }
 
+    /// The chat template's rendering of the request, tokenized as `generate` tokenizes its
+    /// prompt (reusing the exact tokens of a remembered earlier turn whose text it extends).
+    fn render_prompt(&self, request: &PolicyRequest) -> harness_core::Result<Vec<u32>> {
+        self.prompt_tokens(request)
+            .map_err(|e| harness_core::Error::Policy {
+                policy: self.name.clone(),
+                message: e.to_string(),
+            })
+    }
+
     async fn generate(&self, request: PolicyRequest) -> harness_core::Result<PolicyTurn> {
         let to_core = |e: Error| harness_core::Error::Policy {
             policy: self.name.clone(),

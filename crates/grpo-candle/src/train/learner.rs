@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use harness_core::{Group, Learner, UpdateReport};
+use harness_core::{Group, Learner, RescueObjective, TokenScoring, UpdateReport};
 use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
@@ -90,6 +90,10 @@ pub fn update_report(m: &StepMetrics, applied: bool, policy_version: u64) -> Upd
         ("micro_batches", m.micro_batches as f64),
         ("skipped_updates", m.skipped_updates as f64),
         ("optimizer_seconds", m.optimizer_seconds),
+        ("rescue_masked_tokens", m.masked_tokens as f64),
+        ("rescue_h0_tokens", m.h0_tokens as f64),
+        ("rescue_h0_gamma", m.h0_gamma),
+        ("rescue_h0_ratio_mean", m.h0_ratio_mean),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
@@ -118,11 +122,26 @@ impl Learner for CandleLearner {
     }
 
     async fn update(&mut self, groups: &[Group]) -> harness_core::Result<UpdateReport> {
+        self.update_scored(groups, &[]).await
+    }
+
+    /// Every rescue objective: the paper's, `masked` and `h0` (see
+    /// [`Trainer::step_scored_rollouts`]).
+    fn check_rescue_objective(&self, _objective: RescueObjective) -> harness_core::Result<()> {
+        Ok(())
+    }
+
+    async fn update_scored(
+        &mut self,
+        groups: &[Group],
+        scoring: &[Vec<TokenScoring>],
+    ) -> harness_core::Result<UpdateReport> {
         // The step is CPU/GPU work done inline (the Learner contract for in-process learners);
         // the policy's decoding thread is idle meanwhile because the guard stops admissions.
         let metrics = {
             let _guard = self.policy.update_guard();
-            self.trainer.step(self.policy.model(), groups)
+            self.trainer
+                .step_scored(self.policy.model(), groups, scoring)
         }
         .map_err(|e| self.error(e))?;
         let applied = metrics.updates > 0;

@@ -8,6 +8,11 @@
 //! * Aggregation (Eq. 15): mean over the valid policy tokens of a task, then equally over the
 //!   tasks of the batch; a task with no tokens contributes zero (but still counts in `|B|`).
 //!
+//! * The `h0` rescue objective ([`guide_loss`], after Guide, arXiv 2506.13923): tokens of a
+//!   rescued trajectory re-scored under H0's context, `r = pi_theta(y | c_H0) / q(y | c_H)`,
+//!   shaped `r / (r + gamma)` with `gamma` the batch's 90th percentile of `r` ([`quantile`]), no
+//!   clipping, aggregated as Eq. 15.
+//!
 //! The loss returned is `-J` (we minimise). Because the per-token coefficient `1 / (|B| N_x)` is
 //! known before any forward pass, the loss is a plain sum over tokens and gradient accumulation
 //! over micro-batches is exact.
@@ -206,6 +211,99 @@ pub fn grpo_loss(
     Ok((loss, stats))
 }
 
+/// Per-token inputs of the Guide-shaped loss of the `h0` rescue objective, `[T]` f32 without
+/// gradient.
+#[derive(Debug, Clone)]
+pub struct GuideTerms {
+    /// `log pi_old(y | c_H)`: the sampling policy under the sibling's (generating) context, i.e.
+    /// the recorded rollout log-prob `q` of the token.
+    pub logp_behaviour: Tensor,
+    /// The trajectory's advantage within its rescue group (Eq. 6).
+    pub advantage: Tensor,
+    /// `1 / (|B| N_x)`: the token's share in Eq. 15.
+    pub coef: Tensor,
+}
+
+/// Sums over a micro-batch's Guide tokens, for metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Default, serde::Serialize, serde::Deserialize)]
+pub struct GuideStats {
+    /// Tokens scored under H0's context.
+    pub tokens: usize,
+    /// Sum of `r = pi_theta(y | c_H0) / pi_old(y | c_H)`.
+    pub ratio_sum: f64,
+}
+
+impl GuideStats {
+    /// Adds another micro-batch's sums.
+    pub fn merge(&mut self, o: &GuideStats) {
+        self.tokens += o.tokens;
+        self.ratio_sum += o.ratio_sum;
+    }
+}
+
+/// The 90th percentile of the H0-context ratios: Guide's `gamma`.
+pub const GUIDE_PERCENTILE: f64 = 0.9;
+
+/// The `p`-quantile of `values` with linear interpolation between order statistics (numpy's and
+/// torch's default): `x[floor(h)] + (h - floor(h)) (x[floor(h) + 1] - x[floor(h)])` at
+/// `h = (n - 1) p` on the sorted values. `None` for no values.
+pub fn quantile(values: &[f64], p: f64) -> Option<f64> {
+    if values.is_empty() {
+        return None;
+    }
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    let h = (v.len() - 1) as f64 * p.clamp(0.0, 1.0);
+    let lo = h.floor() as usize;
+    let hi = (lo + 1).min(v.len() - 1);
+    Some(v[lo] + (h - lo as f64) * (v[hi] - v[lo]))
+}
+
+/// The micro-batch's share of `-J` for tokens re-scored under H0's context (the `h0` rescue
+/// objective, after Guide, arXiv 2506.13923): per token `coef * A * r / (r + gamma)` with
+/// `r = exp(logp_new - logp_behaviour)`, where `logp_new` is `log pi_theta(y | c_H0)`.
+///
+/// `gamma` is a constant (the batch's 90th percentile of `r` under the weights at the start of
+/// the update, detached): the shaping `r / (r + gamma)` is bounded by 1, so there is no clipping,
+/// and its gradient `gamma / (r + gamma)^2 * dr` shrinks for tokens the current policy already
+/// prefers under H0 far more than the sibling-context sampler did. No Eq. 16 weight: the ratio's
+/// denominator is the sampler's own probability.
+pub fn guide_loss(
+    logp_new: &Tensor,
+    terms: &GuideTerms,
+    gamma: f64,
+) -> candle_core::Result<(Tensor, GuideStats)> {
+    let t = logp_new.dims1()?;
+    let f32_ = |x: &Tensor| -> candle_core::Result<Tensor> { x.detach().to_dtype(DType::F32) };
+    let behaviour = f32_(&terms.logp_behaviour)?;
+    let adv = f32_(&terms.advantage)?;
+    let coef = f32_(&terms.coef)?;
+    for (name, x) in [
+        ("logp_behaviour", &behaviour),
+        ("advantage", &adv),
+        ("coef", &coef),
+    ] {
+        if x.dims1()? != t {
+            candle_core::bail!("guide_loss: {name} has {} tokens, logp_new {t}", x.dims1()?);
+        }
+    }
+    if !(gamma > 0.0 && gamma.is_finite()) {
+        candle_core::bail!("guide_loss: gamma must be positive and finite, got {gamma}");
+    }
+    let ratio = (logp_new.to_dtype(DType::F32)? - &behaviour)?.exp()?;
+    let stats = GuideStats {
+        tokens: t,
+        ratio_sum: ratio
+            .detach()
+            .to_dtype(DType::F64)?
+            .sum_all()?
+            .to_scalar::<f64>()?,
+    };
+    let shaped = (&ratio / (&ratio + gamma)?)?;
+    let loss = ((shaped * adv)? * coef)?.sum_all()?.neg()?;
+    Ok((loss, stats))
+}
+
 /// Eq. 16: `clip(pi_old / q, 0, cap)` from log-probs.
 pub fn importance_weight(logp_old: f64, logp_rollout: f64, cap: f64) -> f64 {
     (logp_old - logp_rollout).exp().clamp(0.0, cap)
@@ -367,6 +465,71 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn quantile_interpolates_like_numpy() {
+        // np.quantile([1, 2, 3, 4, 10], 0.9) = 4 + 0.6 * (10 - 4) = 7.6
+        assert!((quantile(&[10.0, 1.0, 3.0, 2.0, 4.0], 0.9).unwrap() - 7.6).abs() < 1e-12);
+        assert_eq!(quantile(&[2.5], 0.9), Some(2.5));
+        assert_eq!(quantile(&[], 0.9), None);
+    }
+
+    /// The `h0` objective against a hand computation: two groups, |B| = 2.
+    ///
+    /// Group A (a rescue group re-scored under H0): rewards (1, 0), so advantages (+1, -1);
+    /// trajectory 1 has two tokens with log pi_theta(y | c_H0) = ln 0.6, ln 0.3 and recorded
+    /// log q = ln 0.3, ln 0.3 (r = 2, 1); trajectory 2 one token with ln 0.1 against ln 0.2
+    /// (r = 0.5). N_A = 3. Group B is empty of H0 tokens here (its tokens go to the paper's
+    /// loss), so gamma is the 90th percentile of (2, 1, 0.5) = 1 + 0.8 * (2 - 1) = 1.8.
+    /// J_A = (1/3) [ 2/3.8 + 1/2.8 - 0.5/2.3 ] = (1/3) (0.526316 + 0.357143 - 0.217391)
+    ///     = 0.222022...; the loss is -J_A / |B| = -0.111011...
+    #[test]
+    fn guide_loss_matches_a_hand_computation() {
+        let dev = Device::Cpu;
+        let ln = |x: f32| x.ln();
+        let new = Var::new(&[ln(0.6), ln(0.3), ln(0.1)], &dev).unwrap();
+        let q = Tensor::new(&[ln(0.3), ln(0.3), ln(0.2)], &dev).unwrap();
+        let ratios = [2.0, 1.0, 0.5];
+        let gamma = quantile(&ratios, GUIDE_PERCENTILE).unwrap();
+        assert!((gamma - 1.8).abs() < 1e-12);
+        let terms = GuideTerms {
+            logp_behaviour: q,
+            advantage: Tensor::new(&[1.0f32, 1.0, -1.0], &dev).unwrap(),
+            coef: Tensor::new(&[1.0f32 / 6.0; 3], &dev).unwrap(),
+        };
+        let (loss, stats) = guide_loss(new.as_tensor(), &terms, gamma).unwrap();
+        let want: f64 = -(2.0 / 3.8 + 1.0 / 2.8 - 0.5 / 2.3) / 6.0;
+        assert!((want - -0.111_011_4).abs() < 1e-6, "hand value {want}");
+        let got = loss.to_scalar::<f32>().unwrap() as f64;
+        assert!((got - want).abs() < 1e-6, "{got} vs {want}");
+        assert_eq!(stats.tokens, 3);
+        assert!((stats.ratio_sum - 3.5).abs() < 1e-5);
+        // d(-J)/d logp_new = -coef A gamma r / (r + gamma)^2 (no clipping anywhere).
+        let grads = loss.backward().unwrap();
+        let g: Vec<f32> = grads.get(new.as_tensor()).unwrap().to_vec1().unwrap();
+        for (k, (r, a)) in [(2.0, 1.0), (1.0, 1.0), (0.5, -1.0)]
+            .into_iter()
+            .enumerate()
+        {
+            let want = -(1.0 / 6.0) * a * gamma * r / ((r + gamma) * (r + gamma));
+            assert!(
+                (g[k] as f64 - want).abs() < 1e-6,
+                "token {k}: {} vs {want}",
+                g[k]
+            );
+        }
+        // Control: the paper's clipped ratio on the same tokens gives another loss.
+        let paper = TokenTerms {
+            logp_old: terms.logp_behaviour.clone(),
+            logp_rollout: terms.logp_behaviour.clone(),
+            advantage: terms.advantage.clone(),
+            coef: terms.coef.clone(),
+        };
+        let (p, _) = grpo_loss(new.as_tensor(), &paper, &GrpoConfig::default()).unwrap();
+        // r = 2 is clipped to 1.28 (A > 0), r = 0.5 to 0.8 (A < 0): (1.28 + 1 - 0.8) / 6.
+        assert!((p.to_scalar::<f32>().unwrap() as f64 + (1.28 + 1.0 - 0.8) / 6.0).abs() < 1e-6);
+        assert!(guide_loss(new.as_tensor(), &terms, 0.0).is_err());
     }
 
     #[test]

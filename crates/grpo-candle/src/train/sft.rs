@@ -468,6 +468,7 @@ fn internal(seqs: &[SftSequence]) -> (Vec<Sequence>, Vec<usize>) {
             policy_pos: s.policy_pos.clone(),
             rollout_logp: Vec::new(),
             advantage: 0.0,
+            guide: false,
         })
         .collect();
     let idx = (0..internal.len())

@@ -48,7 +48,11 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::ops::fused::cpu_slice;
 use crate::ops::logprob::{LogProbConfig, token_logprobs};
-use crate::train::objective::{GrpoConfig, LossStats, TokenTerms, group_advantages, grpo_loss};
+use crate::train::objective::{
+    GUIDE_PERCENTILE, GrpoConfig, GuideStats, GuideTerms, LossStats, TokenTerms, group_advantages,
+    grpo_loss, guide_loss, quantile,
+};
+use harness_core::TokenScoring;
 
 /// What the trainer needs from a causal language model.
 ///
@@ -358,6 +362,22 @@ pub struct StepMetrics {
     pub seconds: f64,
     /// Of which in gradient clipping and the optimizer update.
     pub optimizer_seconds: f64,
+    /// Policy tokens of rescued trajectories left unscored by the `masked` rescue objective
+    /// (generated before the sibling's first intervention).
+    #[serde(default)]
+    pub masked_tokens: usize,
+    /// Policy tokens scored under H0's context by the `h0` rescue objective (part of
+    /// `policy_tokens`; the clip and weight figures above are over the other tokens).
+    #[serde(default)]
+    pub h0_tokens: usize,
+    /// Guide's `gamma` of the step: the 90th percentile of the `h0` tokens' ratios
+    /// `pi_theta(y | c_H0) / q(y | c_H)` under the weights at the start of the step (0 without
+    /// such tokens).
+    #[serde(default)]
+    pub h0_gamma: f64,
+    /// Mean of those ratios over the step's passes (0 without such tokens).
+    #[serde(default)]
+    pub h0_ratio_mean: f64,
 }
 
 /// A training sequence: one packed run of turns of one trajectory.
@@ -373,6 +393,10 @@ pub(crate) struct Sequence {
     pub rollout_logp: Vec<f32>,
     /// The trajectory's advantage.
     pub advantage: f32,
+    /// Scored with the `h0` rescue objective's Guide-shaped ratio ([`guide_loss`]) instead of
+    /// the paper's clipped one: `ids` is H0's re-rendered context and `rollout_logp` the
+    /// behaviour log-probs in the generating context.
+    pub guide: bool,
 }
 
 /// Packs one trajectory's turns into sequences (see the module docs).
@@ -380,6 +404,18 @@ pub(crate) fn pack_turns(
     task: usize,
     advantage: f32,
     turns: &[TurnTokens],
+) -> Result<Vec<Sequence>> {
+    pack_turns_from(task, advantage, turns, 0, false)
+}
+
+/// [`pack_turns`] where the turns before `first_scored` stay in the context but are not scored
+/// (the `masked` rescue objective), and the sequences are marked `guide` when asked.
+pub(crate) fn pack_turns_from(
+    task: usize,
+    advantage: f32,
+    turns: &[TurnTokens],
+    first_scored: usize,
+    guide: bool,
 ) -> Result<Vec<Sequence>> {
     let mut out: Vec<Sequence> = Vec::new();
     let mut cur: Option<Sequence> = None;
@@ -415,13 +451,14 @@ pub(crate) fn pack_turns(
                 policy_pos: Vec::new(),
                 rollout_logp: Vec::new(),
                 advantage,
+                guide,
             })
         };
         for (&tok, &lq) in turn.tokens.iter().zip(&turn.logprobs) {
             let p = seq.ids.len();
             seq.ids.push(tok);
             // A token with no context at all cannot be scored.
-            if p >= 1 {
+            if p >= 1 && k >= first_scored {
                 seq.policy_pos.push(p);
                 seq.rollout_logp.push(lq);
             }
@@ -430,6 +467,40 @@ pub(crate) fn pack_turns(
     out.extend(cur);
     out.retain(|s| !s.policy_pos.is_empty());
     Ok(out)
+}
+
+/// A trajectory's turns in H0's re-rendered contexts (the `h0` rescue objective): the generated
+/// tokens and their rollout log-probs stay; `contexts[k]` replaces turn `k`'s context.
+fn h0_turns(
+    group: usize,
+    trajectory: usize,
+    turns: &[TurnTokens],
+    contexts: &[Vec<u32>],
+) -> Result<Vec<TurnTokens>> {
+    if contexts.len() != turns.len() {
+        return Err(Error::Msg(format!(
+            "group {group}, trajectory {trajectory}: {} H0 contexts for {} turns; expected one per turn",
+            contexts.len(),
+            turns.len()
+        )));
+    }
+    turns
+        .iter()
+        .zip(contexts)
+        .enumerate()
+        .map(|(k, (t, c))| {
+            if !t.tokens.is_empty() && c.is_empty() {
+                return Err(Error::Msg(format!(
+                    "group {group}, trajectory {trajectory}, turn {k}: generated tokens but no H0 context"
+                )));
+            }
+            Ok(TurnTokens {
+                context: c.clone(),
+                tokens: t.tokens.clone(),
+                logprobs: t.logprobs.clone(),
+            })
+        })
+        .collect()
 }
 
 /// Splits sequence indices into micro-batches of at most `budget` padded tokens (the model sees
@@ -568,6 +639,7 @@ pub(crate) fn score_sequences(
 struct MicroBatchResult {
     loss: f64,
     stats: LossStats,
+    guide_stats: GuideStats,
     entropy_sum: f64,
     /// Per trainable variable, in the trainer's order.
     grads: Vec<Option<Tensor>>,
@@ -583,6 +655,8 @@ struct MicroBatchPass<'a> {
     /// detached log-probs).
     old_logp: Option<&'a HashMap<usize, Vec<f32>>>,
     coef_of: &'a (dyn Fn(&Sequence) -> f32 + Sync),
+    /// Guide's `gamma` for the `h0` rescue objective's tokens (`None`: the batch has none).
+    gamma: Option<f64>,
 }
 
 impl MicroBatchPass<'_> {
@@ -602,20 +676,68 @@ impl MicroBatchPass<'_> {
         let mut q = Vec::new();
         let mut a = Vec::new();
         let mut c = Vec::new();
+        let mut guide_pos = Vec::new();
         for &i in mb {
             let s = &seqs[i];
+            if s.guide {
+                guide_pos.extend((q.len()..q.len() + s.policy_pos.len()).map(|p| p as u32));
+            }
             q.extend_from_slice(&s.rollout_logp);
             a.extend(std::iter::repeat_n(s.advantage, s.policy_pos.len()));
             c.extend(std::iter::repeat_n((self.coef_of)(s), s.policy_pos.len()));
         }
         let t = q.len();
-        let terms = TokenTerms {
-            logp_old,
-            logp_rollout: Tensor::from_vec(q, t, &dev)?,
-            advantage: Tensor::from_vec(a, t, &dev)?,
-            coef: Tensor::from_vec(c, t, &dev)?,
+        let mut guide_stats = GuideStats::default();
+        let (loss, stats) = if guide_pos.is_empty() {
+            let terms = TokenTerms {
+                logp_old,
+                logp_rollout: Tensor::from_vec(q, t, &dev)?,
+                advantage: Tensor::from_vec(a, t, &dev)?,
+                coef: Tensor::from_vec(c, t, &dev)?,
+            };
+            grpo_loss(&logp_new, &terms, &cfg.grpo)?
+        } else {
+            // The micro-batch mixes the paper's tokens and the `h0` objective's: each part
+            // through its own loss, selected by position (index_select keeps the gradient).
+            let is_guide: std::collections::HashSet<u32> = guide_pos.iter().copied().collect();
+            let paper_pos: Vec<u32> = (0..t as u32).filter(|p| !is_guide.contains(p)).collect();
+            let pick = |v: &[f32], pos: &[u32]| -> Vec<f32> {
+                pos.iter().map(|&p| v[p as usize]).collect()
+            };
+            let gather = |x: &Tensor, pos: &[u32]| -> candle_core::Result<Tensor> {
+                x.contiguous()?
+                    .index_select(&Tensor::from_vec(pos.to_vec(), pos.len(), &dev)?, 0)
+            };
+            let gamma = self.gamma.ok_or_else(|| {
+                Error::Msg("internal: h0 tokens in a micro-batch but no gamma".into())
+            })?;
+            let (n_g, n_p) = (guide_pos.len(), paper_pos.len());
+            let guide_terms = GuideTerms {
+                logp_behaviour: Tensor::from_vec(pick(&q, &guide_pos), n_g, &dev)?,
+                advantage: Tensor::from_vec(pick(&a, &guide_pos), n_g, &dev)?,
+                coef: Tensor::from_vec(pick(&c, &guide_pos), n_g, &dev)?,
+            };
+            let (g_loss, g_stats) =
+                guide_loss(&gather(&logp_new, &guide_pos)?, &guide_terms, gamma)?;
+            guide_stats = g_stats;
+            let terms = TokenTerms {
+                logp_old: if paper_pos.is_empty() {
+                    logp_old.narrow(0, 0, 0)?
+                } else {
+                    gather(&logp_old, &paper_pos)?
+                },
+                logp_rollout: Tensor::from_vec(pick(&q, &paper_pos), n_p, &dev)?,
+                advantage: Tensor::from_vec(pick(&a, &paper_pos), n_p, &dev)?,
+                coef: Tensor::from_vec(pick(&c, &paper_pos), n_p, &dev)?,
+            };
+            if paper_pos.is_empty() {
+                (g_loss, LossStats::default())
+            } else {
+                let (p_loss, p_stats) =
+                    grpo_loss(&gather(&logp_new, &paper_pos)?, &terms, &cfg.grpo)?;
+                ((p_loss + g_loss)?, p_stats)
+            }
         };
-        let (loss, stats) = grpo_loss(&logp_new, &terms, &cfg.grpo)?;
         let entropy_sum = entropy
             .to_dtype(DType::F64)?
             .sum_all()?
@@ -625,6 +747,7 @@ impl MicroBatchPass<'_> {
         Ok(MicroBatchResult {
             loss: loss_value,
             stats,
+            guide_stats,
             entropy_sum,
             grads: self
                 .vars
@@ -716,10 +839,22 @@ impl Trainer {
         model: &dyn TrainableLm,
         groups: &[harness_core::Group],
     ) -> Result<StepMetrics> {
+        self.step_scored(model, groups, &[])
+    }
+
+    /// [`Trainer::step`] with each trajectory's tokens scored as `scoring[g][j]` says (the
+    /// rescue objectives of [`harness_core::objective`]); an empty `scoring` is the paper's
+    /// objective for every trajectory.
+    pub fn step_scored(
+        &mut self,
+        model: &dyn TrainableLm,
+        groups: &[harness_core::Group],
+        scoring: &[Vec<TokenScoring>],
+    ) -> Result<StepMetrics> {
         let vocab = model.lm_head_weight().dim(0)?;
         self.check_sampling(groups, vocab)?;
         let tasks: Vec<TaskRollouts> = groups.iter().map(TaskRollouts::from).collect();
-        self.step_rollouts(model, &tasks)
+        self.step_scored_rollouts(model, &tasks, scoring)
     }
 
     /// Checks that every turn with tokens was sampled at the trainer's temperature, without
@@ -795,6 +930,47 @@ impl Trainer {
         model: &dyn TrainableLm,
         tasks: &[TaskRollouts],
     ) -> Result<StepMetrics> {
+        self.step_scored_rollouts(model, tasks, &[])
+    }
+
+    /// [`Trainer::step_rollouts`] with per-trajectory scoring (see [`Trainer::step_scored`]).
+    ///
+    /// * [`TokenScoring::FromTurn`] (`masked`): the turns before `first_turn` stay in the
+    ///   packed context but are not scored; they leave `N_x` of Eq. 15.
+    /// * [`TokenScoring::H0`] (`h0`): the turns are packed in H0's re-rendered contexts and
+    ///   their tokens enter [`guide_loss`] with the ratio to the recorded rollout log-prob `q`
+    ///   (the sampler under the sibling's context; the trainer's temperature and no truncation
+    ///   are checked by [`Trainer::step_scored`] as for every turn). Using `q` rather than a
+    ///   forward pass of the pre-update weights in the sibling's context avoids a second pass
+    ///   over every rescued token, and is exactly `pi_old(y | c_H)` on-policy (the paper's
+    ///   setting of one update per batch); the Eq. 16 weight is then 1 and is not applied.
+    ///   Guide's `gamma` is the 90th percentile of these tokens' ratios over the whole batch,
+    ///   from one forward-only pass with the weights at the start of the step. They count in
+    ///   `N_x` like any scored token (Eq. 15).
+    pub fn step_scored_rollouts(
+        &mut self,
+        model: &dyn TrainableLm,
+        tasks: &[TaskRollouts],
+        scoring: &[Vec<TokenScoring>],
+    ) -> Result<StepMetrics> {
+        if !scoring.is_empty() {
+            if scoring.len() != tasks.len() {
+                return Err(Error::Msg(format!(
+                    "scoring for {} groups but {} groups",
+                    scoring.len(),
+                    tasks.len()
+                )));
+            }
+            for (x, (s, t)) in scoring.iter().zip(tasks).enumerate() {
+                if s.len() != t.rollouts.len() {
+                    return Err(Error::Msg(format!(
+                        "group {x}: scoring for {} trajectories but {} trajectories",
+                        s.len(),
+                        t.rollouts.len()
+                    )));
+                }
+            }
+        }
         let started = Instant::now();
         let mut metrics = StepMetrics {
             groups: tasks.len(),
@@ -809,8 +985,26 @@ impl Trainer {
             let effective = succ > 0 && succ < rewards.len();
             metrics.effective_groups += effective as usize;
             let adv = group_advantages(&rewards, self.cfg.grpo.adv_eps);
-            for (r, &a) in task.rollouts.iter().zip(&adv) {
-                for s in pack_turns(x, a, &r.turns)? {
+            for (j, (r, &a)) in task.rollouts.iter().zip(&adv).enumerate() {
+                let how = scoring.get(x).and_then(|g| g.get(j));
+                let packed = match how {
+                    None | Some(TokenScoring::Generating) => pack_turns(x, a, &r.turns)?,
+                    Some(TokenScoring::FromTurn { first_turn }) => {
+                        metrics.masked_tokens += r.turns[..(*first_turn).min(r.turns.len())]
+                            .iter()
+                            .map(|t| t.tokens.len())
+                            .sum::<usize>();
+                        pack_turns_from(x, a, &r.turns, *first_turn, false)?
+                    }
+                    Some(TokenScoring::H0 { contexts }) => {
+                        let turns = h0_turns(x, j, &r.turns, contexts)?;
+                        pack_turns_from(x, a, &turns, 0, true)?
+                    }
+                };
+                for s in packed {
+                    if s.guide {
+                        metrics.h0_tokens += s.policy_pos.len();
+                    }
                     task_tokens[x] += s.policy_pos.len();
                     if effective {
                         metrics.effective_policy_tokens += s.policy_pos.len();
@@ -883,7 +1077,32 @@ impl Trainer {
             }
         }
 
+        // Guide's gamma for the `h0` tokens: the batch's 90th percentile of their ratios under
+        // the weights at the start of the step (a forward-only pass, detached).
+        let guide_seqs: Vec<usize> = (0..seqs.len()).filter(|&i| seqs[i].guide).collect();
+        let gamma = if guide_seqs.is_empty() {
+            None
+        } else {
+            let mut ratios = Vec::with_capacity(metrics.h0_tokens);
+            for mb in micro_batches(&seqs, &guide_seqs, self.cfg.micro_batch_tokens) {
+                let (lp, _) =
+                    score_sequences(model, &seqs, &mb, &self.cfg.logprob, self.cfg.temperature)?;
+                let lp: Vec<f32> = lp.detach().to_dtype(DType::F32)?.to_vec1()?;
+                let q = mb
+                    .iter()
+                    .flat_map(|&i| seqs[i].rollout_logp.iter().copied());
+                ratios.extend(lp.iter().zip(q).map(|(&n, q)| f64::from(n - q).exp()));
+            }
+            // All ratios underflowing to 0 would give gamma 0 (r / (r + 0) is undefined there).
+            let gamma = quantile(&ratios, GUIDE_PERCENTILE)
+                .unwrap_or(1.0)
+                .max(f64::MIN_POSITIVE);
+            metrics.h0_gamma = gamma;
+            Some(gamma)
+        };
+
         let mut stats = LossStats::default();
+        let mut guide_stats = GuideStats::default();
         let mut entropy_sum = 0.0f64;
         let parallel = self
             .cfg
@@ -904,6 +1123,7 @@ impl Trainer {
                 cfg: &self.cfg,
                 old_logp: (u > 0).then_some(&old_logp),
                 coef_of: &coef_of,
+                gamma,
             };
             // Up to `parallel` micro-batches at a time; results are merged in micro-batch order,
             // so the update does not depend on how many ran at once.
@@ -918,6 +1138,7 @@ impl Trainer {
                     let r = r?;
                     metrics.micro_batches += 1;
                     stats.merge(&r.stats);
+                    guide_stats.merge(&r.guide_stats);
                     entropy_sum += r.entropy_sum;
                     loss_total += r.loss;
                     for (slot, g) in acc.iter_mut().zip(r.grads) {
@@ -942,6 +1163,10 @@ impl Trainer {
             metrics.updates += 1;
         }
         let tok = stats.tokens.max(1) as f64;
+        if guide_stats.tokens > 0 {
+            metrics.h0_ratio_mean = guide_stats.ratio_sum / guide_stats.tokens as f64;
+        }
+        metrics.entropy_mean = entropy_sum / (stats.tokens + guide_stats.tokens).max(1) as f64;
         metrics.step = self.step;
         metrics.clip_frac_low = stats.clipped_low as f64 / tok;
         metrics.clip_frac_high = stats.clipped_high as f64 / tok;
@@ -952,7 +1177,6 @@ impl Trainer {
         metrics.weight_min = stats.weight_min;
         metrics.weight_max = stats.weight_max;
         metrics.weight_clip_frac = stats.weight_clipped as f64 / tok;
-        metrics.entropy_mean = entropy_sum / tok;
         metrics.seconds = started.elapsed().as_secs_f64();
         Ok(metrics)
     }
@@ -1319,6 +1543,7 @@ mod tests {
                 policy_pos: vec![1],
                 rollout_logp: vec![0.0],
                 advantage: 0.0,
+                guide: false,
             })
             .collect();
         let idx: Vec<usize> = (0..seqs.len()).collect();
@@ -1455,5 +1680,194 @@ mod tests {
     #[test]
     fn trainable_lm_is_object_safe() {
         fn _obj_safe(_: &dyn TrainableLm) {}
+    }
+
+    /// A model whose next-token distribution is uniform over 16 tokens whatever the context
+    /// (zero hidden states): `log pi_theta = -ln 16` for every token, so each loss below can be
+    /// written out by hand from the recorded `q`.
+    struct Uniform {
+        w: Var,
+    }
+
+    impl TrainableLm for Uniform {
+        fn hidden_states(&self, ids: &Tensor) -> Result<Tensor> {
+            let (b, t) = ids.dims2()?;
+            Ok(Tensor::zeros((b, t, 2), DType::F32, &Device::Cpu)?)
+        }
+        fn lm_head_weight(&self) -> Tensor {
+            self.w.as_tensor().clone()
+        }
+        fn trainable_vars(&self) -> Vec<(String, Var)> {
+            vec![("w".into(), self.w.clone())]
+        }
+    }
+
+    fn uniform() -> Uniform {
+        Uniform {
+            w: Var::zeros((16, 2), DType::F32, &Device::Cpu).unwrap(),
+        }
+    }
+
+    fn qturn(context: &[u32], tokens: &[u32], q: &[f32]) -> TurnTokens {
+        TurnTokens {
+            context: context.to_vec(),
+            tokens: tokens.to_vec(),
+            logprobs: q.iter().map(|p| p.ln()).collect(),
+        }
+    }
+
+    /// Group A (a rescue): rewards (1, 0), A = (+1, -1). Trajectory 1: turn 0 generates (1, 2)
+    /// with q = (1/8, 1/8), turn 1 generates (1) with q = 1/32 after an observation;
+    /// trajectory 2: one turn, (2, 3) with q = (1/16, 1/16). Group B (H0): rewards (0, 1),
+    /// A = (-1, +1); (1) with q = 1/16 and (2, 3) with q = (1/16, 1/16). |B| = 2.
+    fn two_groups() -> Vec<TaskRollouts> {
+        let a = TaskRollouts {
+            rollouts: vec![
+                RolloutRecord {
+                    reward: 1.0,
+                    turns: vec![
+                        qturn(&[5, 6], &[1, 2], &[0.125, 0.125]),
+                        qturn(&[5, 6, 1, 2, 7], &[1], &[1.0 / 32.0]),
+                    ],
+                },
+                RolloutRecord {
+                    reward: 0.0,
+                    turns: vec![qturn(&[5, 6], &[2, 3], &[1.0 / 16.0, 1.0 / 16.0])],
+                },
+            ],
+        };
+        let b = TaskRollouts {
+            rollouts: vec![
+                RolloutRecord {
+                    reward: 0.0,
+                    turns: vec![qturn(&[4], &[1], &[1.0 / 16.0])],
+                },
+                RolloutRecord {
+                    reward: 1.0,
+                    turns: vec![qturn(&[4], &[2, 3], &[1.0 / 16.0, 1.0 / 16.0])],
+                },
+            ],
+        };
+        vec![a, b]
+    }
+
+    fn paper_scoring() -> Vec<Vec<TokenScoring>> {
+        vec![vec![TokenScoring::Generating; 2]; 2]
+    }
+
+    /// On-policy, rho = 1 and w = clip((1/16) / q, 0, 2): A's tokens weigh (0.5, 0.5, 2) and
+    /// (1, 1), B's (1) and (1, 1).
+    /// * Paper: J_A = (0.5 + 0.5 + 2 - 1 - 1) / 5 = 0.2, J_B = (-1 + 1 + 1) / 3 = 1/3,
+    ///   loss = -(0.2 + 1/3) / 2 = -0.266667.
+    /// * Masked, trajectory 1 of A from turn 1 (its first intervention), trajectory 2 from
+    ///   turn 0 (a prompt sibling): J_A = (2 - 1 - 1) / 3 = 0, loss = -(0 + 1/3) / 2 = -0.166667.
+    #[test]
+    fn the_masked_objective_matches_a_hand_computation() {
+        let model = uniform();
+        let mut t = Trainer::new(&model, TrainerConfig::default()).unwrap();
+        let paper = t
+            .step_scored_rollouts(&model, &two_groups(), &paper_scoring())
+            .unwrap();
+        assert!(
+            (paper.loss - -(0.2 + 1.0 / 3.0) / 2.0).abs() < 1e-6,
+            "{}",
+            paper.loss
+        );
+        assert_eq!((paper.policy_tokens, paper.masked_tokens), (8, 0));
+
+        let mut scoring = paper_scoring();
+        scoring[0] = vec![
+            TokenScoring::FromTurn { first_turn: 1 },
+            TokenScoring::FromTurn { first_turn: 0 },
+        ];
+        let mut t = Trainer::new(&model, TrainerConfig::default()).unwrap();
+        let masked = t
+            .step_scored_rollouts(&model, &two_groups(), &scoring)
+            .unwrap();
+        assert!(
+            (masked.loss - -(1.0 / 3.0) / 2.0).abs() < 1e-6,
+            "{}",
+            masked.loss
+        );
+        assert_eq!((masked.policy_tokens, masked.masked_tokens), (6, 2));
+        // Masking every turn of A leaves B alone in the batch, still over |B| = 2.
+        scoring[0] = vec![TokenScoring::FromTurn { first_turn: 9 }; 2];
+        let none = t
+            .step_scored_rollouts(&model, &two_groups(), &scoring)
+            .unwrap();
+        assert!(
+            (none.loss - -(1.0 / 3.0) / 2.0).abs() < 1e-6,
+            "{}",
+            none.loss
+        );
+        assert_eq!(none.masked_tokens, 5);
+    }
+
+    /// A re-scored under H0's contexts (other ids, same tokens): r = (1/16) / q =
+    /// (0.5, 0.5, 2) and (1, 1); gamma = the 0.9-quantile of (0.5, 0.5, 1, 1, 2) =
+    /// 1 + 0.6 (2 - 1) = 1.6. J_A = [0.5/2.1 + 0.5/2.1 + 2/3.6 - 1/2.6 - 1/2.6] / 5
+    /// = (1.031746 - 0.769231) / 5 = 0.052503; B as the paper's, J_B = 1/3;
+    /// loss = -(0.052503 + 0.333333) / 2 = -0.192918.
+    #[test]
+    fn the_h0_objective_matches_a_hand_computation() {
+        let model = uniform();
+        let mut scoring = paper_scoring();
+        scoring[0] = vec![
+            TokenScoring::H0 {
+                contexts: vec![vec![9, 9], vec![9, 9, 1, 2, 7]],
+            },
+            TokenScoring::H0 {
+                contexts: vec![vec![9, 9]],
+            },
+        ];
+        let mut t = Trainer::new(&model, TrainerConfig::default()).unwrap();
+        let m = t
+            .step_scored_rollouts(&model, &two_groups(), &scoring)
+            .unwrap();
+        let j_a: f64 = (0.5 / 2.1 + 0.5 / 2.1 + 2.0 / 3.6 - 1.0 / 2.6 - 1.0 / 2.6) / 5.0;
+        assert!((j_a - 0.052_503).abs() < 1e-6);
+        assert!(
+            (m.loss - -(j_a + 1.0 / 3.0) / 2.0).abs() < 1e-6,
+            "{}",
+            m.loss
+        );
+        assert!((m.h0_gamma - 1.6).abs() < 1e-5, "{}", m.h0_gamma);
+        assert_eq!((m.h0_tokens, m.policy_tokens), (5, 8));
+        assert!((m.h0_ratio_mean - 1.0).abs() < 1e-5, "{}", m.h0_ratio_mean);
+        // The paper's figures cover B's tokens only: on-policy, no clipping, w = 1.
+        assert!((m.weight_mean - 1.0).abs() < 1e-5, "{}", m.weight_mean);
+        // A mismatched scoring is refused.
+        let mut short = scoring.clone();
+        short[0].pop();
+        assert!(
+            t.step_scored_rollouts(&model, &two_groups(), &short)
+                .is_err()
+        );
+        let mut missing = scoring;
+        missing[0][1] = TokenScoring::H0 { contexts: vec![] };
+        assert!(
+            t.step_scored_rollouts(&model, &two_groups(), &missing)
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn masked_turns_stay_in_the_context_without_being_scored() {
+        let turns = [turn(&[1, 2], &[3, 4]), turn(&[1, 2, 3, 4, 7, 8], &[5])];
+        let seqs = pack_turns_from(0, 0.5, &turns, 1, false).unwrap();
+        assert_eq!(seqs.len(), 1);
+        assert_eq!(seqs[0].ids, vec![1, 2, 3, 4, 7, 8, 5]);
+        assert_eq!(seqs[0].policy_pos, vec![6]);
+        assert_eq!(seqs[0].rollout_logp, vec![-0.5]);
+        // Control: from turn 0 it is plain packing.
+        assert_eq!(
+            pack_turns_from(0, 0.5, &turns, 0, false).unwrap(),
+            pack_turns(0, 0.5, &turns).unwrap()
+        );
+        assert!(
+            pack_turns_from(0, 0.5, &turns, 2, false)
+                .unwrap()
+                .is_empty()
+        );
     }
 }

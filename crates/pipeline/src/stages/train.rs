@@ -66,12 +66,20 @@ pub fn strategy(wb: &Workbench, pool: &SiblingPool, method: Method) -> Result<Op
 pub fn rescue_config(wb: &Workbench, pool: &SiblingPool, method: Method) -> Result<RescueConfig> {
     let cfg = &wb.cfg;
     let strategy = strategy(wb, pool, method)?.ok_or_else(|| nothing_to_train(wb, method))?;
+    // The rescue objective acts on sibling rescues only; the other methods keep the paper's
+    // (RescueConfig::validate refuses a non-paper objective for them).
+    let rescue_objective = if strategy.rescues_with_siblings() {
+        cfg.train.rescue_objective
+    } else {
+        harness_core::RescueObjective::Generating
+    };
     Ok(RescueConfig {
         seed: cfg.seed,
         updates: cfg.train.updates,
         group_size: cfg.train.group_size,
         batch_tasks: cfg.train.batch_tasks,
         strategy,
+        rescue_objective,
         concurrency: cfg.rollout.concurrency,
         sampling: SamplingParams {
             temperature: cfg.rollout.temperature,
