@@ -25,7 +25,9 @@
 
 use std::collections::BTreeMap;
 
-use harness_core::{GroupOrigin, Source, Trajectory};
+use harness_core::objective::{Intervention, first_intervention};
+use harness_core::{GroupOrigin, Harness, Source, Task, Trajectory};
+use harness_pool::SiblingPool;
 use harness_rollout::{GROUPS_FILE, GroupRecord, TRAJECTORIES_FILE};
 
 pub use harness_report::layout::{DiagnosticsLine, FamilyDiagnostics, InterventionCounts};
@@ -34,69 +36,57 @@ use crate::config::Method;
 use crate::error::{Error, Result, StageExt};
 use crate::setup::Workbench;
 
-/// Where a rescue rollout's context first differs from H0's.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Intervention {
-    /// The first prompt already differs (system prompt, rules, skills, tool view): every
-    /// policy token was generated in a context H0 never shows.
-    Prompt,
-    /// The message at this index is the first harness message after the first policy turn (a
-    /// hook's message, a refusal).
-    Message(usize),
-    /// The rollout's contexts never differ from what H0 would show.
-    None,
-}
-
-/// Where `trajectory` first departs from H0, given the first context H0 renders for the same
-/// task (`h0_first_context`, the prompt tokens of an H0 rollout's first turn; `None` when
-/// unknown, then the prompt is taken as H0's).
-pub fn first_intervention(
+/// Where `trajectory` (generated under `sibling`) first departs from what H0 would have shown,
+/// by [`harness_core::objective::first_intervention`], the definition the `masked` rescue
+/// objective uses. An agent program renders its own prompts, which that definition counts as a
+/// difference at token 0 without looking; here its first prompt is compared with H0's
+/// (`h0_first_context`, the prompt tokens of an H0 rollout's first turn on the same task), and
+/// when they agree its first hook-marked message (a program marks its own hooks, see
+/// harness-external's proxy) is the intervention.
+pub fn intervention_of(
     trajectory: &Trajectory,
+    h0: &Harness,
+    sibling: &Harness,
+    task: &Task,
     h0_first_context: Option<&[u32]>,
-) -> Intervention {
-    if let (Some(h0), Some(first)) = (h0_first_context, trajectory.turns.first())
-        && first.context_tokens.as_slice() != h0
-    {
-        return Intervention::Prompt;
+) -> Result<Option<Intervention>> {
+    if !(sibling.is_external() || h0.is_external()) {
+        return first_intervention(trajectory, h0, sibling, task).at("evaluate");
     }
-    let first_policy = trajectory
-        .messages
-        .iter()
-        .position(|m| m.source == Source::Policy);
-    let Some(first_policy) = first_policy else {
-        return Intervention::None;
-    };
-    trajectory
+    if let (Some(h0_context), Some(first)) = (h0_first_context, trajectory.turns.first())
+        && first.context_tokens.as_slice() != h0_context
+    {
+        return Ok(Some(Intervention::Prompt {
+            component: "program".into(),
+        }));
+    }
+    Ok(trajectory
         .messages
         .iter()
         .enumerate()
-        .skip(first_policy + 1)
-        .find(|(_, m)| m.source == Source::Harness)
-        .map_or(Intervention::None, |(i, _)| Intervention::Message(i))
+        .find(|(_, m)| m.source == Source::Harness && m.hook.is_some())
+        .map(|(i, m)| Intervention::Message {
+            message: i,
+            hook: m.hook.clone().unwrap_or_default(),
+        }))
 }
 
-/// Policy tokens of `trajectory` generated before `intervention` (all of them for
-/// [`Intervention::None`], none for [`Intervention::Prompt`]).
-pub fn tokens_before(trajectory: &Trajectory, intervention: Intervention) -> usize {
-    match intervention {
-        Intervention::Prompt => 0,
-        Intervention::None => trajectory.policy_tokens(),
-        Intervention::Message(at) => trajectory
-            .turns
-            .iter()
-            .filter(|t| t.message_index.is_some_and(|i| i < at))
-            .map(|t| t.tokens.len())
-            .sum(),
-    }
+/// Policy tokens of `trajectory` generated before `intervention` (all of them when there is
+/// none).
+pub fn tokens_before(trajectory: &Trajectory, intervention: Option<&Intervention>) -> usize {
+    intervention.map_or_else(
+        || trajectory.policy_tokens(),
+        |i| i.tokens_before(trajectory),
+    )
 }
 
 /// Whether `trajectory` made a planted choice (the bad one at a DBBench decision point) before
 /// `intervention`: the decisions of the episode cut just before the sibling's first message.
-pub fn planted_before(trajectory: &Trajectory, intervention: Intervention) -> bool {
+pub fn planted_before(trajectory: &Trajectory, intervention: Option<&Intervention>) -> bool {
     let cut = match intervention {
-        Intervention::Prompt => return false,
-        Intervention::None => trajectory.messages.len(),
-        Intervention::Message(at) => at,
+        Some(Intervention::Prompt { .. }) => return false,
+        None => trajectory.messages.len(),
+        Some(Intervention::Message { message, .. }) => *message,
     };
     let mut head = trajectory.clone();
     head.messages.truncate(cut);
@@ -119,7 +109,12 @@ fn advantages(rewards: &[f32]) -> Vec<f64> {
 }
 
 /// The diagnostics of `method` from its training files.
-pub(crate) fn diagnostics(wb: &Workbench, method: Method, label: &str) -> Result<DiagnosticsLine> {
+pub(crate) fn diagnostics(
+    wb: &Workbench,
+    pool: &SiblingPool,
+    method: Method,
+    label: &str,
+) -> Result<DiagnosticsLine> {
     let run = wb.layout.train(method);
     let groups_path = run.join(GROUPS_FILE);
     let groups: Vec<GroupRecord> =
@@ -134,6 +129,8 @@ pub(crate) fn diagnostics(wb: &Workbench, method: Method, label: &str) -> Result
         .iter()
         .map(|t| (t.id.as_str(), wb.family_of(t)))
         .collect();
+    let task_of: BTreeMap<&str, &Task> = wb.train.iter().map(|t| (t.id.as_str(), t)).collect();
+    let h0 = pool.base();
     let mut line = DiagnosticsLine {
         method: method.name().to_string(),
         label: label.to_string(),
@@ -201,18 +198,25 @@ pub(crate) fn diagnostics(wb: &Workbench, method: Method, label: &str) -> Result
             None => None,
         };
         let adv = advantages(&g.rescue_rewards);
+        let task = task_of.get(g.task_id.as_str()).copied();
         for (j, n) in rescue.enumerate() {
             let t = read(n, &g.task_id, g.update)?;
-            let intervention = first_intervention(&t, h0_context.as_deref());
-            let before = tokens_before(&t, intervention);
+            // H0 rescue's rollouts, and any whose harness or task is unknown here, are H0's.
+            let intervention = match (pool.get(&t.harness_id), task) {
+                (Some(sibling), Some(task)) if t.harness_id != *pool.base_id() => {
+                    intervention_of(&t, h0, sibling, task, h0_context.as_deref())?
+                }
+                _ => None,
+            };
+            let before = tokens_before(&t, intervention.as_ref());
             let tokens = t.policy_tokens();
             line.rescue_rollouts += 1;
             line.policy_tokens += tokens;
             line.tokens_before += before;
             match intervention {
-                Intervention::Prompt => line.interventions.prompt += 1,
-                Intervention::Message(_) => line.interventions.message += 1,
-                Intervention::None => line.interventions.none += 1,
+                Some(Intervention::Prompt { .. }) => line.interventions.prompt += 1,
+                Some(Intervention::Message { .. }) => line.interventions.message += 1,
+                None => line.interventions.none += 1,
             }
             if adv.get(j).is_some_and(|&a| a > 0.0) {
                 line.positive_tokens += tokens;
@@ -221,7 +225,9 @@ pub(crate) fn diagnostics(wb: &Workbench, method: Method, label: &str) -> Result
             if t.is_success() {
                 line.successful_rescues += 1;
                 f.successful_rescues += 1;
-                if t.env == harness_envs::dbbench::ENV_NAME && planted_before(&t, intervention) {
+                if t.env == harness_envs::dbbench::ENV_NAME
+                    && planted_before(&t, intervention.as_ref())
+                {
                     f.planted_before_intervention += 1;
                 }
             }
@@ -330,35 +336,99 @@ mod tests {
         }
     }
 
+    fn harnesses() -> (Harness, Harness, Task) {
+        let h0 = Harness::new("h0", "You answer with SQL.");
+        let mut sibling = h0.clone();
+        sibling.name = "low-budget".into();
+        sibling.hooks.insert(
+            "low-budget".into(),
+            serde_json::from_value(serde_json::json!({
+                "event": "after_tool",
+                "condition": "remaining_steps_lte",
+                "parameters": {"threshold": 3},
+                "action": "warn",
+                "message": "Commit the result now."
+            }))
+            .unwrap(),
+        );
+        let task = Task::new(
+            "t",
+            harness_envs::dbbench::ENV_NAME,
+            harness_core::Split::Train,
+            "What is the total?",
+            1,
+        );
+        (h0, sibling, task)
+    }
+
     #[test]
     fn a_hook_after_the_planted_mistake_leaves_it_in_the_h0_context() {
-        let h0 = vec![1, 2];
-        let t = recheck(h0.clone(), true);
-        let i = first_intervention(&t, Some(&h0));
-        assert_eq!(i, Intervention::Message(6));
-        // Both SELECT turns (10 + 10 tokens) come before the hook; the commit (5) after it.
-        assert_eq!(tokens_before(&t, i), 20);
+        let (h0, sibling, task) = harnesses();
+        let t = recheck(vec![1, 2], true);
+        let i = intervention_of(&t, &h0, &sibling, &task, Some(&[1, 2])).unwrap();
         assert!(
-            planted_before(&t, i),
+            matches!(i, Some(Intervention::Message { message: 6, .. })),
+            "{i:?}"
+        );
+        // Both SELECT turns (10 + 10 tokens) come before the hook; the commit (5) after it.
+        assert_eq!(tokens_before(&t, i.as_ref()), 20);
+        assert!(
+            planted_before(&t, i.as_ref()),
             "the repeated SELECT is recheck's planted rerun"
         );
     }
 
     #[test]
     fn a_prompt_that_differs_intervenes_at_token_zero() {
+        let (h0, mut sibling, task) = harnesses();
+        sibling.hooks.clear();
+        sibling.prompt.system = format!("{} Always quote names.", sibling.prompt.system);
         let t = recheck(vec![9, 9], true);
-        let i = first_intervention(&t, Some(&[1, 2]));
-        assert_eq!(i, Intervention::Prompt);
-        assert_eq!(tokens_before(&t, i), 0);
-        assert!(!planted_before(&t, i));
+        let i = intervention_of(&t, &h0, &sibling, &task, Some(&[1, 2])).unwrap();
+        assert!(matches!(i, Some(Intervention::Prompt { .. })), "{i:?}");
+        assert_eq!(tokens_before(&t, i.as_ref()), 0);
+        assert!(!planted_before(&t, i.as_ref()));
+    }
+
+    #[test]
+    fn a_program_is_compared_by_its_first_prompt_and_its_marked_hooks() {
+        let (h0, mut program, task) = harnesses();
+        program.hooks.clear();
+        program.program = Some(
+            serde_json::from_value(
+                serde_json::json!({"command": ["python3", "agent.py"], "timeout_s": 60.0}),
+            )
+            .unwrap(),
+        );
+        let t = recheck(vec![1, 2], true);
+        let same = intervention_of(&t, &h0, &program, &task, Some(&[1, 2])).unwrap();
+        assert!(
+            matches!(same, Some(Intervention::Message { message: 6, .. })),
+            "{same:?}"
+        );
+        let other = intervention_of(&t, &h0, &program, &task, Some(&[3])).unwrap();
+        assert!(
+            matches!(other, Some(Intervention::Prompt { .. })),
+            "{other:?}"
+        );
+        let quiet = intervention_of(
+            &recheck(vec![1, 2], false),
+            &h0,
+            &program,
+            &task,
+            Some(&[1, 2]),
+        )
+        .unwrap();
+        assert_eq!(quiet, None);
     }
 
     #[test]
     fn without_any_difference_every_token_is_in_the_h0_context() {
+        let (h0, _, task) = harnesses();
         let t = recheck(vec![1, 2], false);
-        let i = first_intervention(&t, Some(&[1, 2]));
-        assert_eq!(i, Intervention::None);
-        assert_eq!(tokens_before(&t, i), 25);
+        let i = intervention_of(&t, &h0, &h0, &task, Some(&[1, 2])).unwrap();
+        assert_eq!(i, None);
+        assert_eq!(tokens_before(&t, None), 25);
     }
 
     #[test]

@@ -460,7 +460,7 @@ pub async fn evaluate(
         if let Some(m) = method {
             let cases = super::transfer::transfer_cases(wb, m, &label, &episodes)?;
             replace_lines(&wb.layout.transfer_results(), name, &cases)?;
-            let diagnostics = super::diagnostics::diagnostics(wb, m, &label)?;
+            let diagnostics = super::diagnostics::diagnostics(wb, pool, m, &label)?;
             replace_lines(&wb.layout.diagnostics_results(), name, &[diagnostics])?;
         }
         records.push(record(

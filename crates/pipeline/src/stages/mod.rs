@@ -28,8 +28,8 @@ mod transfer;
 pub use calibrate::calibrate;
 pub use cost::{STAGE_COST_FILE, StageCost, Tokens};
 pub use diagnostics::{
-    DiagnosticsLine, FamilyDiagnostics, Intervention, InterventionCounts, first_intervention,
-    planted_before, tokens_before,
+    DiagnosticsLine, FamilyDiagnostics, InterventionCounts, intervention_of, planted_before,
+    tokens_before,
 };
 pub use evaluate::{
     BehaviourRecord, ChoiceCounts, RankRecord, RoutingRecord, TaskResult, TestRecord, evaluate,
