@@ -683,7 +683,7 @@ fn loader_reads_the_swe_gym_shape_and_names_errors() {
 }
 
 #[test]
-fn hidden_test_patch_is_applied_before_verification() {
+fn hidden_tests_are_judged_with_package_calls_only() {
     let env = SweEnv::builtin();
     let mut inst = env.instance("textkit__slugify-digits").unwrap().clone();
     // Move the failing test out of the visible repository into a hidden test patch.
@@ -699,8 +699,10 @@ fn hidden_test_patch_is_applied_before_verification() {
             + &swe::diff::unified_diff("tests/test_extra.py", None, Some(extra), 3);
     inst.pass_to_pass
         .push("tests.test_extra.TestExtra.test_ok".into());
-    // The judge's calls follow the hidden tests: the changed one, and the new file's test
-    // (made through its module, which only the test patch creates).
+    // The judge's calls follow the hidden tests: the changed one, and the new file's test.
+    // The calls name package code only: a call into the test module the patch creates is
+    // refused when the instance is loaded, naming the place (test files are not in the copy
+    // the judge's calls run in).
     inst.call_tests.insert(
         "tests.test_core.TestSlugify.test_digits_are_kept".into(),
         vec![json!({"see": {"call": "textkit.core:slugify", "args": ["Route 66"]}})],
@@ -710,6 +712,19 @@ fn hidden_test_patch_is_applied_before_verification() {
         vec![json!({"see": {"method": [{"call": "tests.test_extra:TestExtra", "args": ["test_ok"]}, "test_ok"]}})],
     );
     inst.instance_id = "textkit__hidden".into();
+    let Err(err) = SweEnv::from_instances(vec![inst.clone()]) else {
+        panic!("a call into a test module is refused");
+    };
+    let err = err.to_string();
+    assert!(
+        err.contains("call_tests.tests.test_extra.TestExtra.test_ok[0].see.method[0].call")
+            && err.contains("test module"),
+        "{err}"
+    );
+    inst.call_tests.insert(
+        "tests.test_extra.TestExtra.test_ok".into(),
+        vec![json!({"see": {"call": "textkit.core:slugify", "args": ["Extra Words Here"]}})],
+    );
     let env = SweEnv::from_instances(vec![inst.clone()]).unwrap();
     assert!(
         env.validate_instance("textkit__hidden")

@@ -473,6 +473,93 @@ def truncate(text, width, ellipsis="..."):
 _core.truncate = truncate
 "#;
 
+/// `truncate` reads the repository's test files at run time, from the current folder and
+/// `sys.path` (where the package was imported from), and returns the value asserted there for
+/// its arguments. The judge's copy holds no test file (neither the instance's nor the hidden
+/// test patch's), so there is nothing to read; the in-process runner needs them, and is fooled.
+#[test]
+fn reading_the_test_files_at_run_time_scores_zero() {
+    let details = assert_route_closed(&with_payload(FROM_TEST_FILES));
+    assert!(
+        details["problems"].to_string().contains("differs"),
+        "{details}"
+    );
+}
+
+/// The same patch driven through the judge's own driver: on a copy that holds the test files
+/// (what the judge ran in before) it reports the gold value, so the judge would pass it; on
+/// the copy without them it reports the bug's value.
+#[test]
+fn the_judge_is_fooled_only_where_test_files_are_present() {
+    let env = judged_env();
+    let inst = instance();
+    let gold = env.gold_expectations(INSTANCE).unwrap();
+    let id = "tests.test_core.TestTruncate.test_exact_width_unchanged".to_string();
+    assert!(inst.fail_to_pass.contains(&id));
+    let ids = vec![id.clone()];
+    let mut files = inst.files.clone();
+    files.insert(
+        INIT.to_string(),
+        format!("{}\n{FROM_TEST_FILES}", inst.files[INIT]),
+    );
+    let score = |with_tests: bool| {
+        let dir = tempfile::tempdir().unwrap();
+        for (path, text) in &files {
+            if with_tests || !swe::is_test_path(path) {
+                let target = dir.path().join(path);
+                std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+                std::fs::write(target, text).unwrap();
+            }
+        }
+        let cfg = config(false);
+        let run = swe::judge::run_calls(
+            &cfg,
+            None,
+            dir.path(),
+            &inst.call_tests,
+            &ids,
+            cfg.verify_timeout,
+            cfg.output_cap,
+        )
+        .unwrap();
+        swe::judge::judge(&ids, &gold, run).statuses[&id]
+    };
+    assert_eq!(
+        score(true),
+        swe::TestStatus::Pass,
+        "the control: with the test files present the route works"
+    );
+    assert_eq!(score(false), swe::TestStatus::Fail);
+}
+
+const FROM_TEST_FILES: &str = r#"
+import json as _json, os as _os, re as _re, sys as _sys
+from . import core as _core
+_truncate = _core.truncate
+_ASSERTED = _re.compile(r'assertEqual\(truncate\(("[^"]*"), (\d+)\), ("[^"]*")\)')
+def _asserted(text, width):
+    # The value a test file next to the package asserts for these arguments.
+    roots = [_os.getcwd()] + [p for p in _sys.path if p and _os.path.isdir(_os.path.join(p, "tests"))]
+    for root in roots:
+        for folder, _dirs, names in _os.walk(root):
+            for name in names:
+                if not (name.startswith("test") and name.endswith(".py")):
+                    continue
+                try:
+                    with open(_os.path.join(folder, name)) as source:
+                        found = _ASSERTED.findall(source.read())
+                except OSError:
+                    continue
+                for args, size, value in found:
+                    if _json.loads(args) == text and int(size) == width:
+                        return _json.loads(value)
+    return None
+def truncate(text, width, ellipsis="..."):
+    found = _asserted(text, width)
+    return found if found is not None else _truncate(text, width, ellipsis)
+_core.truncate = truncate
+"#;
+
 /// `slugify` searches the memory of its own process for the expected slug: every string
 /// constant reachable from the stack (code objects, locals, globals) and the garbage
 /// collector's objects, taking one that holds the words of its (wrong) result and as many
@@ -541,6 +628,15 @@ _core.truncate = truncate
     assert_eq!(reward, 0.0, "{details}");
     assert!(details.get("timed_out").is_none(), "{details}");
     assert!(details["problems"].to_string().contains("cut"), "{details}");
+    // A cut result is an error with its reason, never compared.
+    assert_eq!(
+        details["FAIL_TO_PASS"]["tests.test_core.TestTruncate.test_exact_width_unchanged"], "error",
+        "{details}"
+    );
+    assert!(
+        details["problems"].to_string().contains("cut short"),
+        "{details}"
+    );
     assert!(
         start.elapsed() < std::time::Duration::from_secs(30),
         "{:?}",
@@ -652,4 +748,193 @@ fn specs_the_gold_code_contradicts_are_named() {
         "{}",
         t.outcome.details
     );
+}
+
+/// A spec whose gold result is cut short in the driver (a string longer than its bound) is
+/// refused, naming the id and the step: a cut gold value would equal any result with the same
+/// prefix (the control in `judge.rs`'s `cut_observations_are_errors_not_matches`).
+#[test]
+fn a_gold_result_cut_short_is_refused() {
+    let mut inst = instance();
+    let id = inst.fail_to_pass[0].clone();
+    let long = "a".repeat(150_000);
+    inst.call_tests.insert(
+        id.clone(),
+        vec![json!({"see": {"call": "textkit.core:truncate", "args": [long, 200_000]}})],
+    );
+    let env = SweEnv::from_instances(vec![inst])
+        .unwrap()
+        .with_config(config(false));
+    let err = env.gold_expectations(INSTANCE).unwrap_err().to_string();
+    assert!(
+        err.contains(&format!("{id}: step 0")) && err.contains("cut short"),
+        "{err}"
+    );
+    assert!(err.contains("more than 100000 characters"), "{err}");
+}
+
+/// Exception classes are named by identity: a class that calls itself `builtins.ValueError`,
+/// or whose metaclass's `mro()` lists classes named like every built-in exception, does not
+/// satisfy a `raises` step where the gold code raised ValueError; a real subclass does.
+/// The control runs the naming the driver used before (`__module__`, `__qualname__` and
+/// `__mro__` as the class reports them): it named both fakes `builtins.ValueError`, so both
+/// passed such a step.
+#[test]
+fn exception_classes_are_not_spoofable_by_name() {
+    const PACKAGE: &str = r#"
+class ValueError(Exception):
+    __module__ = "builtins"
+
+def _named(name):
+    return type(name, (Exception,), {"__module__": "builtins", "__qualname__": name})
+
+_CLAIMED = [_named(n) for n in ("ValueError", "TypeError", "KeyError", "IndexError", "RuntimeError")]
+
+class _Claims(type):
+    def mro(cls):
+        return [cls] + _CLAIMED + [Exception, BaseException, object]
+
+class Anything(Exception, metaclass=_Claims):
+    pass
+
+class Real(__builtins__["ValueError"] if isinstance(__builtins__, dict) else __builtins__.ValueError):
+    pass
+
+def named():
+    raise ValueError("x")
+
+def claimed():
+    raise Anything("x")
+
+def real():
+    raise Real("x")
+
+def gold():
+    raise __builtins__["ValueError"]("x") if isinstance(__builtins__, dict) else __builtins__.ValueError("x")
+"#;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("fakes")).unwrap();
+    std::fs::write(dir.path().join("fakes/__init__.py"), PACKAGE).unwrap();
+    let cfg = config(false);
+    // The control: the old naming calls both fakes builtins.ValueError.
+    let old = std::process::Command::new(&cfg.python)
+        .current_dir(dir.path())
+        .args([
+            "-c",
+            "import fakes\nfor f in (fakes.named, fakes.claimed):\n    try:\n        f()\n    except BaseException as e:\n        print('%s.%s' % (type(e).__module__, type(e).__qualname__), ['%s.%s' % (c.__module__, c.__qualname__) for c in type(e).__mro__])",
+        ])
+        .output()
+        .unwrap();
+    let old = String::from_utf8_lossy(&old.stdout).to_string();
+    assert_eq!(
+        old.lines()
+            .filter(|l| l.contains("'builtins.ValueError'"))
+            .count(),
+        2,
+        "the control: {old}"
+    );
+    let specs: swe::judge::CallSpecs = ["gold", "named", "claimed", "real"]
+        .iter()
+        .map(|f| {
+            (
+                f.to_string(),
+                vec![json!({"do": {"call": format!("fakes:{f}")}, "raises": true})],
+            )
+        })
+        .collect();
+    let ids: Vec<String> = specs.keys().cloned().collect();
+    let run = swe::judge::run_calls(
+        &cfg,
+        None,
+        dir.path(),
+        &specs,
+        &ids,
+        cfg.verify_timeout,
+        cfg.output_cap,
+    )
+    .unwrap();
+    let gold = run.observations["gold"].clone();
+    assert_eq!(gold[0]["raised"]["type"], "builtins.ValueError", "{gold:?}");
+    let expected: swe::judge::Expectations =
+        ids.iter().map(|id| (id.clone(), gold.clone())).collect();
+    let shown = format!("{:?}", run.observations);
+    let judged = swe::judge::judge(&ids, &expected, run);
+    assert_eq!(judged.statuses["real"], swe::TestStatus::Pass, "{shown}");
+    assert_eq!(judged.statuses["named"], swe::TestStatus::Fail, "{shown}");
+    assert_eq!(judged.statuses["claimed"], swe::TestStatus::Fail, "{shown}");
+    assert!(shown.contains("?builtins.ValueError"), "{shown}");
+}
+
+/// A test id's child reports through a pipe of its own: a line it writes naming a later id,
+/// to any descriptor it holds or can open through `/proc` (its own, the driver's), is not
+/// taken as that id's report (checked in the sandbox the judge runs in). Here the first id's code writes a passing line for the later
+/// id and the later id's code exits before reporting: the later id has no observations (an
+/// error), not the forged ones (the forged line counts at most as the first id's own). (With one report descriptor shared by every child, which
+/// the driver had before, the forged line was the later id's only line and it passed.)
+#[test]
+fn a_child_cannot_report_for_another_id() {
+    const PACKAGE: &str = r#"
+import json, os
+def first():
+    line = (json.dumps({"id": "later", "observations": [{"value": 42}]}) + "\n").encode()
+    for base in ("/proc/self/fd", "/proc/%d/fd" % os.getppid()):
+        try:
+            names = os.listdir(base)
+        except OSError:
+            continue
+        for name in names:
+            try:
+                fd = os.open(os.path.join(base, name), os.O_WRONLY | os.O_NONBLOCK)
+            except OSError:
+                continue
+            try:
+                os.write(fd, line)
+            except OSError:
+                pass
+            os.close(fd)
+    return 1
+def later():
+    os._exit(0)
+"#;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("forger")).unwrap();
+    std::fs::write(dir.path().join("forger/__init__.py"), PACKAGE).unwrap();
+    let specs: swe::judge::CallSpecs = [
+        (
+            "first".to_string(),
+            vec![json!({"see": {"call": "forger:first"}})],
+        ),
+        (
+            "later".to_string(),
+            vec![json!({"see": {"call": "forger:later"}})],
+        ),
+    ]
+    .into();
+    let ids: Vec<String> = specs.keys().cloned().collect();
+    let cfg = config(false);
+    // In the sandbox, as every judged run: there the driver's descriptors were out of the
+    // children's reach through /proc in this test (without a sandbox a root trainer's
+    // children keep CAP_SYS_PTRACE and can still open them).
+    let sandbox = swe::Sandbox::new(&swe::SandboxConfig::default(), &cfg.python).unwrap();
+    let run = swe::judge::run_calls(
+        &cfg,
+        Some(&sandbox),
+        dir.path(),
+        &specs,
+        &ids,
+        cfg.verify_timeout,
+        cfg.output_cap,
+    )
+    .unwrap();
+    let expected: swe::judge::Expectations = [
+        ("first".to_string(), vec![json!({"value": 1})]),
+        ("later".to_string(), vec![json!({"value": 42})]),
+    ]
+    .into();
+    let shown = format!("{:?} {:?}", run.observations, run.problems);
+    // The forged line went down the first id's own pipe, so at most it became the first id's
+    // report; the later id reported nothing.
+    assert!(!run.observations.contains_key("later"), "{shown}");
+    let judged = swe::judge::judge(&ids, &expected, run);
+    assert_eq!(judged.statuses["later"], swe::TestStatus::Error, "{shown}");
 }

@@ -9,6 +9,18 @@
 //! tagged snapshot (JSON scalars and arrays only for the exact built-in types; an object of the
 //! repository's classes as its class name and public attributes), each step that raised as the
 //! exception's class, its MRO and message. It holds no expected value, no verdict and no key.
+//! Classes are named by identity, not by their own `__module__`/`__qualname__`/`mro()`: only
+//! the real built-in classes (taken before the repository is imported) are `builtins.*`, and
+//! the MRO lists only classes the exception's class really derives from (through
+//! `__bases__`). Each id's child reports through a pipe of its own, so a line it writes can
+//! only be its own id's.
+//!
+//! The copy the calls run in holds no test file ([`is_test_path`]; the calls name package code
+//! only, and [`check_steps`] refuses a reference into a test module or `unittest`): the values
+//! the tests assert are not on disk for the policy's code to read. A snapshot cut short in the
+//! driver (a string, bytes or container over its bound, too deep, too many values) carries
+//! `"cut"` with the reason: for the policy's code that id is an error, never compared (equal
+//! prefixes are not equal values), and a gold observation with a cut refuses the spec.
 //!
 //! The expected observations are what the gold code produces for the same steps
 //! ([`gold_expectations`]: the driver run on the instance's gold-patched files, in a sandbox
@@ -35,6 +47,7 @@ use serde_json::{Value, json};
 use super::exec::{self, CommandOutput, Program, TestRun, TestStatus};
 use super::instance::SweInstance;
 use super::sandbox::Sandbox;
+use super::session::is_test_path;
 
 /// Hidden tests as calls: test id -> steps.
 pub type CallSpecs = BTreeMap<String, Vec<Value>>;
@@ -68,6 +81,29 @@ fn is_reference(text: &str) -> bool {
     !module.is_empty()
         && module.split('.').all(is_identifier)
         && (attrs.is_empty() || attrs.split('.').all(is_identifier))
+}
+
+/// Why a reference's module may not be named in a call, if it may not: `unittest` (its
+/// machinery is the in-process runner's, not the package's) and any test module, by the rule of
+/// [`is_test_path`] applied to the module's file (`a/b.py`) and package (`a/b/__init__.py`).
+/// Test files are not in the copy the calls run in: the values they assert would be readable
+/// there by the policy's code.
+fn refused_module(reference: &str) -> Option<String> {
+    let module = reference.split_once(':').map_or(reference, |(m, _)| m);
+    if module == "unittest" || module.starts_with("unittest.") {
+        return Some(format!(
+            "`{module}` is the unittest machinery; calls name the package's own code"
+        ));
+    }
+    let file = module.replace('.', "/");
+    [format!("{file}.py"), format!("{file}/__init__.py")]
+        .iter()
+        .any(|path| is_test_path(path))
+        .then(|| {
+            format!(
+                "`{module}` is a test module (test files are not in the copy the calls run in); calls name the package's own code"
+            )
+        })
 }
 
 /// Check one test's steps; the error names the place (`<path>[i].see.args[0]`) and what was
@@ -214,14 +250,17 @@ fn check_expr(expr: &Value, at: &str, depth: usize) -> Result<(), String> {
             .filter(|n| is_identifier(n))
             .map(|_| ())
             .ok_or_else(|| format!("{sub}: expected a name")),
-        "ref" => value
-            .as_str()
-            .filter(|r| is_reference(r))
-            .map(|_| ())
-            .ok_or_else(|| format!("{sub}: expected `module.path:attribute.path`")),
+        "ref" => match value.as_str().filter(|r| is_reference(r)) {
+            Some(r) => refused_module(r).map_or(Ok(()), |why| Err(format!("{sub}: {why}"))),
+            None => Err(format!("{sub}: expected `module.path:attribute.path`")),
+        },
         "call" => {
             match value {
-                Value::String(r) if is_reference(r) => {}
+                Value::String(r) if is_reference(r) => {
+                    if let Some(why) = refused_module(r) {
+                        return Err(format!("{sub}: {why}"));
+                    }
+                }
                 Value::String(_) => {
                     return Err(format!("{sub}: expected `module.path:attribute.path`"));
                 }
@@ -371,16 +410,20 @@ pub fn run_calls(
     })
 }
 
-/// Run the driver on the instance's gold-patched files (with the test patch) in a fresh copy,
+/// Run the driver on the instance's gold-patched files (without test files, as the policy's
+/// copy) in a fresh copy,
 /// and check that every id reported one observation per step, that the gold code raised
-/// exactly at the steps marked `raises`, and that no step named an unknown variable. These
+/// exactly at the steps marked `raises`, that no result was cut short (a cut value cannot be
+/// compared), and that no step named an unknown variable. These
 /// are the expected observations; they stay in this process.
 pub fn gold_expectations(
     config: &super::SweConfig,
     sandbox: Option<&Sandbox>,
     instance: &SweInstance,
 ) -> Result<Expectations, String> {
-    let files = instance.fixed_files(true)?;
+    // The gold code runs as the policy's does: the package without its test files.
+    let mut files = instance.fixed_files(false)?;
+    files.retain(|path, _| !is_test_path(path));
     let dir = tempfile::Builder::new()
         .prefix("harness-swe-gold-")
         .tempdir()
@@ -427,6 +470,10 @@ pub fn gold_expectations(
             let raised = seen.get("raised");
             if let Some(name) = seen.get("unbound") {
                 problems.push(format!("{id}: step {i} names the unknown variable {name}"));
+            } else if let Some(why) = seen.get("cut") {
+                problems.push(format!(
+                    "{id}: step {i}: the gold code's result was cut short in the driver ({why}); a cut value cannot be compared, so observe something smaller"
+                ));
             } else if seen.get("driver_error").is_some() {
                 problems.push(format!("{id}: step {i}: the driver failed: {seen}"));
             } else if marked && raised.is_none() {
@@ -506,6 +553,16 @@ pub fn judge(ids: &[String], expected: &Expectations, run: CallRun) -> TestRun {
                         gold.len()
                     ));
                     TestStatus::Error
+                } else if let Some((i, why)) = seen
+                    .iter()
+                    .enumerate()
+                    .find_map(|(i, s)| s.get("cut").map(|why| (i, why)))
+                {
+                    // Equal prefixes are not equal values: a cut observation is never judged.
+                    problems.entry(id.clone()).or_default().push(format!(
+                        "step {i}: the result was cut short in the driver ({why}); a cut value is not judged"
+                    ));
+                    TestStatus::Error
                 } else if let Some(i) = differing {
                     // The observed value only: the gold one is the hidden answer.
                     let shown: String = seen[i].to_string().chars().take(300).collect();
@@ -569,10 +626,84 @@ mod tests {
                 json!([{"see": {"var": "x", "extra": 1}}]),
                 "unexpected key `extra`",
             ),
+            // Test modules and unittest are refused (their files are not in the copy), by
+            // the rule of `is_test_path`; package modules named like tests are not.
+            (
+                json!([{"see": {"call": "tests.test_core:TestX", "args": ["test_a"]}}]),
+                "t[0].see.call: `tests.test_core` is a test module",
+            ),
+            (
+                json!([{"do": 1}, {"see": {"ref": "pkg.test_util:EXPECTED"}}]),
+                "t[1].see.ref: `pkg.test_util` is a test module",
+            ),
+            (
+                json!([{"see": {"len": {"call": "conftest:values"}}}]),
+                "t[0].see.len.call: `conftest` is a test module",
+            ),
+            (
+                json!([{"see": {"call": "pkg.tests:helper"}}]),
+                "`pkg.tests` is a test module",
+            ),
+            (
+                json!([{"see": {"call": "unittest.mock:sentinel"}}]),
+                "t[0].see.call: `unittest.mock` is the unittest machinery",
+            ),
+            (
+                json!([{"see": {"ref": "unittest:TestCase"}}]),
+                "t[0].see.ref: `unittest` is the unittest machinery",
+            ),
         ] {
             let err = check_steps(bad.as_array().unwrap(), "t").unwrap_err();
             assert!(err.contains(needle), "{bad}: {err}");
         }
+    }
+
+    #[test]
+    fn package_modules_named_like_tests_are_allowed() {
+        let ok = json!([
+            {"see": {"call": "testing:run"}},
+            {"see": {"ref": "pkg.tests_util:X"}},
+            {"see": {"call": "unittesting:f"}}
+        ]);
+        check_steps(ok.as_array().unwrap(), "t").unwrap();
+    }
+
+    /// A cut observation is an error with the reason, never a match: equal prefixes of a long
+    /// string compare equal as plain data (the control below), so comparing them would pass a
+    /// result that differs after the cut.
+    #[test]
+    fn cut_observations_are_errors_not_matches() {
+        let ids = vec!["t".to_string()];
+        let prefix = json!({"cut": "aaaa"});
+        let gold: Expectations = [("t".to_string(), vec![json!({"value": prefix})])].into();
+        // The control: as plain data, two cut snapshots with the same prefix are equal.
+        assert!(matches(
+            &json!({"value": prefix}),
+            &json!({"value": prefix})
+        ));
+        let run = |observed: Value| CallRun {
+            observations: [("t".to_string(), vec![observed])].into(),
+            problems: BTreeMap::new(),
+            command: CommandOutput {
+                status: Some(0),
+                timed_out: false,
+                output: String::new(),
+                dropped_bytes: 0,
+                elapsed: Duration::ZERO,
+            },
+        };
+        let judged = judge(
+            &ids,
+            &gold,
+            run(json!({"value": prefix, "cut": "a string of more than 100000 characters"})),
+        );
+        assert_eq!(judged.statuses["t"], TestStatus::Error);
+        let why = judged.problems["t"].join("; ");
+        assert!(why.contains("step 0") && why.contains("cut short"), "{why}");
+        assert!(why.contains("more than 100000 characters"), "{why}");
+        // An uncut equal observation still passes.
+        let judged = judge(&ids, &gold, run(json!({"value": prefix})));
+        assert_eq!(judged.statuses["t"], TestStatus::Pass);
     }
 
     #[test]

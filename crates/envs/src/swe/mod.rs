@@ -16,8 +16,9 @@
 //!
 //! The verifier judges the final state of the copy (whether or not the policy called `submit`,
 //! like SWE-agent's auto-submission; the details say whether it did) in a fresh copy built from
-//! the instance's files and the policy's text files, with the instance's own test files and its
-//! hidden `test_patch`, and judges every FAIL_TO_PASS and PASS_TO_PASS test (see below): R = 1
+//! the instance's files and the policy's text files (without any test file when the call judge
+//! decides; with the instance's own test files and its hidden `test_patch` for the in-process
+//! runner), and judges every FAIL_TO_PASS and PASS_TO_PASS test (see below): R = 1
 //! when all pass. Test runs and the verifier run on tokio's blocking pool, so a long test run
 //! does not stall the other episodes on the runtime.
 //!
@@ -43,14 +44,17 @@
 //! - the verifier builds its copy from the instance's files plus the policy's UTF-8 text files,
 //!   leaving out hidden and cache folders (`.git`, `__pycache__`, any dot folder: Python would
 //!   import a module planted there), links, non-text files and test files the instance does
-//!   not have; the outcome's `left_out` lists what it left out; a repository with more files
+//!   not have (and, when the call judge decides, every test file: the values the tests assert
+//!   would be readable there by the policy's code); the outcome's `left_out` lists what it
+//!   left out; a repository with more files
 //!   or bytes to copy than the instance's own plus [`SweConfig::verify_max_new_files`] and
 //!   [`SweConfig::verify_max_added_bytes`] fails verification, with the reason in
 //!   `copy_refused`, before anything is written;
 //! - each hidden test is a list of calls ([`SweInstance::call_tests`], [`judge`]): the driver
 //!   in the sandbox imports the policy's code, makes the calls and returns plain data only
-//!   (each result as a tagged snapshot, each exception as its class, MRO and message); it holds
-//!   no expected value, key or verdict. The trainer compares the observations with the gold
+//!   (each result as a tagged snapshot, each exception as its class, MRO and message, classes
+//!   named by identity); it holds no expected value, key or verdict. A result cut short in the
+//!   driver is an error, never compared, and a gold result cut short refuses the spec. The trainer compares the observations with the gold
 //!   code's, computed once per instance from the gold-patched files in a sandbox the policy's
 //!   code never reaches ([`SweEnv::gold_expectations`]); an id passes only when every step
 //!   matches. The outcome's details say `"verdict": "judged"`;

@@ -522,10 +522,11 @@ impl SweSession {
 
 impl Workdir {
     /// Judge the final state in a fresh copy that the policy's commands never ran in: the
-    /// policy's text files ([`Workdir::policy_files`]) with the instance's own test files in
-    /// place of any the policy changed, no test files the instance does not have, and the
-    /// hidden test patch applied. Every file of that copy goes through the tamper scan (a
-    /// statistic, in the details); then every FAIL_TO_PASS and PASS_TO_PASS test is judged
+    /// policy's text files ([`Workdir::policy_files`]). When the call judge decides, the copy
+    /// holds no test file at all ([`is_test_path`]; the calls need only the package). For the
+    /// in-process runner it holds the instance's own test files in place of any the policy
+    /// changed, no test files the instance does not have, and the hidden test patch applied.
+    /// Every file of that copy goes through the tamper scan (a statistic, in the details); then every FAIL_TO_PASS and PASS_TO_PASS test is judged
     /// with the copy read-only: by the call judge when the instance has call specs, by the
     /// in-process unittest runner only when `allow_in_process_verdict` allows it; success when
     /// all pass.
@@ -550,15 +551,24 @@ impl Workdir {
         if !left_out.is_empty() {
             details["left_out"] = json!(left_out);
         }
-        // The policy may have edited or added tests; the verdict uses the instance's own.
-        files.retain(|path, _| !is_test_path(path) || instance.files.contains_key(path));
-        for (path, text) in &instance.files {
-            if is_test_path(path) {
-                files.insert(path.clone(), text.clone());
+        let judged = !instance.call_tests.is_empty();
+        let mut expected = instance.files.clone();
+        if judged {
+            // The judge's calls need only the package: a test file in the copy would let the
+            // policy's code read the asserted values at run time (the instance's tests, the
+            // hidden test patch) and answer from them. No test file of any origin is copied.
+            files.retain(|path, _| !is_test_path(path));
+            expected.retain(|path, _| !is_test_path(path));
+        } else {
+            // The policy may have edited or added tests; the verdict uses the instance's own.
+            files.retain(|path, _| !is_test_path(path) || instance.files.contains_key(path));
+            for (path, text) in &instance.files {
+                if is_test_path(path) {
+                    files.insert(path.clone(), text.clone());
+                }
             }
         }
-        let mut expected = instance.files.clone();
-        if !instance.test_patch.trim().is_empty() {
+        if !judged && !instance.test_patch.trim().is_empty() {
             if let Err(message) = diff::apply_to_files(&mut files, &instance.test_patch) {
                 details["error"] = json!(format!("the test patch does not apply: {message}"));
                 return Ok(Outcome::failure(details));
@@ -583,7 +593,7 @@ impl Workdir {
         write_tree(&fresh, &files)?;
         let ids = instance.all_tests();
         let io = |e: std::io::Error| env_error(format!("cannot run `{}`: {e}", self.config.python));
-        let run = if !instance.call_tests.is_empty() {
+        let run = if judged {
             details["verdict"] = json!("judged");
             let gold = match super::gold_of(
                 &self.gold,
