@@ -72,6 +72,19 @@ enum Command {
         #[arg(long)]
         method: Option<String>,
     },
+    /// The main job over a grid of organism variants x rescue objectives x seeds, from a sweep
+    /// file: each cell-seed its own run folder under the sweep's `out`, finished ones skipped,
+    /// then one report (sweep.md, sweep.json, sweep_h0_vs_grpo.svg).
+    Sweep {
+        /// The sweep file (TOML; see `configs/sweep-rescue.toml`).
+        file: PathBuf,
+        /// Write the report from the finished cell-seeds without running any.
+        #[arg(long)]
+        report_only: bool,
+        /// No progress bars.
+        #[arg(long)]
+        quiet: bool,
+    },
     /// Write report.md, report.html and plots/ from the run's files.
     #[command(after_long_help = SETTINGS_HELP)]
     Report(Common),
@@ -404,6 +417,44 @@ async fn run() -> Result<()> {
                 cfg.out.display(),
                 summary.seconds
             );
+        }
+        Command::Sweep {
+            file,
+            report_only,
+            quiet,
+        } => {
+            use harness_pipeline::sweep::{SweepConfig, run_sweep, write_sweep_report};
+            let sweep = SweepConfig::load(&file)?;
+            if report_only {
+                for f in write_sweep_report(&sweep, &file, &[])? {
+                    println!("wrote {}", f.display());
+                }
+                return Ok(());
+            }
+            let first = sweep.cells(&file)?.remove(0).config;
+            let common = Common {
+                quiet,
+                ..Common::default()
+            };
+            let outcome =
+                run_sweep(&sweep, &file, &common.secrets(&first), &common.progress()).await?;
+            println!(
+                "sweep: {} cell-seeds run, {} already finished, {} failed",
+                outcome.ran.len(),
+                outcome.skipped,
+                outcome.failed.len()
+            );
+            for f in &outcome.files {
+                println!("wrote {}", f.display());
+            }
+            if !outcome.failed.is_empty() {
+                let lines: Vec<String> = outcome
+                    .failed
+                    .iter()
+                    .map(|(o, ob, s, e)| format!("{o} / {ob} / seed {s}: {e}"))
+                    .collect();
+                anyhow::bail!("some cell-seeds failed:\n{}", lines.join("\n"));
+            }
         }
         Command::Evolve(common) => {
             for wb in workbenches(&common)? {

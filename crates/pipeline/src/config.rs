@@ -825,6 +825,8 @@ impl RunConfig {
             .map_err(|e| config_error(e.path().to_string(), e.into_inner().to_string()))?;
         // The warm start's own fields are checked here too, so a typo names the file.
         harness_warmstart::WarmStartSettings::deserialize(&cfg.policy.warm_start)
+            .map_err(|e| config_error("policy.warm_start".into(), e.to_string()))?
+            .validate()
             .map_err(|e| config_error("policy.warm_start".into(), e.to_string()))?;
         Ok(cfg)
     }
@@ -1831,6 +1833,9 @@ Run configuration (TOML or JSON; any subset; `preset` picks the defaults; flags 
   policy.cache_dir              where the warm-started checkpoint is cached
   policy.warm_start_preset      default | tiny (seconds, for tests; its policy is not useful)
   policy.warm_start             harness-warmstart settings over the preset (demo_tasks, sft_steps, model, limits, ...); seed: default the run's (every seed of --seeds trains from that one checkpoint)
+  policy.warm_start.organism    recovery_hooks (default: hook siblings, several firing after the planted mistake) | prompt_rules (the paper's regime: prompt-rule siblings that act before the decision, recheck unplanted)
+  policy.warm_start.unprompted_good_rate       share of planted demonstrations that decide well unprompted (default 0.1)
+  policy.warm_start.unprompted_good_by_family  per-family overrides: { change = 0.0, recheck = 0.1, quoting = 0.0 }
   policy.learning_rate          peak learning rate of the GRPO updates
   roles.llm                     OpenAI-compatible base URL (ending in /v1) for analyst, editor, profiler, voters (unset: built-in; no user:password@ in it)
   roles.llm_model               the model asked at roles.llm

@@ -44,6 +44,7 @@ pub mod organism;
 pub mod serve;
 pub mod setup;
 pub mod stages;
+pub mod sweep;
 pub mod tau;
 pub mod tinker;
 

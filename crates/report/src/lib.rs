@@ -27,6 +27,8 @@
 //! - The rescue diagnostics ([`tables::diagnostics`]): pre-intervention credit, GRPO's own
 //!   signal per family, and the context lock (the good decision under H0 and under each
 //!   sibling's context), which say why a direction falls as it does.
+//! - A sweep's grid report ([`sweep`]): several multi-seed runs (organism variants x rescue
+//!   objectives) side by side, each method's H0 Avg@k against GRPO with intervals, and a plot.
 //! - Figure 3's panels ([`plots::figure3`]) and the evolution's diversity views, as SVG
 //!   (plotters' SVG backend only: PNG is not rendered).
 //!
@@ -59,6 +61,7 @@ pub mod layout;
 pub mod plots;
 pub mod render;
 pub mod stats;
+pub mod sweep;
 pub mod tables;
 
 use std::path::{Path, PathBuf};

@@ -115,7 +115,8 @@ pub fn figure3(run: &Run) -> Figure3 {
     fig
 }
 
-const COLOURS: [RGBColor; 8] = [
+/// The plots' colour cycle.
+pub(crate) const COLOURS: [RGBColor; 8] = [
     RGBColor(31, 119, 180),
     RGBColor(255, 127, 14),
     RGBColor(44, 160, 44),

@@ -129,7 +129,7 @@ async fn main() -> Result<()> {
     );
     for (family, c) in &r.families {
         println!(
-            "  demos {family:8}: {:4} ({} planted, {} prompted by a repairing hook, {} unprompted good, {} successful)",
+            "  demos {family:8}: {:4} ({} planted, {} prompted by a repair, {} unprompted good, {} successful)",
             c.demos, c.planted, c.prompted, c.unprompted_good, c.successes
         );
     }

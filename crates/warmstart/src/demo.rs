@@ -21,6 +21,8 @@ use serde_json::json;
 
 use crate::environment::Family;
 use crate::error::{Error, Result};
+use crate::organism::Organism;
+use crate::settings::WarmStartSettings;
 
 /// What the script does on one task.
 #[derive(Debug, Clone)]
@@ -37,20 +39,54 @@ pub struct DemoScript {
     check_sql: String,
     /// The committed answers.
     answers: Vec<String>,
-    /// Hook messages by text -> hook name.
-    hooks: Arc<BTreeMap<String, String>>,
+    /// What counts as a repair.
+    cues: Arc<Cues>,
     /// This episode does the good thing without being prompted.
     unprompted_good: bool,
 }
 
+/// What the script reads as a repair: hook messages (under
+/// [`Organism::RecoveryHooks`]) or the repairing prompt rules' texts in the system prompt
+/// (under [`Organism::PromptRules`]).
+#[derive(Debug, Clone, Default)]
+pub struct Cues {
+    /// The organism's variant.
+    pub organism: Organism,
+    /// Hook messages by text -> hook name.
+    pub hooks: BTreeMap<String, String>,
+    /// Each family's repairing rule texts.
+    pub rules: Vec<(Family, String)>,
+}
+
+impl Cues {
+    /// The cues of `harnesses` under `organism`: every hook's message, and the text of every
+    /// repairing rule a harness carries.
+    pub fn of(organism: Organism, harnesses: &[Harness]) -> Arc<Cues> {
+        let mut rules = Vec::new();
+        for h in harnesses {
+            for family in Family::ALL {
+                if let Some(rule) = organism.repairing_rule(family)
+                    && let Some(text) = crate::environment::rule_text(h, rule)
+                {
+                    let entry = (family, text.trim().to_string());
+                    if !rules.contains(&entry) {
+                        rules.push(entry);
+                    }
+                }
+            }
+        }
+        Arc::new(Cues {
+            organism,
+            hooks: hook_messages(harnesses),
+            rules,
+        })
+    }
+}
+
 impl DemoScript {
-    /// The script of `task`; `hook_messages` maps each sibling hook's message to the hook's
-    /// name; `unprompted_good` makes the planted decision good without a hook message.
-    pub fn new(
-        task: &Task,
-        hook_messages: Arc<BTreeMap<String, String>>,
-        unprompted_good: bool,
-    ) -> Result<Self> {
+    /// The script of `task`; `cues` says what a repair looks like ([`Cues::of`]);
+    /// `unprompted_good` makes the planted decision good without a repair.
+    pub fn new(task: &Task, cues: Arc<Cues>, unprompted_good: bool) -> Result<Self> {
         let db = dbbench::db_task(task).map_err(|e| Error::Demo(e.to_string()))?;
         let family = Family::of_task(task)
             .ok_or_else(|| Error::Demo(format!("task `{}`: unknown question type", task.id)))?;
@@ -90,7 +126,7 @@ impl DemoScript {
             first_fails,
             check_sql: format!("SELECT COUNT(*) FROM `{table}`"),
             answers,
-            hooks: hook_messages,
+            cues,
             unprompted_good,
         })
     }
@@ -120,18 +156,43 @@ impl DemoScript {
 
     /// The next turn's text given the conversation so far.
     pub fn next_turn(&self, messages: &[harness_core::ChatMessage]) -> String {
+        let organism = self.cues.organism;
+        // Under prompt rules the repair is in the system prompt from the start.
+        let ruled = messages
+            .iter()
+            .find(|m| m.role == Role::System)
+            .is_some_and(|system| {
+                self.cues
+                    .rules
+                    .iter()
+                    .any(|(f, text)| *f == self.family && system.content.contains(text.as_str()))
+            });
         let last_assistant = messages.iter().rposition(|m| m.role == Role::Assistant);
         let Some(last) = last_assistant else {
+            if organism == Organism::PromptRules
+                && self.family == Family::Quoting
+                && (ruled || self.unprompted_good)
+            {
+                // The rule (or the policy by itself) quotes the names from the first statement.
+                if let Some(gold) = &self.gold_sql {
+                    return Self::sql(gold);
+                }
+            }
             return match &self.first_sql {
                 Some(sql) => Self::sql(sql),
                 None => Self::commit(&self.answers),
             };
         };
-        let prompted: Vec<&str> = messages[last + 1..]
-            .iter()
-            .filter(|m| m.role == Role::User)
-            .filter_map(|m| self.hooks.get(&m.content).map(String::as_str))
-            .collect();
+        let prompted: Vec<&str> = if organism == Organism::RecoveryHooks {
+            messages[last + 1..]
+                .iter()
+                .filter(|m| m.role == Role::User)
+                .filter_map(|m| self.cues.hooks.get(&m.content).map(String::as_str))
+                .collect()
+        } else {
+            // Hook messages repair nothing in this variant.
+            Vec::new()
+        };
         // A hook counts with the hooks that prompt for the same behaviour (the built-in editor's
         // reminders paraphrase the hand-written siblings').
         let has = |hook: &str| {
@@ -144,9 +205,14 @@ impl DemoScript {
         let first = self.first_sql.as_deref().unwrap_or_default();
         let first_turn = last_assistant == messages.iter().position(|m| m.role == Role::Assistant);
         let commit = Self::commit(&self.answers);
+        if !organism.plants(self.family) {
+            return commit;
+        }
         match self.family {
             Family::Quoting if self.first_fails && *said == Self::sql(first) => {
-                if has(crate::environment::RECOVERY_HOOK) || self.unprompted_good {
+                if has(crate::environment::RECOVERY_HOOK)
+                    || (self.unprompted_good && organism == Organism::RecoveryHooks)
+                {
                     Self::sql(gold)
                 } else if has(crate::environment::LOW_BUDGET_HOOK) {
                     // Told to commit with nothing found: an empty (wrong) answer.
@@ -156,7 +222,8 @@ impl DemoScript {
                 }
             }
             Family::Change => {
-                let told = has(crate::environment::COMMIT_AFTER_CHANGE_HOOK)
+                let told = ruled
+                    || has(crate::environment::COMMIT_AFTER_CHANGE_HOOK)
                     || has(crate::environment::LOW_BUDGET_HOOK);
                 if told || (self.unprompted_good && first_turn) {
                     commit
@@ -231,21 +298,34 @@ pub struct Demonstration {
     pub harness: String,
     /// Whether the planted decision was made good without a hook message.
     pub unprompted_good: bool,
+    /// The organism's variant it was recorded for.
+    pub organism: Organism,
+    /// Whether the family is planted in the organism's variant.
+    pub planted_family: bool,
+    /// Whether the harness carried a rule that repairs the family (under
+    /// [`Organism::PromptRules`]).
+    pub ruled: bool,
 }
 
 impl Demonstration {
-    /// Whether a hook message that repairs this family appears in the episode.
+    /// Whether a repair of this family was in the episode: a repairing hook's message, or a
+    /// repairing rule in the system prompt.
     pub fn prompted(&self) -> bool {
-        self.trajectory.messages.iter().any(|m| {
-            m.hook
-                .as_deref()
-                .is_some_and(|h| self.family.repairing_hooks().contains(&h))
-        })
+        let hooks = self.organism.repairing_hooks(self.family);
+        self.ruled
+            || self
+                .trajectory
+                .messages
+                .iter()
+                .any(|m| m.hook.as_deref().is_some_and(|h| hooks.contains(&h)))
     }
 
     /// Whether the episode did its family's planted bad thing at least once (and so failed
     /// where that was all it did).
     pub fn planted(&self) -> bool {
+        if !self.planted_family {
+            return false;
+        }
         match self.family {
             Family::Plain => false,
             Family::Quoting => {
@@ -271,35 +351,32 @@ impl Demonstration {
     }
 }
 
-/// The planned demonstrations of `count` training tasks generated from `seed`. A task of a
-/// planted family runs, with probability `repair_share`, under one of the siblings whose hook
-/// repairs the family (uniformly); every other task under any of `harnesses` (H0 first),
-/// uniformly. A planted episode makes its decision well without a hook message with probability
-/// `unprompted_good_rate`.
-pub fn plan(
-    seed: u64,
-    count: usize,
-    harnesses: &[Harness],
-    repair_share: f64,
-    unprompted_good_rate: f64,
-) -> Vec<DemoSpec> {
+/// The planned demonstrations of the settings' `demo_tasks` training tasks generated from its
+/// seed. A task of a planted family runs, with probability `repair_share`, under one of the
+/// siblings that repair the family in the settings' organism (uniformly); every other task under
+/// any of `harnesses` (H0 first), uniformly. A planted episode makes its decision well without a
+/// repair with probability [`WarmStartSettings::unprompted_rate`].
+pub fn plan(settings: &WarmStartSettings, harnesses: &[Harness]) -> Vec<DemoSpec> {
+    let (seed, count, repair_share) = (settings.seed, settings.demo_tasks, settings.repair_share);
+    let organism = settings.organism;
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5eed_de30);
     let n = harnesses.len().max(1);
     (0..count)
         .map(|i| {
             let task = generate::generate_task(seed, Split::Train, i);
-            let repairing: Vec<usize> = Family::of_task(&task)
+            let family = Family::of_task(&task);
+            let repairing: Vec<usize> = family
                 .map(|f| {
                     (0..harnesses.len())
-                        .filter(|&h| {
-                            harnesses[h]
-                                .hooks
-                                .keys()
-                                .any(|k| f.repairing_hooks().contains(&k.as_str()))
-                        })
+                        .filter(|&h| organism.repairs(f, &harnesses[h]))
                         .collect()
                 })
                 .unwrap_or_default();
+            // The shared rate for families without an override (and for the plain family, whose
+            // draw is unused), so the default's draws do not move.
+            let rate = family
+                .and_then(|f| settings.unprompted_good_by_family.get(f))
+                .unwrap_or(settings.unprompted_good_rate);
             let repair = rng.gen_bool(repair_share.clamp(0.0, 1.0));
             let uniform = rng.gen_range(0..n);
             let harness = if repair && !repairing.is_empty() {
@@ -310,7 +387,7 @@ pub fn plan(
             DemoSpec {
                 task,
                 harness,
-                unprompted_good: rng.gen_bool(unprompted_good_rate.clamp(0.0, 1.0)),
+                unprompted_good: rng.gen_bool(rate.clamp(0.0, 1.0)),
                 seed: rng.r#gen(),
             }
         })
@@ -318,13 +395,11 @@ pub fn plan(
 }
 
 /// The hook messages of `harnesses` by text.
-pub fn hook_messages(harnesses: &[Harness]) -> Arc<BTreeMap<String, String>> {
-    Arc::new(
-        harnesses
-            .iter()
-            .flat_map(|h| h.hooks.iter().map(|(n, s)| (s.message.clone(), n.clone())))
-            .collect(),
-    )
+pub fn hook_messages(harnesses: &[Harness]) -> BTreeMap<String, String> {
+    harnesses
+        .iter()
+        .flat_map(|h| h.hooks.iter().map(|(n, s)| (s.message.clone(), n.clone())))
+        .collect()
 }
 
 /// Record the demonstrations of `specs`, each through `wrap` (identity for the script itself,
@@ -332,15 +407,16 @@ pub fn hook_messages(harnesses: &[Harness]) -> Arc<BTreeMap<String, String>> {
 pub async fn record(
     specs: &[DemoSpec],
     harnesses: &[Harness],
+    organism: Organism,
     env: &dyn Environment,
     wrap: &dyn Fn(DemoScript) -> Arc<dyn Policy>,
     progress: &mut dyn FnMut(usize),
 ) -> Result<Vec<Demonstration>> {
-    let hooks = hook_messages(harnesses);
+    let cues = Cues::of(organism, harnesses);
     let options = EpisodeOptions::default();
     let mut out = Vec::with_capacity(specs.len());
     for (i, spec) in specs.iter().enumerate() {
-        let script = DemoScript::new(&spec.task, Arc::clone(&hooks), spec.unprompted_good)?;
+        let script = DemoScript::new(&spec.task, Arc::clone(&cues), spec.unprompted_good)?;
         let family = script.family();
         let harness = &harnesses[spec.harness];
         let policy = wrap(script);
@@ -358,6 +434,9 @@ pub async fn record(
             family,
             harness: harness.name.clone(),
             unprompted_good: spec.unprompted_good,
+            organism,
+            planted_family: organism.plants(family),
+            ruled: organism.repairing_rule(family).is_some() && organism.repairs(family, harness),
         });
         progress(i + 1);
     }
@@ -372,7 +451,7 @@ pub fn family_counts(demos: &[Demonstration]) -> BTreeMap<String, FamilyCounts> 
         c.demos += 1;
         c.planted += usize::from(d.planted());
         c.prompted += usize::from(d.prompted());
-        c.unprompted_good += usize::from(d.unprompted_good && d.family != Family::Plain);
+        c.unprompted_good += usize::from(d.unprompted_good && d.planted_family);
         c.successes += usize::from(d.trajectory.is_success());
     }
     out

@@ -203,6 +203,41 @@ pub fn editor_repairs(base: &Harness) -> Vec<Harness> {
         .collect()
 }
 
+/// One-rule siblings of `base`, each carrying a prompt rule the built-in editor writes for a
+/// planted family's cause ([`crate::organism::RULE_REPAIRS`]: `commit-when-changed` for the
+/// change family, `check-schema-first` for quoting): the repairing siblings of
+/// [`Organism::PromptRules`](crate::Organism::PromptRules).
+pub fn rule_siblings(base: &Harness) -> Vec<Harness> {
+    crate::organism::RULE_REPAIRS
+        .iter()
+        .map(|&(_, kind, name)| editor_repair(base, kind, name))
+        .collect()
+}
+
+/// The siblings `organism` is built against, in the pool's order: under
+/// [`Organism::RecoveryHooks`](crate::Organism::RecoveryHooks) DBBench's hook siblings
+/// ([`rebased_siblings`]); under [`Organism::PromptRules`](crate::Organism::PromptRules) the
+/// rule siblings ([`rule_siblings`]) and then the same hook siblings, which repair nothing there.
+pub fn organism_siblings(organism: crate::Organism, base: &Harness) -> Vec<Harness> {
+    match organism {
+        crate::Organism::RecoveryHooks => rebased_siblings(base),
+        crate::Organism::PromptRules => {
+            let mut all = rule_siblings(base);
+            all.extend(rebased_siblings(base));
+            all
+        }
+    }
+}
+
+/// The text of `harness`'s prompt rule or skill `name`, if it has one.
+pub fn rule_text<'a>(harness: &'a Harness, name: &str) -> Option<&'a str> {
+    harness
+        .prompt_rules
+        .get(name)
+        .map(|r| r.text.as_str())
+        .or_else(|| harness.skills.get(name).map(|s| s.text.as_str()))
+}
+
 /// The (cause kind, operator) pairs of [`editor_repairs`], in its order.
 const EDITOR_REPAIRS: [(&str, &str); 4] = [
     ("budget-before-completion", EDITOR_LOW_BUDGET_HOOK),
@@ -238,7 +273,7 @@ fn editor_repair(base: &Harness, kind: &str, name: &str) -> Harness {
         .apply(base)
         .unwrap_or_else(|e| panic!("the built-in editor's `{name}` does not apply to H0: {e}"));
     h.name = format!("{}+{name}", base.name);
-    h.description = format!("H0 with the built-in editor's `{name}` hook.");
+    h.description = format!("H0 with the built-in editor's `{name}` edit.");
     h.lineage.parent = Some(base.id());
     h.lineage.generation = 1;
     h
@@ -430,6 +465,34 @@ mod tests {
         let hooks: Vec<&String> = siblings.iter().flat_map(|s| s.hooks.keys()).collect();
         for name in [RECOVERY_HOOK, LOW_BUDGET_HOOK, COMMIT_AFTER_CHANGE_HOOK] {
             assert!(hooks.iter().any(|h| *h == name), "{name}");
+        }
+    }
+
+    #[test]
+    fn rule_siblings_render_their_rule_into_the_system_prompt() {
+        let base = compact_base(&EpisodeLimits::default());
+        let task = dbbench::generate::generate_task(0, harness_core::Split::Train, 0);
+        let siblings = rule_siblings(&base);
+        assert_eq!(siblings.len(), 2);
+        for (s, (family, _, rule)) in siblings.iter().zip(crate::organism::RULE_REPAIRS) {
+            s.validate_for_tools(&compact_tools()).unwrap();
+            assert!(s.hooks.is_empty(), "{}", s.name);
+            let text = rule_text(s, rule).unwrap();
+            assert!(s.system_prompt(&task).unwrap().contains(text), "{}", s.name);
+            assert!(!base.system_prompt(&task).unwrap().contains(text));
+            assert!(crate::Organism::PromptRules.repairs(family, s));
+            assert!(!crate::Organism::RecoveryHooks.repairs(family, s));
+        }
+        let all = organism_siblings(crate::Organism::PromptRules, &base);
+        assert_eq!(all.len(), 5);
+        for s in &all[2..] {
+            for f in Family::ALL {
+                assert!(
+                    !crate::Organism::PromptRules.repairs(f, s),
+                    "{} {f}",
+                    s.name
+                );
+            }
         }
     }
 

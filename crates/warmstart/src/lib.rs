@@ -38,9 +38,19 @@
 //!     whose names need no quotes succeed under every harness.)
 //!   - [`Family::Plain`] (counting, comparison, MIN, MAX): nothing planted.
 //!
-//!   In a share [`WarmStartSettings::unprompted_good_rate`] of the planted episodes (seeded)
-//!   the script makes the good decision without a hook message, so H0 is not at 0% on the
-//!   planted families and GRPO sees some successes there.
+//!   In a share [`WarmStartSettings::unprompted_good_rate`] of the planted episodes (seeded;
+//!   per family [`WarmStartSettings::unprompted_good_by_family`], down to 0) the script makes
+//!   the good decision without a hook message, so H0 is not at 0% on the planted families and
+//!   GRPO sees some successes there.
+//!
+//!   That is the default variant, [`Organism::RecoveryHooks`]. [`Organism::PromptRules`]
+//!   ([`WarmStartSettings::organism`]) plants the paper's regime instead: the repairing
+//!   siblings carry a prompt rule the built-in editor writes (`commit-when-changed` for the
+//!   change family, `check-schema-first` for quoting: names quoted from the first statement),
+//!   the script follows a rule when the system prompt carries it and ignores every hook
+//!   message, and the recheck family is not planted (its good action is the plain family's).
+//!   So a rescue rollout differs from H0 before its first decision, and no plain task shares a
+//!   planted good action. The [`organism`] module tabulates both.
 //! - A byte-level BPE tokenizer of a few thousand tokens is fitted to the demonstrations' text
 //!   ([`fit_tokenizer`]), a fresh Qwen3 of [`ModelShape`] is initialised from the seed, and
 //!   `grpo_candle::SftTrainer` fits every demonstration (failed ones included: the planted
@@ -87,6 +97,7 @@
 pub mod demo;
 pub mod environment;
 pub mod error;
+pub mod organism;
 pub mod probe;
 pub mod settings;
 pub mod shipped;
@@ -96,9 +107,11 @@ pub mod warm;
 pub use demo::{DemoScript, Demonstration, FamilyCounts};
 pub use environment::{
     CompactDbBench, EpisodeLimits, Family, TEST_TASKS, TRAIN_TASKS, VALIDATION_TASKS, compact_base,
-    default_environment, editor_repairs, rebased_siblings, task_splits,
+    default_environment, editor_repairs, organism_siblings, rebased_siblings, rule_siblings,
+    task_splits,
 };
 pub use error::{Error, Result};
+pub use organism::{FamilyRates, Organism};
 pub use probe::{FamilyProbe, probe_decisions};
 pub use settings::{ModelShape, WarmStartSettings};
 pub use shipped::{SHIPPED, ShippedCheckpoint, shipped_for};

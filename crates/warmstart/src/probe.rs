@@ -12,6 +12,9 @@
 //! | change | the change succeeded | commit an empty answer | check the table |
 //! | recheck | the query returned its result | commit the result | run the query again |
 //! | quoting | the unquoted statement failed | the statement with names quoted | the same statement again |
+//! | quoting under [`Organism::PromptRules`] | the task, before any statement | the statement with names quoted | the statement unquoted |
+//!
+//! Under [`Organism::PromptRules`] the recheck family is not planted and is not probed.
 //!
 //! Both turns are teacher-forced through the checkpoint ([`TeacherForcedPolicy`]), which
 //! gives the checkpoint's own log-probability of each token (temperature 1, full vocabulary).
@@ -22,6 +25,10 @@
 //! - `p_good`: the two-way probability of the good token, `sigmoid(log p(good) - log p(planted))`;
 //! - `p_good_token`: the probability of the good token itself;
 //! - `log_ratio`: `log p(good) - log p(planted)`.
+//!
+//! Under a sibling (the context lock) the same two twins run under the sibling's harness; neither
+//! follows the sibling's repair, so the contexts still agree up to the decision and the probe
+//! reads how likely the checkpoint is to decide well *in the sibling's context*.
 //!
 //! Comparing whole turns instead would mostly measure their lengths (a commit is a few tokens,
 //! a statement dozens). The contexts come from the script, not from the checkpoint's own
@@ -34,11 +41,21 @@ use grpo_candle::{CandlePolicy, TeacherForcedPolicy};
 use harness_core::{EpisodeOptions, Harness, Policy, Task, run_episode_with};
 use serde::{Deserialize, Serialize};
 
-use crate::demo::{DemoScript, hook_messages};
+use crate::demo::{Cues, DemoScript};
 use crate::environment::Family;
 use crate::error::{Error, Result};
+use crate::organism::Organism;
 
-/// The index of the decision turn among an episode's policy turns.
+/// The index of the decision turn among an episode's policy turns: the second, except for the
+/// quoting family under [`Organism::PromptRules`], whose decision is the first statement.
+fn decision_turn(organism: Organism, family: Family) -> usize {
+    match (organism, family) {
+        (Organism::PromptRules, Family::Quoting) => 0,
+        _ => 1,
+    }
+}
+
+/// The latest decision turn of any family.
 const DECISION_TURN: usize = 1;
 
 /// One family's probe over the test tasks.
@@ -59,16 +76,23 @@ pub struct FamilyProbe {
 }
 
 /// Probe `student` at each planted family's decision point on `tasks` under `h0` (see the
-/// module documentation). Families without a probed task are absent; tasks of
-/// [`Family::Plain`], and quoting tasks whose unquoted statement runs, have no decision point.
+/// module documentation), for the organism's variant `organism`. Families without a probed task
+/// are absent; tasks of a family the variant does not plant, and quoting tasks whose unquoted
+/// statement runs, have no decision point.
 pub async fn probe_decisions(
     student: &Arc<CandlePolicy>,
     h0: &Harness,
     tasks: &[Task],
     seed: u64,
+    organism: Organism,
 ) -> Result<BTreeMap<String, FamilyProbe>> {
     let env = crate::warm::demo_env();
-    let hooks = hook_messages(std::slice::from_ref(h0));
+    // Both twins ignore the harness's repairs (the good twin decides well by itself, the
+    // planted one does the planted thing), so a repairing sibling's context is probed too.
+    let cues = Arc::new(Cues {
+        organism,
+        ..Cues::default()
+    });
     // Nothing after the decision turn is read: without hooks (which may read the remaining
     // calls) the episode can stop there, with the same contexts up to it.
     let mut harness = h0.clone();
@@ -86,8 +110,8 @@ pub async fn probe_decisions(
         let mut turns = Vec::with_capacity(2);
         let mut reached = true;
         for good in [true, false] {
-            let script = DemoScript::new(task, Arc::clone(&hooks), good)?;
-            if family == Family::Plain || (family == Family::Quoting && !script.first_fails()) {
+            let script = DemoScript::new(task, Arc::clone(&cues), good)?;
+            if !organism.plants(family) || (family == Family::Quoting && !script.first_fails()) {
                 reached = false;
                 break;
             }
@@ -96,7 +120,7 @@ pub async fn probe_decisions(
             let episode = run_episode_with(policy, h0, &env, task, seed ^ i as u64, &options)
                 .await
                 .map_err(|e| Error::Demo(format!("probe on `{}`: {e}", task.id)))?;
-            let Some(turn) = episode.turns.get(DECISION_TURN) else {
+            let Some(turn) = episode.turns.get(decision_turn(organism, family)) else {
                 reached = false;
                 break;
             };

@@ -3,8 +3,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::environment::EpisodeLimits;
+use crate::environment::{EpisodeLimits, Family};
 use crate::error::{Error, Result};
+use crate::organism::{FamilyRates, Organism};
 
 /// The shape of the tiny Qwen3 policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -61,6 +62,14 @@ pub struct WarmStartSettings {
     /// without a hook message (so H0 is not at 0% there and GRPO sees some successes).
     /// Default 0.1.
     pub unprompted_good_rate: f64,
+    /// Per-family overrides of `unprompted_good_rate` (`{"change": 0.0, "quoting": 0.1}`);
+    /// a family left out uses the shared rate.
+    #[serde(skip_serializing_if = "FamilyRates::is_empty")]
+    pub unprompted_good_by_family: FamilyRates,
+    /// The organism's variant: which siblings repair which planted family
+    /// ([`Organism`]; default `recovery_hooks`).
+    #[serde(skip_serializing_if = "Organism::is_default")]
+    pub organism: Organism,
     /// Tokens of the fitted tokenizer (specials included). Default 2048.
     pub vocab_size: usize,
     /// The model's shape.
@@ -86,6 +95,8 @@ impl Default for WarmStartSettings {
             demo_tasks: 3200,
             repair_share: 0.5,
             unprompted_good_rate: 0.1,
+            unprompted_good_by_family: FamilyRates::default(),
+            organism: Organism::default(),
             vocab_size: 2048,
             model: ModelShape::default(),
             limits: EpisodeLimits::default(),
@@ -121,6 +132,17 @@ impl WarmStartSettings {
         }
     }
 
+    /// The share of `family`'s demonstrations that make the planted decision well without a
+    /// repair: its override, else the shared rate; 1 for a family the organism does not plant.
+    pub fn unprompted_rate(&self, family: Family) -> f64 {
+        if !self.organism.plants(family) {
+            return 1.0;
+        }
+        self.unprompted_good_by_family
+            .get(family)
+            .unwrap_or(self.unprompted_good_rate)
+    }
+
     /// Parse settings from JSON; errors name the field.
     pub fn from_json(text: &str) -> Result<Self> {
         let settings: WarmStartSettings = serde_json::from_str(text)
@@ -152,6 +174,16 @@ impl WarmStartSettings {
                 "unprompted_good_rate",
                 format!("{} is not a share in [0, 1]", self.unprompted_good_rate),
             ));
+        }
+        for (family, rate) in self.unprompted_good_by_family.fields() {
+            if let Some(rate) = rate
+                && !(0.0..=1.0).contains(&rate)
+            {
+                return Err(Error::setting(
+                    &format!("unprompted_good_by_family.{family}"),
+                    format!("{rate} is not a share in [0, 1]"),
+                ));
+            }
         }
         if !(300..=65_536).contains(&self.vocab_size) {
             return Err(Error::setting(
@@ -240,6 +272,30 @@ mod tests {
     }
 
     #[test]
+    fn the_default_variant_keeps_the_default_cache_name_and_rates_resolve_per_family() {
+        // The new fields are left out of the serialised default, so the shipped default's
+        // cache name (a hash of the settings) does not move.
+        let text = serde_json::to_string(&WarmStartSettings::default()).unwrap();
+        assert!(
+            !text.contains("organism") && !text.contains("by_family"),
+            "{text}"
+        );
+        let s = WarmStartSettings::from_json(
+            r#"{"organism": "prompt_rules", "unprompted_good_rate": 0.1, "unprompted_good_by_family": {"change": 0.0}}"#,
+        )
+        .unwrap();
+        assert_eq!(s.unprompted_rate(Family::Change), 0.0);
+        assert_eq!(s.unprompted_rate(Family::Quoting), 0.1);
+        // Not planted in this variant: the good decision always.
+        assert_eq!(s.unprompted_rate(Family::Recheck), 1.0);
+        assert_eq!(s.unprompted_rate(Family::Plain), 1.0);
+        assert_ne!(
+            crate::cache_dir_name(&s),
+            crate::cache_dir_name(&WarmStartSettings::default())
+        );
+    }
+
+    #[test]
     fn bad_settings_name_the_field() {
         let cases = [
             (r#"{"demo_tasks": 0}"#, "demo_tasks"),
@@ -252,6 +308,12 @@ mod tests {
                 "limits.max_context_tokens",
             ),
             (r#"{"sft_step": 3}"#, "sft_step"),
+            (
+                r#"{"unprompted_good_by_family": {"change": 2}}"#,
+                "unprompted_good_by_family.change",
+            ),
+            (r#"{"unprompted_good_by_family": {"plain": 0.5}}"#, "plain"),
+            (r#"{"organism": "hooks_after"}"#, "hooks_after"),
             (r#"{"model": {"hidden": 3}}"#, "hidden"),
         ];
         for (json, field) in cases {

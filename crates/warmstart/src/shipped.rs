@@ -4,7 +4,9 @@
 //! run configuration's default seed) takes about fifteen minutes on two CPU cores. Its result is
 //! small (0.7 M f32 parameters, 2.8 MB), so the folder it writes is compiled into this crate
 //! and [`crate::warm_start`] installs it into the cache instead of training when the settings
-//! hash to its name ([`crate::cache_dir_name`]). Any other settings or seed train as before.
+//! hash to its name ([`crate::cache_dir_name`]). So are the organism variants the README's
+//! study reports ([`SHIPPED`] lists each with its settings). Any other settings or seed train
+//! as before.
 //!
 //! A shipped checkpoint is nothing but a cached one made by this crate's own code: rebuild it
 //! with `cargo run -p harness-warmstart --release --example base_rates -- --train --cache
@@ -19,13 +21,15 @@ use crate::error::{Error, Result};
 use crate::settings::WarmStartSettings;
 use crate::warm::cache_dir_name;
 
-/// One shipped warm-start folder: its name (`warmstart-<hash>`) and its files.
+/// One shipped warm-start folder: its name (`warmstart-<hash>`), the settings it was made
+/// with and its files.
 #[derive(Debug, Clone, Copy)]
 pub struct ShippedCheckpoint {
     /// The cache folder name ([`cache_dir_name`] of the settings it was made with).
     pub name: &'static str,
-    /// The seed of the settings it was made with (the other settings are the defaults).
-    pub seed: u64,
+    /// The settings it was made with, as the JSON document over the defaults that
+    /// [`WarmStartSettings::from_json`] reads (`{"seed": 42}` for the main job's default).
+    pub settings: &'static str,
     /// The folder's files, as written by the warm start.
     pub files: &'static [(&'static str, &'static [u8])],
 }
@@ -39,19 +43,38 @@ macro_rules! shipped_file {
     };
 }
 
-/// The checkpoints shipped with this version of the crate.
-pub const SHIPPED: &[ShippedCheckpoint] = &[ShippedCheckpoint {
-    name: "warmstart-ec575d556536a13b",
-    seed: 42,
-    files: &[
-        shipped_file!("warmstart-ec575d556536a13b", "config.json"),
-        shipped_file!("warmstart-ec575d556536a13b", "generation_config.json"),
-        shipped_file!("warmstart-ec575d556536a13b", "model.safetensors"),
-        shipped_file!("warmstart-ec575d556536a13b", "tokenizer.json"),
-        shipped_file!("warmstart-ec575d556536a13b", "tokenizer_config.json"),
-        shipped_file!("warmstart-ec575d556536a13b", "warmstart.json"),
-    ],
-}];
+/// A shipped folder `$dir` made with `$settings`, with the six files a warm start writes.
+macro_rules! shipped_checkpoint {
+    ($dir:literal, $settings:expr) => {
+        ShippedCheckpoint {
+            name: $dir,
+            settings: $settings,
+            files: &[
+                shipped_file!($dir, "config.json"),
+                shipped_file!($dir, "generation_config.json"),
+                shipped_file!($dir, "model.safetensors"),
+                shipped_file!($dir, "tokenizer.json"),
+                shipped_file!($dir, "tokenizer_config.json"),
+                shipped_file!($dir, "warmstart.json"),
+            ],
+        }
+    };
+}
+
+/// The checkpoints shipped with this version of the crate: the main job's default, and the
+/// prompt-rules organism with unprompted good rate 0 and 0.1 (`docs/STUDY.md`), each with seed
+/// 42.
+pub const SHIPPED: &[ShippedCheckpoint] = &[
+    shipped_checkpoint!("warmstart-ec575d556536a13b", r#"{"seed": 42}"#),
+    shipped_checkpoint!(
+        "warmstart-d56b47a518749634",
+        r#"{"seed": 42, "organism": "prompt_rules", "unprompted_good_rate": 0.0}"#
+    ),
+    shipped_checkpoint!(
+        "warmstart-8eba49613f465378",
+        r#"{"seed": 42, "organism": "prompt_rules", "unprompted_good_rate": 0.1}"#
+    ),
+];
 
 /// The shipped checkpoint made with `settings`, if any.
 pub fn shipped_for(settings: &WarmStartSettings) -> Option<&'static ShippedCheckpoint> {
@@ -60,6 +83,11 @@ pub fn shipped_for(settings: &WarmStartSettings) -> Option<&'static ShippedCheck
 }
 
 impl ShippedCheckpoint {
+    /// The settings it was made with.
+    pub fn settings(&self) -> Result<WarmStartSettings> {
+        WarmStartSettings::from_json(self.settings)
+    }
+
     /// Write the folder's files into `dir` (created).
     pub fn write_to(&self, dir: &Path) -> Result<()> {
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;

@@ -161,7 +161,7 @@ pub fn cache_dir_name(settings: &WarmStartSettings) -> String {
 /// The compact H0 and its siblings for `settings`.
 pub fn harnesses(settings: &WarmStartSettings) -> (Harness, Vec<Harness>) {
     let base = environment::compact_base(&settings.limits);
-    let siblings = environment::rebased_siblings(&base);
+    let siblings = environment::organism_siblings(settings.organism, &base);
     (base, siblings)
 }
 
@@ -401,17 +401,12 @@ pub async fn demonstrations(
     // The built-in editor's reminders too: a pool evolved from H0 carries them.
     all.extend(environment::editor_repairs(&base));
     let env = demo_env();
-    let specs = demo::plan(
-        settings.seed,
-        settings.demo_tasks,
-        &all,
-        settings.repair_share,
-        settings.unprompted_good_rate,
-    );
+    let specs = demo::plan(settings, &all);
     let total = specs.len();
     let scripted = demo::record(
         &specs,
         &all,
+        settings.organism,
         &env,
         &|s| Arc::new(s) as Arc<dyn Policy>,
         &mut |done| {
@@ -440,7 +435,7 @@ pub async fn demonstrations(
         Arc::new(TeacherForcedPolicy::new(Arc::new(s), Arc::clone(&student)).without_scoring())
             as Arc<dyn Policy>
     };
-    let demos = demo::record(&specs, &all, &env, &wrap, &mut |done| {
+    let demos = demo::record(&specs, &all, settings.organism, &env, &wrap, &mut |done| {
         if done % 100 == 0 || done == total {
             progress(WarmStartProgress::Demos {
                 pass: 2,

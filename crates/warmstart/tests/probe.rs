@@ -8,7 +8,8 @@ use grpo_candle::sft::{SftConfig, SftTrainer, sft_sequences};
 use grpo_candle::{CandlePolicy, PolicyOptions, TeacherForcedPolicy};
 use harness_core::{Environment, EpisodeOptions, Split, run_episode_with};
 use harness_envs::dbbench::{DbBench, GeneratorConfig};
-use harness_warmstart::demo::{DemoScript, hook_messages};
+use harness_warmstart::Organism;
+use harness_warmstart::demo::{Cues, DemoScript};
 use harness_warmstart::environment::{CompactDbBench, compact_base};
 use harness_warmstart::{Family, WarmStartSettings, demonstrations, probe_decisions};
 
@@ -32,7 +33,9 @@ async fn the_probe_covers_planted_families_and_follows_fine_tuning_on_good_decis
     }));
     let test = env.tasks(Split::Test).unwrap();
 
-    let before = probe_decisions(&student, &h0, &test, 1).await.unwrap();
+    let before = probe_decisions(&student, &h0, &test, 1, Organism::RecoveryHooks)
+        .await
+        .unwrap();
     // Every family with a decision point is probed on each of its tasks that reach it.
     let count = |f: Family| {
         test.iter()
@@ -48,13 +51,15 @@ async fn the_probe_covers_planted_families_and_follows_fine_tuning_on_good_decis
     }
     assert_eq!(
         before,
-        probe_decisions(&student, &h0, &test, 1).await.unwrap(),
+        probe_decisions(&student, &h0, &test, 1, Organism::RecoveryHooks)
+            .await
+            .unwrap(),
         "the probe is deterministic"
     );
 
     // Fine-tune on the good decision of the change family only (commit after the change),
     // recorded in the student's own tokens on training tasks.
-    let hooks = hook_messages(std::slice::from_ref(&h0));
+    let hooks = Cues::of(Organism::RecoveryHooks, std::slice::from_ref(&h0));
     let mut good = Vec::new();
     for (i, task) in env.tasks(Split::Train).unwrap().iter().enumerate() {
         if Family::of_task(task) != Some(Family::Change) {
@@ -79,7 +84,9 @@ async fn the_probe_covers_planted_families_and_follows_fine_tuning_on_good_decis
     let mut sft = SftTrainer::new(student.model(), SftConfig::default()).unwrap();
     sft.fit_policy(&student, &seqs, 30).unwrap();
 
-    let after = probe_decisions(&student, &h0, &test, 1).await.unwrap();
+    let after = probe_decisions(&student, &h0, &test, 1, Organism::RecoveryHooks)
+        .await
+        .unwrap();
     assert!(
         after["change"].p_good > before["change"].p_good + 0.1,
         "change: {:?} -> {:?}",
@@ -87,4 +94,56 @@ async fn the_probe_covers_planted_families_and_follows_fine_tuning_on_good_decis
         after["change"]
     );
     assert!(after["change"].log_ratio > before["change"].log_ratio);
+}
+
+#[tokio::test]
+async fn under_prompt_rules_the_probe_reads_quoting_at_the_first_statement_and_skips_recheck() {
+    let settings = WarmStartSettings {
+        demo_tasks: 88,
+        vocab_size: 1200,
+        organism: Organism::PromptRules,
+        ..WarmStartSettings::tiny()
+    };
+    let (model, _) = demonstrations(&settings, &mut |_| {}).await.unwrap();
+    let student = Arc::new(CandlePolicy::new(model, PolicyOptions::default()));
+    let h0 = compact_base(&settings.limits);
+    let env = CompactDbBench::new(DbBench::generated(&GeneratorConfig {
+        seed: 3,
+        train: 0,
+        validation: 0,
+        test: 44,
+    }));
+    let test = env.tasks(Split::Test).unwrap();
+    let probe = probe_decisions(&student, &h0, &test, 1, Organism::PromptRules)
+        .await
+        .unwrap();
+    assert!(!probe.contains_key("recheck") && !probe.contains_key("plain"));
+    let count = |f: Family| {
+        test.iter()
+            .filter(|t| Family::of_task(t) == Some(f))
+            .count()
+    };
+    assert_eq!(probe["change"].tasks, count(Family::Change));
+    // Quoting is probed on its tasks with a name to quote, at the first statement: the good
+    // and the planted statement part at the first name that needs backticks.
+    let quoting = probe.get("quoting").map_or(0, |p| p.tasks);
+    assert!(
+        quoting > 0 && quoting <= count(Family::Quoting),
+        "{probe:?}"
+    );
+    // Under the recovery-hooks variant the same tasks are probed after the failed statement.
+    let hooks = probe_decisions(&student, &h0, &test, 1, Organism::RecoveryHooks)
+        .await
+        .unwrap();
+    assert_eq!(hooks["quoting"].tasks, quoting);
+    assert_ne!(hooks["quoting"].per_task, probe["quoting"].per_task);
+    // The context lock: under the sibling whose rule repairs the change family the same
+    // decision is probed in the sibling's context.
+    let ruled = &harness_warmstart::rule_siblings(&h0)[0];
+    assert!(ruled.prompt_rules.contains_key("commit-when-changed"));
+    let under_rule = probe_decisions(&student, ruled, &test, 1, Organism::PromptRules)
+        .await
+        .unwrap();
+    assert_eq!(under_rule["change"].tasks, count(Family::Change));
+    assert_ne!(under_rule["change"].per_task, probe["change"].per_task);
 }

@@ -23,7 +23,7 @@ fn the_main_jobs_default_installs_the_shipped_checkpoint_without_training() {
     let settings = main_job_default();
     let shipped = shipped_for(&settings).unwrap_or_else(|| panic!("{REBUILD}"));
     assert_eq!(shipped.name, cache_dir_name(&settings));
-    assert_eq!(shipped.seed, settings.seed);
+    assert_eq!(shipped.settings().unwrap(), settings);
 
     let root = tempfile::tempdir().unwrap();
     let mut events = Vec::new();
@@ -68,28 +68,58 @@ fn other_settings_are_not_shipped() {
     })
     .unwrap();
     assert!(trained && !got.shipped && !got.cached);
-    assert_eq!(SHIPPED.len(), 1);
 }
 
-/// Minutes in a release build: training the default from its demonstrations gives the shipped
-/// bytes.
 #[test]
-fn slow_training_again_reproduces_the_shipped_checkpoint() {
+fn every_shipped_checkpoint_is_named_after_its_settings() {
+    for shipped in SHIPPED {
+        let settings = shipped.settings().unwrap();
+        assert_eq!(
+            shipped.name,
+            cache_dir_name(&settings),
+            "{}",
+            shipped.settings
+        );
+        assert_eq!(shipped_for(&settings).unwrap().name, shipped.name);
+        let report: serde_json::Value = serde_json::from_slice(
+            shipped
+                .files
+                .iter()
+                .find(|(f, _)| *f == "warmstart.json")
+                .unwrap()
+                .1,
+        )
+        .unwrap();
+        // The folder records the settings it was made with.
+        let recorded: WarmStartSettings =
+            serde_json::from_value(report["settings"].clone()).unwrap();
+        assert_eq!(recorded, settings, "{}", shipped.settings);
+        assert_eq!(report["report"]["demos"], settings.demo_tasks);
+    }
+}
+
+/// Minutes per checkpoint in a release build: training each shipped checkpoint from its
+/// demonstrations gives the shipped bytes.
+#[test]
+fn slow_training_again_reproduces_the_shipped_checkpoints() {
     if std::env::var_os("HARNESS_SLOW_TESTS").is_none() {
         eprintln!("skipped: set HARNESS_SLOW_TESTS=1 (and use --release) to run");
         return;
     }
-    let settings = main_job_default();
-    let shipped = shipped_for(&settings).unwrap_or_else(|| panic!("{REBUILD}"));
-    let root = tempfile::tempdir().unwrap();
-    let trained = warm_start_trained(&settings, root.path(), &mut |_| {}).unwrap();
-    assert!(!trained.cached && !trained.shipped);
-    for file in ["model.safetensors", "tokenizer.json", "config.json"] {
-        let (_, bytes) = shipped.files.iter().find(|(f, _)| *f == file).unwrap();
-        assert_eq!(
-            std::fs::read(trained.checkpoint.join(file)).unwrap(),
-            *bytes,
-            "{file} differs from the shipped one"
-        );
+    assert!(shipped_for(&main_job_default()).is_some(), "{REBUILD}");
+    for shipped in SHIPPED {
+        let settings = shipped.settings().unwrap();
+        let root = tempfile::tempdir().unwrap();
+        let trained = warm_start_trained(&settings, root.path(), &mut |_| {}).unwrap();
+        assert!(!trained.cached && !trained.shipped);
+        for file in ["model.safetensors", "tokenizer.json", "config.json"] {
+            let (_, bytes) = shipped.files.iter().find(|(f, _)| *f == file).unwrap();
+            assert_eq!(
+                std::fs::read(trained.checkpoint.join(file)).unwrap(),
+                *bytes,
+                "{}: {file} differs from the shipped one",
+                shipped.settings
+            );
+        }
     }
 }

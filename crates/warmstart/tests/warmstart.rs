@@ -190,3 +190,74 @@ fn the_checkpoint_is_deterministic_in_the_seed() {
     let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     assert_eq!(weights(a.path()), weights(b.path()));
 }
+
+#[test]
+fn under_prompt_rules_the_rule_repairs_before_the_decision_and_hooks_repair_nothing() {
+    use harness_warmstart::organism::{CHANGE_RULE, QUOTING_RULE};
+    let settings = WarmStartSettings {
+        organism: harness_warmstart::Organism::PromptRules,
+        demo_tasks: 160,
+        unprompted_good_rate: 0.0,
+        ..WarmStartSettings::tiny()
+    };
+    let (base, siblings) = harness_warmstart::harnesses(&settings);
+    let by_name = |name: &str| {
+        siblings
+            .iter()
+            .chain(std::iter::once(&base))
+            .chain(harness_warmstart::editor_repairs(&base).iter())
+            .find(|h| h.name == name)
+            .cloned()
+    };
+    let mut ruled_successes = [0usize; 2];
+    for d in demos(&settings) {
+        let Some(harness) = by_name(&d.harness) else {
+            continue;
+        };
+        let texts: Vec<&str> = d
+            .trajectory
+            .messages
+            .iter()
+            .filter(|m| m.role == Role::Assistant)
+            .map(|m| m.content.as_str())
+            .collect();
+        let rule = match d.family {
+            Family::Change => CHANGE_RULE,
+            Family::Quoting => QUOTING_RULE,
+            // Not planted in this variant: solved under every harness.
+            Family::Recheck => {
+                assert!(!d.planted(), "{}", d.trajectory.task_id);
+                assert_eq!(texts.len(), 2, "{}", d.trajectory.task_id);
+                continue;
+            }
+            Family::Plain => continue,
+        };
+        let ruled = harness.prompt_rules.contains_key(rule);
+        assert_eq!(d.prompted(), ruled, "{}", d.trajectory.task_id);
+        match d.family {
+            Family::Change if texts.len() >= 2 => {
+                // The decision after the change: commit under the rule, check otherwise (hook
+                // messages included).
+                assert_eq!(is_commit(texts[1]), ruled, "{}: {}", d.harness, texts[1]);
+                if ruled {
+                    ruled_successes[0] += 1;
+                }
+            }
+            Family::Quoting => {
+                // The decision is the first statement: quoted under the rule.
+                let quoted = texts[0].contains('`');
+                if ruled {
+                    assert!(quoted, "{}: {}", d.harness, texts[0]);
+                    ruled_successes[1] += 1;
+                } else if d.planted() {
+                    assert!(!quoted && !d.trajectory.is_success(), "{}", d.harness);
+                }
+            }
+            _ => {}
+        }
+    }
+    assert!(
+        ruled_successes.iter().all(|&n| n > 0),
+        "{ruled_successes:?}"
+    );
+}

@@ -448,6 +448,7 @@ pub async fn evaluate(
                 &wb.base,
                 &wb.test,
                 wb.cfg.seed ^ TEST_SEED_SALT,
+                crate::organism::settings(&wb.cfg)?.organism,
             )
             .await
             .at("evaluate")?;
@@ -769,6 +770,7 @@ async fn probe_siblings(
     if siblings.is_empty() {
         return Ok(out);
     }
+    let organism = crate::organism::settings(&wb.cfg)?.organism;
     let bar = wb
         .progress
         .spinner("decision-point probe under each sibling");
@@ -778,6 +780,7 @@ async fn probe_siblings(
             sibling,
             &wb.test,
             wb.cfg.seed ^ TEST_SEED_SALT,
+            organism,
         )
         .await
         .at("evaluate")?;

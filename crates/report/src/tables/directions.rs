@@ -318,6 +318,44 @@ fn after_training(seed: &SeedRun) -> Option<AfterTraining> {
     })
 }
 
+/// The test `k` of the run's evaluations (3 when none is recorded).
+pub fn test_k(run: &Run) -> usize {
+    run.seeds
+        .iter()
+        .flat_map(|s| s.test.iter().flatten())
+        .map(|t| t.k)
+        .next()
+        .unwrap_or(3)
+}
+
+/// "H0 test Avg@k: `a` > `b`": each method's H0 Avg@k per seed (`eval/test.jsonl`, mode h0),
+/// with a bootstrap interval of `a - b` paired by test task over seeds and tasks.
+pub fn h0_avg_direction(run: &Run, a: &str, b: &str) -> DirectionRow {
+    let avg = |m: &str| -> Vec<Option<f64>> {
+        run.seeds
+            .iter()
+            .map(|s| s.test_eval(m, EvalMode::H0).map(|t| t.avg_at_k))
+            .collect()
+    };
+    let (la, lb) = (run.label(a), run.label(b));
+    row(
+        format!("H0 test Avg@{}: {la} > {lb}", test_k(run)),
+        vec![(la, avg(a)), (lb, avg(b))],
+        vec![task_units(run, (a, EvalMode::H0), (b, EvalMode::H0), false)],
+        true,
+        "eval/test.jsonl (mode h0); intervals paired by test task".into(),
+    )
+}
+
+/// Per seed, `a`'s H0 test Avg@k per task minus `b`'s on the same task: the units
+/// [`h0_avg_direction`]'s interval resamples.
+pub fn h0_avg_differences(run: &Run, a: &str, b: &str) -> Vec<Vec<f64>> {
+    match task_units(run, (a, EvalMode::H0), (b, EvalMode::H0), false) {
+        Units::Paired(d) => d,
+        Units::Unpaired(..) => unreachable!("task units are paired"),
+    }
+}
+
 /// Check every direction on the run.
 pub fn directions(run: &Run) -> Vec<DirectionRow> {
     let per_seed = |f: &dyn Fn(&SeedRun) -> Option<f64>| -> Vec<Option<f64>> {
@@ -343,29 +381,8 @@ pub fn directions(run: &Run) -> Vec<DirectionRow> {
         true,
         "metrics.jsonl: mean eg_rate over update records; intervals paired by (update, task) in groups.jsonl".into(),
     ));
-    let avg = |m: &'static str| move |s: &SeedRun| s.test_eval(m, EvalMode::H0).map(|t| t.avg_at_k);
-    let k = run
-        .seeds
-        .iter()
-        .flat_map(|s| s.test.iter().flatten())
-        .map(|t| t.k)
-        .next()
-        .unwrap_or(3);
-    rows.push(row(
-        format!("H0 test Avg@{k}: {} > {}", l("harness_s"), l("grpo")),
-        vec![
-            (l("harness_s"), per_seed(&avg("harness_s"))),
-            (l("grpo"), per_seed(&avg("grpo"))),
-        ],
-        vec![task_units(
-            run,
-            ("harness_s", EvalMode::H0),
-            ("grpo", EvalMode::H0),
-            false,
-        )],
-        true,
-        "eval/test.jsonl (mode h0); intervals paired by test task".into(),
-    ));
+    rows.push(h0_avg_direction(run, "harness_s", "grpo"));
+    let k = test_k(run);
     let mut source: Vec<&str> = run
         .seeds
         .iter()
