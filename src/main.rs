@@ -117,7 +117,7 @@ enum Command {
     },
     /// Serve an environment over HTTP for agent programs in any language: list tasks, start
     /// sessions, step with tool calls, finish and verify on the server (protocol
-    /// `harness-s-env/1`, documented in the README's "Your own harness").
+    /// `harness-s-env/1`, documented in docs/GUIDE.md, "Your own harness").
     EnvServe(EnvServeArgs),
 }
 

@@ -3,7 +3,7 @@
 //! tasks as the answer. Every task should be reproduced; anything less is a verifier bug.
 //!
 //! ```text
-//! cargo run -p harness-envs --example dbbench_check -- ../shared/data/dbbench/dev.jsonl
+//! cargo run -p harness-envs --example dbbench_check -- path/to/dbbench/dev.jsonl
 //! ```
 
 use std::collections::BTreeMap;

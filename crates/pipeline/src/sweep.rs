@@ -447,13 +447,15 @@ pub async fn run_sweep(
 }
 
 /// The cells of `sweep` as the report reads them: each cell's finished seeds, with the
-/// comparison methods borrowed from the paper objective's cell where a cell lacks them.
+/// comparison methods borrowed from the paper objective's cell where a cell lacks them; and
+/// the record of every finished cell-seed, in grid order.
 pub fn read_cells(
     sweep: &SweepConfig,
     file: &Path,
     failed: &[(String, String, u64, String)],
-) -> Result<Vec<harness_report::sweep::SweepCell>> {
+) -> Result<(Vec<harness_report::sweep::SweepCell>, Vec<CellRecord>)> {
     let cells = sweep.cells(file)?;
+    let mut records = Vec::new();
     let mut out: Vec<harness_report::sweep::SweepCell> = Vec::new();
     for cell in &cells {
         let dir = cell
@@ -483,9 +485,10 @@ pub fn read_cells(
         }) {
             entry.failures.push((cell.seed, why.clone()));
         }
-        if finished(&cell.config.out)?.is_none() {
+        let Some(record) = finished(&cell.config.out)? else {
             continue;
-        }
+        };
+        records.push(record);
         let seed_run =
             harness_report::read_run(&cell.config.out).map_err(|e| Error::stage("sweep", e))?;
         let run = entry.run.get_or_insert_with(|| harness_report::Run {
@@ -516,7 +519,7 @@ pub fn read_cells(
             cell.borrowed_from = Some(ref_dir.clone());
         }
     }
-    Ok(out)
+    Ok((out, records))
 }
 
 /// Write `sweep.md`, `sweep.json` and the plot under the sweep's root from its cells' files.
@@ -525,7 +528,7 @@ pub fn write_sweep_report(
     file: &Path,
     failed: &[(String, String, u64, String)],
 ) -> Result<Vec<PathBuf>> {
-    let cells = read_cells(sweep, file, failed)?;
+    let (cells, records) = read_cells(sweep, file, failed)?;
     let report = harness_report::sweep::sweep_report(&cells);
     std::fs::create_dir_all(&sweep.out)
         .map_err(|e| Error::input("sweep", &sweep.out, format!("cannot create: {e}")))?;
@@ -533,7 +536,7 @@ pub fn write_sweep_report(
     let json = sweep.out.join(JSON_FILE);
     let plot = sweep.out.join(PLOT_FILE);
     let mut text = report.to_markdown(&cells);
-    text.push_str(&wall_times(sweep, file)?);
+    text.push_str(&wall_times(&records));
     harness_core::fsutil::write_atomic(&md, text.as_bytes())
         .map_err(|e| Error::input("sweep", &md, format!("cannot write: {e}")))?;
     let body = serde_json::to_string_pretty(&report).unwrap_or_default();
@@ -545,19 +548,17 @@ pub fn write_sweep_report(
 }
 
 /// The wall time of each finished cell-seed, as a Markdown section.
-fn wall_times(sweep: &SweepConfig, file: &Path) -> Result<String> {
+fn wall_times(records: &[CellRecord]) -> String {
     let mut out = String::from(
         "\n## Wall time per cell-seed\n\n| organism | objective | seed | seconds |\n| --- | --- | --- | --- |\n",
     );
-    for cell in sweep.cells(file)? {
-        if let Some(r) = finished(&cell.config.out)? {
-            out.push_str(&format!(
-                "| {} | {} | {} | {:.0} |\n",
-                r.organism, r.objective, r.seed, r.seconds
-            ));
-        }
+    for r in records {
+        out.push_str(&format!(
+            "| {} | {} | {} | {:.0} |\n",
+            r.organism, r.objective, r.seed, r.seconds
+        ));
     }
-    Ok(out)
+    out
 }
 
 #[cfg(test)]

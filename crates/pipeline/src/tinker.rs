@@ -153,7 +153,7 @@ pub async fn preflight(wb: &Workbench) -> Result<()> {
             wb,
             "tinker.url",
             format!(
-                "cannot reach the Tinker server at {url}: {e}; start it first, e.g. `python -m tx.tinker.api --base-model {base} --backend jax` (README, \"Training beyond one machine\")"
+                "cannot reach the Tinker server at {url}: {e}; start it first, e.g. `python -m tx.tinker.api --base-model {base} --backend jax` (docs/GUIDE.md, \"Training on a Tinker server\")"
             ),
         )
     })?;

@@ -308,6 +308,16 @@ pub struct Demonstration {
 }
 
 impl Demonstration {
+    /// The policy's turns, in order.
+    pub fn turns(&self) -> Vec<&str> {
+        self.trajectory
+            .messages
+            .iter()
+            .filter(|m| m.role == Role::Assistant)
+            .map(|m| m.content.as_str())
+            .collect()
+    }
+
     /// Whether a repair of this family was in the episode: a repairing hook's message, or a
     /// repairing rule in the system prompt.
     pub fn prompted(&self) -> bool {
@@ -329,23 +339,11 @@ impl Demonstration {
         match self.family {
             Family::Plain => false,
             Family::Quoting => {
-                let calls: Vec<&str> = self
-                    .trajectory
-                    .messages
-                    .iter()
-                    .filter(|m| m.role == Role::Assistant)
-                    .map(|m| m.content.as_str())
-                    .collect();
+                let calls = self.turns();
                 calls.len() >= 2 && calls[0] == calls[1]
             }
             Family::Change | Family::Recheck => {
-                self.trajectory
-                    .messages
-                    .iter()
-                    .filter(|m| m.role == Role::Assistant)
-                    .count()
-                    > 2
-                    || !self.trajectory.is_success()
+                self.turns().len() > 2 || !self.trajectory.is_success()
             }
         }
     }

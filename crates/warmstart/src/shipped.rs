@@ -4,7 +4,7 @@
 //! run configuration's default seed) takes about fifteen minutes on two CPU cores. Its result is
 //! small (0.7 M f32 parameters, 2.8 MB), so the folder it writes is compiled into this crate
 //! and [`crate::warm_start`] installs it into the cache instead of training when the settings
-//! hash to its name ([`crate::cache_dir_name`]). So are the organism variants the README's
+//! hash to its name ([`crate::cache_dir_name`]). So are the organism variants `docs/STUDY.md`'s
 //! study reports ([`SHIPPED`] lists each with its settings). Any other settings or seed train
 //! as before.
 //!

@@ -13,13 +13,17 @@ use harness_warmstart::demo::{Cues, DemoScript};
 use harness_warmstart::environment::{CompactDbBench, compact_base};
 use harness_warmstart::{Family, WarmStartSettings, demonstrations, probe_decisions};
 
-#[tokio::test]
-async fn the_probe_covers_planted_families_and_follows_fine_tuning_on_good_decisions() {
-    // A tokenizer fitted on more demonstrations than the tiny preset's, so that statements fit
-    // the episode's output limit in the student's tokens.
+/// A student with a tokenizer fitted on more demonstrations than the tiny preset's (so that
+/// statements fit the episode's output limit in its tokens), H0, and DBBench tasks of seed 3.
+async fn rig(
+    organism: Organism,
+    train: usize,
+    test: usize,
+) -> (Arc<CandlePolicy>, harness_core::Harness, CompactDbBench) {
     let settings = WarmStartSettings {
         demo_tasks: 88,
         vocab_size: 1200,
+        organism,
         ..WarmStartSettings::tiny()
     };
     let (model, _) = demonstrations(&settings, &mut |_| {}).await.unwrap();
@@ -27,10 +31,16 @@ async fn the_probe_covers_planted_families_and_follows_fine_tuning_on_good_decis
     let h0 = compact_base(&settings.limits);
     let env = CompactDbBench::new(DbBench::generated(&GeneratorConfig {
         seed: 3,
-        train: 66,
+        train,
         validation: 0,
-        test: 22,
+        test,
     }));
+    (student, h0, env)
+}
+
+#[tokio::test]
+async fn the_probe_covers_planted_families_and_follows_fine_tuning_on_good_decisions() {
+    let (student, h0, env) = rig(Organism::RecoveryHooks, 66, 22).await;
     let test = env.tasks(Split::Test).unwrap();
 
     let before = probe_decisions(&student, &h0, &test, 1, Organism::RecoveryHooks)
@@ -98,21 +108,7 @@ async fn the_probe_covers_planted_families_and_follows_fine_tuning_on_good_decis
 
 #[tokio::test]
 async fn under_prompt_rules_the_probe_reads_quoting_at_the_first_statement_and_skips_recheck() {
-    let settings = WarmStartSettings {
-        demo_tasks: 88,
-        vocab_size: 1200,
-        organism: Organism::PromptRules,
-        ..WarmStartSettings::tiny()
-    };
-    let (model, _) = demonstrations(&settings, &mut |_| {}).await.unwrap();
-    let student = Arc::new(CandlePolicy::new(model, PolicyOptions::default()));
-    let h0 = compact_base(&settings.limits);
-    let env = CompactDbBench::new(DbBench::generated(&GeneratorConfig {
-        seed: 3,
-        train: 0,
-        validation: 0,
-        test: 44,
-    }));
+    let (student, h0, env) = rig(Organism::PromptRules, 0, 44).await;
     let test = env.tasks(Split::Test).unwrap();
     let probe = probe_decisions(&student, &h0, &test, 1, Organism::PromptRules)
         .await

@@ -214,13 +214,7 @@ fn under_prompt_rules_the_rule_repairs_before_the_decision_and_hooks_repair_noth
         let Some(harness) = by_name(&d.harness) else {
             continue;
         };
-        let texts: Vec<&str> = d
-            .trajectory
-            .messages
-            .iter()
-            .filter(|m| m.role == Role::Assistant)
-            .map(|m| m.content.as_str())
-            .collect();
+        let texts = d.turns();
         let rule = match d.family {
             Family::Change => CHANGE_RULE,
             Family::Quoting => QUOTING_RULE,

