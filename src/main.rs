@@ -44,7 +44,14 @@ struct Cli {
 enum Command {
     /// The whole loop: evolve, calibrate, train every method, evaluate, report.
     #[command(after_long_help = SETTINGS_HELP)]
-    Run(Common),
+    Run {
+        #[command(flatten)]
+        common: Common,
+        /// Print every setting that is not the paper's, or that the paper does not give, with
+        /// the reason, and exit (with --preset paper: what still differs from the paper).
+        #[arg(long)]
+        explain: bool,
+    },
     /// Directional Harness Evolution from H0 into <out>/evolve/pool (Eqs. 2-4).
     #[command(after_long_help = SETTINGS_HELP)]
     Evolve(Common),
@@ -405,8 +412,19 @@ async fn run() -> Result<()> {
         .init();
     let cli = Cli::parse();
     match cli.command {
-        Command::Run(common) => {
+        Command::Run { common, explain } => {
             let cfg = common.config()?;
+            if explain {
+                let differences = harness_pipeline::paper::paper_differences(&cfg);
+                println!(
+                    "{} settings of this run are not the paper's or are not given by it:",
+                    differences.len()
+                );
+                for d in differences {
+                    println!("- {d}");
+                }
+                return Ok(());
+            }
             let summary =
                 harness_pipeline::run_main_job(&cfg, &common.secrets(&cfg), &common.progress())
                     .await?;
@@ -516,6 +534,10 @@ async fn run() -> Result<()> {
                 };
                 for m in methods {
                     stages::evaluate(&wb, &pool, m).await?;
+                }
+                // Table 4 from every evaluation so far (it needs plain GRPO's).
+                if let Some(why) = stages::transfer(&wb, &pool)? {
+                    println!("Table 4: not written: {why}");
                 }
                 println!("results: {}", wb.layout.test_results().display());
             }

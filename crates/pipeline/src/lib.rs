@@ -41,6 +41,7 @@ pub mod keys;
 pub mod layout;
 pub mod methods;
 pub mod organism;
+pub mod paper;
 pub mod serve;
 pub mod setup;
 pub mod stages;
@@ -222,6 +223,11 @@ pub async fn run_seed(wb: &Workbench) -> Result<()> {
         if !stages::has_test_record(wb, &pool, Some(method))? {
             stages::evaluate(wb, &pool, Some(method)).await?;
         }
+    }
+    // Table 4 once every method was evaluated: its cases need plain GRPO's H0 episodes
+    // whatever the order of train.methods.
+    if let Some(why) = stages::transfer(wb, &pool)? {
+        wb.progress.println(format!("Table 4: not written: {why}"));
     }
     Ok(())
 }

@@ -256,8 +256,8 @@ pub const METHODS: &[MethodSpec] = &[
     },
     MethodSpec {
         name: "rule_router",
-        label: "Rule-router rescue (Top-K)",
-        ran: Some("Rule-router rescue ({alloc}, no profiles)"),
+        label: "Rule-router rescue (Top-K, adaptive re-anchoring)",
+        ran: Some("Rule-router rescue ({alloc}, no profiles, adaptive re-anchoring)"),
         paper_row: "Table 2: Rule Router (w/o Profile)",
         strategy: StrategyKind::Router { per_harness: 1 },
         selector: SelectorKind::Rule {
@@ -268,8 +268,8 @@ pub const METHODS: &[MethodSpec] = &[
     },
     MethodSpec {
         name: "router_4x2",
-        label: "LLM router (Top-K/2 x 2, adaptive)",
-        ran: Some("LLM router ({alloc}, adaptive)"),
+        label: "Voter router (Top-K/2 x 2, adaptive)",
+        ran: Some("{router} ({alloc}, adaptive)"),
         paper_row: "Table 2: LLM Router (Top-4 x 2)",
         strategy: StrategyKind::Router {
             per_harness: PAPER_ROUTER_PAIRS,
@@ -400,6 +400,15 @@ impl Method {
         self.spec().name
     }
 
+    /// Every method with a row in the paper's Tables 1 and 2, in table order (the paper
+    /// preset's `train.methods`); dynamic sampling, a comparison outside the paper, is left out.
+    pub fn paper_rows() -> Vec<Method> {
+        Method::ALL
+            .into_iter()
+            .filter(|m| !m.spec().paper_row.starts_with("none"))
+            .collect()
+    }
+
     /// The label of the tables, before the pool is known (`Top-K` for the routed methods).
     pub fn label(self) -> &'static str {
         self.spec().label
@@ -407,14 +416,24 @@ impl Method {
 
     /// The label of the tables for the strategy that runs: a routed method names its
     /// allocation (`Harness-S (Top-4, adaptive)`, or `Harness-S (Top-2 x 2, adaptive)` when the
-    /// pool has fewer than K = `group_size` siblings), a fixed mixture its members, never
-    /// another strategy than its own.
-    pub fn label_for(self, strategy: &Strategy, group_size: usize) -> String {
+    /// pool has fewer than K = `group_size` siblings) and, for the voter router of Table 2,
+    /// whether its voters were LLM calls (`llm_voters`: "LLM router") or the built-in offline
+    /// voters ("Router with built-in voters"); a fixed mixture names its members, never more
+    /// than ran. Never another strategy than its own.
+    pub fn label_for(self, strategy: &Strategy, group_size: usize, llm_voters: bool) -> String {
         let spec = self.spec();
         let Some(template) = spec.ran else {
             return spec.label.to_string();
         };
-        let mut fills: Vec<(&str, String)> = Vec::new();
+        let mut fills: Vec<(&str, String)> = vec![(
+            "{router}",
+            if llm_voters {
+                "LLM router"
+            } else {
+                "Router with built-in voters"
+            }
+            .to_string(),
+        )];
         match strategy {
             Strategy::Router {
                 allocation: Allocation::TopK,
@@ -486,7 +505,8 @@ impl Method {
     /// The seed's shared stages the method's pipeline runs on (Table 10 counts their cost in
     /// its row): `evolve` when it rescues, mixes or routes with the pool's siblings, and
     /// `calibrate` when it reads the first calibration (its router's evidence, a mixture's
-    /// sibling ranking, Rank-1 of an untrained policy).
+    /// sibling ranking, Rank-1 of an untrained policy), `calibrate_outcomes` when it reads only
+    /// its validation outcomes (the rule router: no profile tokens charged).
     pub fn shared_stages(self) -> Vec<String> {
         let spec = self.spec();
         let pool = matches!(
@@ -503,7 +523,14 @@ impl Method {
             out.push("evolve".to_string());
         }
         if calibration {
-            out.push("calibrate".to_string());
+            // The rule router reads the first calibration's validation outcomes, never its
+            // profiles: its row counts the calibration's rollouts and seconds, not the
+            // profiler's tokens.
+            out.push(if matches!(spec.selector, SelectorKind::Rule { .. }) {
+                "calibrate_outcomes".to_string()
+            } else {
+                "calibrate".to_string()
+            });
         }
         out
     }
@@ -703,7 +730,7 @@ pub fn siblings_by_success<'a>(
 /// A fixed mixture of `group_size` rollouts: H0's share ([`mixture_split`]) under H0, the rest
 /// spread evenly over the best `wanted` siblings by validation success (the most siblings, at
 /// most `wanted` and at most the pool's, that divide the siblings' share), among the agent
-/// programs only when `programs`. A sibling is named by its name when that is unique in the
+/// programs when `programs`, else among the declarative siblings. A sibling is named by its name when that is unique in the
 /// pool, else by its id.
 pub fn mixture(
     group_size: usize,
@@ -719,18 +746,16 @@ pub fn mixture(
         ));
     }
     let mut ranked = siblings_by_success(pool, success)?;
-    if programs {
-        ranked.retain(|h| h.is_external());
-        if ranked.is_empty() {
-            return Err(
-                "a mixture with an agent program needs one among the pool's siblings; the pool has none (add one with external.harnesses or external.python_sibling)".into(),
-            );
-        }
-    }
+    // An agent-program mixture ranks the programs only; the sibling mixtures (the best sibling,
+    // Top-4) the declarative siblings only, so that a program never becomes their "best
+    // sibling" and the two rows stay different runs.
+    ranked.retain(|h| h.is_external() == programs);
     if ranked.is_empty() {
-        return Err(
-            "a fixed mixture needs at least one sibling; the pool has none besides H0".into(),
-        );
+        return Err(if programs {
+            "a mixture with an agent program needs one among the pool's siblings; the pool has none (add one with external.harnesses or external.python_sibling)".into()
+        } else {
+            "a fixed mixture of siblings needs at least one declarative sibling; the pool has none besides H0 and agent programs".into()
+        });
     }
     let m = (1..=wanted.min(ranked.len()).min(rest).max(1))
         .rev()
@@ -859,8 +884,19 @@ mod tests {
         assert_eq!(on(4, 3), top(2, 2));
         assert_eq!(on(2, 3), top(1, 2));
         assert_eq!(
-            m.label_for(&on(8, 19), 8),
+            m.label_for(&on(8, 19), 8, true),
             "LLM router (Top-4 x 2, adaptive)"
+        );
+        // The default's offline voters are not an LLM router.
+        assert_eq!(
+            m.label_for(&on(4, 3), 4, false),
+            "Router with built-in voters (Top-2 x 2, adaptive)"
+        );
+        let rule = Method::parse("rule_router").unwrap();
+        let on_rule = rule.strategy(4, &pool(5), None).unwrap().unwrap();
+        assert_eq!(
+            rule.label_for(&on_rule, 4, true),
+            "Rule-router rescue (Top-4, no profiles, adaptive re-anchoring)"
         );
         // Top-K rescue keeps the existing allocation.
         assert_eq!(allocation(8, 1, 8), Allocation::TopK);
@@ -898,9 +934,20 @@ mod tests {
         // A group of 4 has room for two siblings.
         let small = mixture(4, 4, false, &p, &success).unwrap();
         assert_eq!(small.len(), 3);
-        let label = Method::parse("mixture_top4")
-            .unwrap()
-            .label_for(&Strategy::FixedMixture { mixture: top4 }, 8);
+        // At K = 4 the Top-4 mixture runs H0 + Top-2, and its label says Top-2.
+        assert_eq!(
+            Method::parse("mixture_top4").unwrap().label_for(
+                &Strategy::FixedMixture { mixture: small },
+                4,
+                false
+            ),
+            "GRPO mixed harness (2 H0 + 1 S6 + 1 S5; Top-2 by validation success)"
+        );
+        let label = Method::parse("mixture_top4").unwrap().label_for(
+            &Strategy::FixedMixture { mixture: top4 },
+            8,
+            false,
+        );
         assert_eq!(
             label,
             "GRPO mixed harness (4 H0 + 1 S6 + 1 S5 + 1 S4 + 1 S3; Top-4 by validation success)"
@@ -908,7 +955,7 @@ mod tests {
         let e = mixture(1, 1, false, &p, &success).unwrap_err();
         assert!(e.contains("at least 2"), "{e}");
         let e = mixture(8, 1, false, &pool(0), &BTreeMap::new()).unwrap_err();
-        assert!(e.contains("at least one sibling"), "{e}");
+        assert!(e.contains("declarative sibling"), "{e}");
         let e = mixture(8, 1, false, &p, &BTreeMap::new()).unwrap_err();
         assert!(e.contains("another pool"), "{e}");
         // The mixture with an agent program takes the best program, however good the
@@ -937,6 +984,19 @@ mod tests {
                 .collect::<Vec<_>>(),
             vec![("base", 4), ("agent", 4)]
         );
+        // The sibling mixtures rank declarative siblings only: a program with the best
+        // validation success is not their "best sibling" (which would make mixture_sibling
+        // the same run as mixture_program).
+        rates.insert(program.id(), 1.0);
+        let best = mixture(8, 1, false, &with, &rates).unwrap();
+        assert_eq!(best[1].harness, "S6");
+        let top4 = mixture(8, 4, false, &with, &rates).unwrap();
+        assert!(top4.iter().all(|e| e.harness != "agent"), "{top4:?}");
+        let only_program =
+            SiblingPool::starter(p.base().clone(), [program.clone()], serde_json::Value::Null)
+                .unwrap();
+        let e = mixture(8, 1, false, &only_program, &rates).unwrap_err();
+        assert!(e.contains("declarative sibling"), "{e}");
         assert!(Method::MixtureProgram.needs_program() && !Method::MixtureTop4.needs_program());
         // Every mixture validates against the pool with the group size.
         for k in [2, 3, 4, 8] {

@@ -222,10 +222,21 @@ impl Workbench {
         let train = take(Split::Train, cfg.env.train_tasks)?;
         let validation = take(Split::Validation, cfg.env.validation_tasks)?;
         let test = take(Split::Test, cfg.env.test_tasks)?;
-        let base = match &cfg.external.h0 {
+        let mut base = match &cfg.external.h0 {
             Some(path) => external_harness(path, "external.h0")?,
             None => base,
         };
+        let mut builtin_siblings = builtin_siblings;
+        // Table 8's execution limits when asked (`env.execution_limits = "paper"`): on H0 and
+        // the built-in siblings, so that search, training and evaluation all run under them.
+        if let Some(limits) = cfg.env.execution_limits.limits() {
+            if !base.is_external() {
+                base.limits = limits;
+            }
+            for s in &mut builtin_siblings {
+                s.limits = limits;
+            }
+        }
         let mut programs = Vec::new();
         for (i, path) in cfg.external.harnesses.iter().enumerate() {
             programs.push(external_harness(path, &format!("external.harnesses[{i}]"))?);

@@ -171,6 +171,11 @@ pub struct StageCost {
     /// rescues or routes with) and `calibrate` (the first calibration it reads).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub shared: Vec<String>,
+    /// A harness search's proposals: evolution's budget (`evolve.proposal_budgets` summed), or
+    /// what a Meta-Harness or WHALE search spent (scored, rejected and empty slots of every
+    /// round); absent for stages that search nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proposals: Option<u64>,
 }
 
 /// A behaviour on which a transfer case's trained success differs from the initial failure.
@@ -193,6 +198,10 @@ pub struct RescueEvidence {
     pub task: String,
     /// The update its group entered.
     pub update: u64,
+    /// The policy version that update produced: the update's `metrics.jsonl` line says the
+    /// learner applied it (`applied: true`). `None` in files written before the check.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy_version: Option<u64>,
     /// The sibling whose rollout succeeded: id.
     pub harness: String,
     /// Its name.
@@ -574,8 +583,8 @@ pub fn builtin_label(method: &str) -> String {
         "mixture_sibling" => "GRPO mixed harness (H0 + best sibling)".into(),
         "mixture_top4" => "GRPO mixed harness (H0 + Top-4)".into(),
         "dynamic_sampling" => "Dynamic sampling (DAPO filter; not a paper row)".into(),
-        "rule_router" => "Rule-router rescue".into(),
-        "router_4x2" => "LLM router (Top-4 x 2)".into(),
+        "rule_router" => "Rule-router rescue (adaptive re-anchoring)".into(),
+        "router_4x2" => "Voter router (Top-4 x 2)".into(),
         "he_only" => "Harness-S (HE only)".into(),
         "meta_harness" => "Meta-Harness (frozen policy, H_best)".into(),
         "whale" => "WHALE (search + rejection-sampling SFT, H_best)".into(),

@@ -36,6 +36,10 @@ pub struct CheckpointState {
     /// seed and this position (see [`crate::seed`]), so this is the loop's whole RNG state; the
     /// learner's RNG is in `learner/`.
     pub cursor: Cursor,
+    /// Position in the stream of extra draws ([`crate::order::TaskOrder::extra`], dynamic
+    /// sampling's); left out while unused, so other strategies write what they wrote before.
+    #[serde(default, skip_serializing_if = "is_start")]
+    pub extra_cursor: Cursor,
     /// The policy version rollouts use next.
     pub policy_version: u64,
     /// Calibrations taken (the next one's index).
@@ -52,6 +56,10 @@ pub struct CheckpointState {
     pub config: serde_json::Value,
     /// The pool's members in order, to refuse resuming with another pool.
     pub pool: Vec<HarnessId>,
+}
+
+fn is_start(c: &Cursor) -> bool {
+    *c == Cursor::default()
 }
 
 /// The learner folder of the checkpoint taken after `update` updates, when it exists: the
@@ -243,6 +251,7 @@ mod tests {
             format: CHECKPOINT_FORMAT,
             update,
             cursor: Cursor::default(),
+            extra_cursor: Cursor::default(),
             policy_version: update,
             calibrations: 0,
             finished: false,

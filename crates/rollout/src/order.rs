@@ -19,10 +19,16 @@ pub struct Cursor {
     pub index: usize,
 }
 
+/// Draw numbers of [`TaskOrder::extra`] start here, so that no extra draw shares a draw number
+/// (and with it the episode seeds of [`crate::seed::derive_seed`]) with a draw of the main order.
+pub const EXTRA_DRAW_BASE: u64 = 1 << 48;
+
 /// Draws tasks in a per-epoch seeded order.
 #[derive(Debug, Clone)]
 pub struct TaskOrder {
     seed: u64,
+    /// 0: the main order every method draws its batches from; 1: the extra stream.
+    stream: u64,
     len: usize,
     shuffle: bool,
     cursor: Cursor,
@@ -32,8 +38,21 @@ pub struct TaskOrder {
 impl TaskOrder {
     /// An order over `len` tasks starting at `cursor`.
     pub fn new(seed: u64, len: usize, shuffle: bool, cursor: Cursor) -> Self {
+        Self::with_stream(seed, 0, len, shuffle, cursor)
+    }
+
+    /// The stream of extra draws (DAPO's dynamic sampling draws more tasks than a batch): its
+    /// own permutations and its own draw numbers (from [`EXTRA_DRAW_BASE`]), so that drawing
+    /// from it leaves the main order, and with it the tasks and seeds of every later update,
+    /// the same as every other method's.
+    pub fn extra(seed: u64, len: usize, shuffle: bool, cursor: Cursor) -> Self {
+        Self::with_stream(seed, 1, len, shuffle, cursor)
+    }
+
+    fn with_stream(seed: u64, stream: u64, len: usize, shuffle: bool, cursor: Cursor) -> Self {
         let mut order = TaskOrder {
             seed,
+            stream,
             len,
             shuffle,
             cursor,
@@ -47,8 +66,14 @@ impl TaskOrder {
     pub fn permutation_of(&self, epoch: u64) -> Vec<usize> {
         let mut p: Vec<usize> = (0..self.len).collect();
         if self.shuffle {
-            let mut rng =
-                ChaCha8Rng::seed_from_u64(derive_seed(self.seed, Phase::Order, epoch, "", 0, 0));
+            let mut rng = ChaCha8Rng::seed_from_u64(derive_seed(
+                self.seed,
+                Phase::Order,
+                epoch,
+                "",
+                0,
+                self.stream,
+            ));
             p.shuffle(&mut rng);
         }
         p
@@ -74,7 +99,9 @@ impl TaskOrder {
                 };
                 self.permutation = self.permutation_of(self.cursor.epoch);
             }
-            let draw = self.cursor.epoch * self.len as u64 + self.cursor.index as u64;
+            let draw = self.stream * EXTRA_DRAW_BASE
+                + self.cursor.epoch * self.len as u64
+                + self.cursor.index as u64;
             out.push((self.permutation[self.cursor.index], draw));
             self.cursor.index += 1;
         }
@@ -102,5 +129,19 @@ mod tests {
             first.extend(b.draw(15 - split).into_iter().map(|(i, _)| i));
             assert_eq!(first, all, "restart after {split} draws");
         }
+    }
+
+    #[test]
+    fn the_extra_stream_has_its_own_order_and_draw_numbers() {
+        let mut main = TaskOrder::new(3, 50, true, Cursor::default());
+        let mut extra = TaskOrder::extra(3, 50, true, Cursor::default());
+        let a = main.draw(50);
+        let b = extra.draw(50);
+        assert_ne!(
+            a.iter().map(|d| d.0).collect::<Vec<_>>(),
+            b.iter().map(|d| d.0).collect::<Vec<_>>()
+        );
+        assert!(b.iter().all(|d| d.1 >= EXTRA_DRAW_BASE));
+        assert!(a.iter().all(|d| d.1 < EXTRA_DRAW_BASE));
     }
 }

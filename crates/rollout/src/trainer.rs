@@ -106,6 +106,8 @@ pub struct RescueTrainer {
     run_dir: PathBuf,
     files: RunFiles,
     order: TaskOrder,
+    /// Dynamic sampling's extra draws (beyond the first batch of an update).
+    extra_order: TaskOrder,
     mixture: Vec<(HarnessId, usize)>,
     progress: Progress,
     options: EpisodeOptions,
@@ -173,6 +175,12 @@ impl RescueTrainer {
             trainer.tasks.len(),
             trainer.cfg.shuffle,
             state.cursor,
+        );
+        trainer.extra_order = TaskOrder::extra(
+            trainer.cfg.seed,
+            trainer.tasks.len(),
+            trainer.cfg.shuffle,
+            state.extra_cursor,
         );
         trainer.progress = Progress {
             update: state.update,
@@ -263,6 +271,12 @@ impl RescueTrainer {
             cfg.shuffle,
             Cursor::default(),
         );
+        let extra_order = TaskOrder::extra(
+            cfg.seed,
+            setup.train_tasks.len(),
+            cfg.shuffle,
+            Cursor::default(),
+        );
         let progress = Progress {
             cost: Cost {
                 strategy: cfg.strategy.label(),
@@ -287,6 +301,7 @@ impl RescueTrainer {
             sync: setup.weight_sync,
             sync_pending: false,
             order,
+            extra_order,
             mixture,
             progress,
             cfg,
@@ -357,8 +372,15 @@ impl RescueTrainer {
             Strategy::DynamicSampling { max_batches } => max_batches,
             _ => 1,
         };
-        for _ in 0..batches {
-            let draws = self.order.draw(self.cfg.batch_tasks);
+        for b in 0..batches {
+            // The first batch comes from the order every method shares; dynamic sampling's
+            // extra batches from a stream of their own, so its later updates draw the same
+            // tasks with the same seeds as every other method's (paired comparisons).
+            let draws = if b == 0 {
+                self.order.draw(self.cfg.batch_tasks)
+            } else {
+                self.extra_order.draw(self.cfg.batch_tasks)
+            };
             formed.extend(self.form_groups(number, &draws, version).await?);
             if !matches!(self.cfg.strategy, Strategy::DynamicSampling { .. }) {
                 break;
@@ -681,6 +703,7 @@ impl RescueTrainer {
             format: CHECKPOINT_FORMAT,
             update: self.progress.update,
             cursor: self.order.cursor(),
+            extra_cursor: self.extra_order.cursor(),
             policy_version: self.progress.policy_version,
             calibrations: self.progress.calibrations,
             finished: self.progress.finished,

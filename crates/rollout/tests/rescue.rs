@@ -368,6 +368,53 @@ async fn dynamic_sampling_keeps_only_groups_with_reward_variance_and_draws_more_
     assert!(m.iter().all(|m| m.tasks == 9 && m.eg_rate == 1.0), "{m:?}");
 }
 
+#[tokio::test]
+async fn dynamic_sampling_draws_extra_tasks_from_its_own_stream_so_updates_stay_paired() {
+    // Every update's first batch of dynamic sampling is plain GRPO's batch of that update: the
+    // same tasks with the same draw numbers (and so the same episode seeds). Its extra draws
+    // come from a stream of their own, with draw numbers no main draw has.
+    let grpo = fixture(r#"{"kind": "grpo"}"#, 3);
+    RescueTrainer::new(
+        grpo.cfg.clone(),
+        grpo.setup(mixed_policy(), None),
+        grpo.dir.path(),
+    )
+    .unwrap()
+    .run()
+    .await
+    .unwrap();
+    let dynamic = fixture(r#"{"kind": "dynamic_sampling", "max_batches": 3}"#, 3);
+    RescueTrainer::new(
+        dynamic.cfg.clone(),
+        dynamic.setup(mixed_policy(), None),
+        dynamic.dir.path(),
+    )
+    .unwrap()
+    .run()
+    .await
+    .unwrap();
+    let (g, d) = (grpo.groups(), dynamic.groups());
+    for update in 1..=3 {
+        let of = |groups: &[GroupRecord]| -> Vec<(String, u64)> {
+            groups
+                .iter()
+                .filter(|r| r.update == update)
+                .map(|r| (r.task_id.clone(), r.draw))
+                .collect()
+        };
+        let (plain, dyn_all) = (of(&g), of(&d));
+        assert_eq!(plain.len(), 3);
+        assert_eq!(dyn_all.len(), 9, "three batches per update");
+        assert_eq!(dyn_all[..3], plain[..], "update {update}: first batch");
+        assert!(
+            dyn_all[3..]
+                .iter()
+                .all(|(_, draw)| *draw >= harness_rollout::order::EXTRA_DRAW_BASE),
+            "update {update}: {dyn_all:?}"
+        );
+    }
+}
+
 async fn bad_answer(answer: impl Fn(&SiblingPool) -> Vec<HarnessId>) -> String {
     let f = fixture(r#"{"kind": "router"}"#, 1);
     let ids = answer(&f.pool);

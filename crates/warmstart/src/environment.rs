@@ -229,6 +229,57 @@ pub fn organism_siblings(organism: crate::Organism, base: &Harness) -> Vec<Harne
     }
 }
 
+/// Every harness the warm start's demonstrations can show a message of, whatever the organism:
+/// the hook siblings ([`rebased_siblings`]), the rule siblings ([`rule_siblings`]) and the
+/// built-in editor's one-hook repairs ([`editor_repairs`]). Nothing RQ6 calls unseen may share a
+/// mechanism with them ([`unseen_harnesses`]).
+pub fn demonstrated_harnesses(base: &Harness) -> Vec<Harness> {
+    let mut all = rebased_siblings(base);
+    all.extend(rule_siblings(base));
+    all.extend(editor_repairs(base));
+    all
+}
+
+/// Harnesses of the embedded default that RQ6 (Figure 4) evaluates as unseen: each changes one
+/// component that no demonstration of the warm start uses (hooks and prompt rules are all it
+/// uses) and carries no text of one: a note store that records every action
+/// (`dbbench-compact-notes`: memory), a context that keeps only the last two observations
+/// (`dbbench-compact-short-context`: context), and documentation of the two tools
+/// (`dbbench-compact-tool-docs`: tool view). The pipeline still leaves out any of them that
+/// shares a mechanism with a member of the run's training pool (the built-in editor writes
+/// memory, context and tool-view edits too), and says so.
+pub fn unseen_harnesses(base: &Harness) -> Vec<Harness> {
+    let child = |name: &str, description: &str| {
+        let mut h = base.clone();
+        h.name = format!("{}-{name}", base.name.trim_end_matches("-H0"));
+        h.description = description.into();
+        h.lineage.parent = Some(base.id());
+        h.lineage.generation = 1;
+        h
+    };
+    let mut notes = child(
+        "notes",
+        "H0 with a note store: one note per action, shown in the context.",
+    );
+    notes.memory.enabled = true;
+    notes.memory.auto_notes = true;
+    let mut short = child(
+        "short-context",
+        "H0 that keeps only the last two observations verbatim.",
+    );
+    short.context.keep_last_observations = Some(2);
+    let mut docs = child("tool-docs", "H0 with documentation of the two tools.");
+    docs.tool_view.docs.insert(
+        "execute_sql".into(),
+        "Runs against a MySQL server; rows come back as lists of values, one list per row.".into(),
+    );
+    docs.tool_view.docs.insert(
+        "commit_final_answer".into(),
+        "Ends the episode: the values given are graded against the expected ones.".into(),
+    );
+    vec![notes, short, docs]
+}
+
 /// The text of `harness`'s prompt rule or skill `name`, if it has one.
 pub fn rule_text<'a>(harness: &'a Harness, name: &str) -> Option<&'a str> {
     harness
@@ -403,6 +454,42 @@ impl std::fmt::Display for Family {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_unseen_harnesses_share_no_mechanism_or_message_with_any_demonstration() {
+        use harness_core::harness::mechanism::{mechanisms, shared_mechanism};
+        let base = compact_base(&EpisodeLimits::default());
+        let unseen = unseen_harnesses(&base);
+        assert_eq!(unseen.len(), 3);
+        let demonstrated = demonstrated_harnesses(&base);
+        assert!(demonstrated.len() >= 8, "{}", demonstrated.len());
+        for u in &unseen {
+            u.validate().unwrap();
+            assert_ne!(u.id(), base.id());
+            let mu = mechanisms(u, &base);
+            assert_eq!(mu.len().min(1), 1, "{} changes nothing", u.name);
+            for d in &demonstrated {
+                let md = mechanisms(d, &base);
+                assert!(!md.is_empty());
+                assert_eq!(
+                    shared_mechanism(&mu, &md),
+                    None,
+                    "{} shares with {}",
+                    u.name,
+                    d.name
+                );
+            }
+        }
+        // The check is not vacuous: the hand-written siblings RQ6 used before share their
+        // hooks with the demonstrations.
+        let builtin = rebased_siblings(&base);
+        let mb = mechanisms(&builtin[0], &base);
+        assert!(
+            demonstrated
+                .iter()
+                .any(|d| shared_mechanism(&mb, &mechanisms(d, &base)).is_some())
+        );
+    }
 
     #[test]
     fn editor_repairs_add_one_editor_hook_each_with_the_editors_message() {

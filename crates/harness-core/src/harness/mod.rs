@@ -8,6 +8,7 @@
 
 mod edit;
 mod hooks;
+pub mod mechanism;
 mod template;
 mod validate;
 mod view;

@@ -56,6 +56,7 @@ pub async fn calibrate(wb: &Workbench, pool: &SiblingPool) -> Result<Calibration
             seconds: [("calibration".to_string(), started.elapsed().as_secs_f64())].into(),
             tokens: counted_tokens(&tokens),
             shared: Vec::new(),
+            proposals: None,
         },
         &wb.layout.calibration(),
     )?;

@@ -118,13 +118,55 @@ pub struct CrossRecord {
     pub test: TestRecord,
 }
 
-/// The harnesses of `eval.harnesses` that are not in `pool` (`"builtin"`: the environment's
-/// hand-written siblings; a path: a saved pool's members besides its H0, or one harness JSON
-/// file), each once, in the order given.
-pub fn unseen_harnesses(wb: &Workbench, pool: &SiblingPool) -> Result<Vec<Harness>> {
+/// The harnesses RQ6 evaluates as unseen, and those it was offered and left out as
+/// `(name, reason)`.
+pub type UnseenSelection = (Vec<Harness>, Vec<(String, String)>);
+
+/// The harnesses of `eval.harnesses` that RQ6 may call unseen, each once, in the order given:
+/// `"unseen"` the environment's unseen set (the embedded default's
+/// [`harness_warmstart::environment::unseen_harnesses`]), `"builtin"` its hand-written
+/// siblings, a path a saved pool's members besides its H0 or one harness JSON file. A harness
+/// in `pool`, or sharing a hook message, rule text or mechanism with a declarative pool member
+/// or (on the embedded default) with a harness the warm start demonstrated under, is left out;
+/// the second list names each with the reason.
+pub fn unseen_selection(wb: &Workbench, pool: &SiblingPool) -> Result<UnseenSelection> {
+    use harness_core::harness::mechanism::{mechanisms, shared_mechanism};
     let mut out: Vec<Harness> = Vec::new();
+    let mut left_out: Vec<(String, String)> = Vec::new();
+    let base = pool.base();
+    // The warm start's demonstrations first (on the embedded default), then the pool.
+    let mut known: Vec<(String, Vec<harness_core::harness::mechanism::Mechanism>)> = Vec::new();
+    if wb.cfg.env.name == "default" {
+        known.extend(
+            harness_warmstart::environment::demonstrated_harnesses(base)
+                .iter()
+                .map(|h| {
+                    (
+                        format!("the warm start's demonstrations under {}", h.name),
+                        mechanisms(h, base),
+                    )
+                }),
+        );
+    }
+    known.extend(
+        pool.auxiliaries()
+            .filter(|h| !h.is_external())
+            .map(|h| (format!("pool member {}", h.name), mechanisms(h, base))),
+    );
     for (i, source) in wb.cfg.eval.harnesses.iter().enumerate() {
-        let found: Vec<Harness> = if source == "builtin" {
+        let found: Vec<Harness> = if source == "unseen" {
+            if wb.cfg.env.name != "default" {
+                return Err(Error::Config {
+                    file: wb.layout.config(),
+                    field: format!("eval.harnesses[{i}]"),
+                    message: format!(
+                        "`unseen` is the embedded default's unseen set; env `{}` has none: name \"builtin\", a pool directory or a harness JSON file",
+                        wb.cfg.env.name
+                    ),
+                });
+            }
+            harness_warmstart::environment::unseen_harnesses(base)
+        } else if source == "builtin" {
             wb.builtin_siblings.clone()
         } else {
             let path = Path::new(source);
@@ -138,7 +180,7 @@ pub fn unseen_harnesses(wb: &Workbench, pool: &SiblingPool) -> Result<Vec<Harnes
                     file: wb.layout.config(),
                     field: format!("eval.harnesses[{i}]"),
                     message: format!(
-                        "`{source}` is not \"builtin\", a pool directory (with {}) or a harness JSON file",
+                        "`{source}` is not \"unseen\", \"builtin\", a pool directory (with {}) or a harness JSON file",
                         harness_pool::POOL_FILE
                     ),
                 });
@@ -146,12 +188,29 @@ pub fn unseen_harnesses(wb: &Workbench, pool: &SiblingPool) -> Result<Vec<Harnes
         };
         for h in found {
             let id = h.id();
-            if !pool.contains(&id) && !out.iter().any(|o| o.id() == id) {
-                out.push(h);
+            if out.iter().any(|o| o.id() == id) || left_out.iter().any(|(n, _)| *n == h.name) {
+                continue;
+            }
+            if pool.contains(&id) {
+                left_out.push((h.name.clone(), "it is in the training pool".into()));
+                continue;
+            }
+            let mine = mechanisms(&h, base);
+            let clash = known.iter().find_map(|(who, m)| {
+                shared_mechanism(&mine, m).map(|why| format!("{why}, with {who}"))
+            });
+            match clash {
+                Some(why) => left_out.push((h.name.clone(), why)),
+                None => out.push(h),
             }
         }
     }
-    Ok(out)
+    Ok((out, left_out))
+}
+
+/// The harnesses of [`unseen_selection`] that are evaluated.
+pub fn unseen_harnesses(wb: &Workbench, pool: &SiblingPool) -> Result<Vec<Harness>> {
+    Ok(unseen_selection(wb, pool)?.0)
 }
 
 /// One line of `eval/routing.jsonl`: the router's Rank-1 harness for one test task.
@@ -459,8 +518,6 @@ pub async fn evaluate(
         let episodes = super::transfer::episode_records(wb, name, &h0.rewards, &h0.labels);
         replace_lines(&wb.layout.episode_results(), name, &episodes)?;
         if let Some(m) = method {
-            let cases = super::transfer::transfer_cases(wb, m, &label, &episodes)?;
-            replace_lines(&wb.layout.transfer_results(), name, &cases)?;
             let diagnostics = super::diagnostics::diagnostics(wb, pool, m, &label)?;
             replace_lines(&wb.layout.diagnostics_results(), name, &[diagnostics])?;
         }
@@ -588,10 +645,36 @@ pub async fn evaluate(
         ));
     }
     let mut cross = Vec::new();
-    let unseen = unseen_harnesses(wb, pool)?;
+    let (unseen, left_out) = unseen_selection(wb, pool)?;
+    if method.is_none() {
+        for (harness, why) in &left_out {
+            wb.progress.println(format!(
+                "eval.harnesses: {harness} is not unseen ({why}): left out of Figure 4"
+            ));
+        }
+        let record = serde_json::json!({
+            "unseen": unseen.iter().map(|h| &h.name).collect::<Vec<_>>(),
+            "left_out": left_out
+                .iter()
+                .map(|(h, why)| serde_json::json!({"harness": h, "reason": why}))
+                .collect::<Vec<_>>(),
+        });
+        let path = wb.layout.cross_results().with_file_name("unseen.json");
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| Error::input("evaluate", dir, e.to_string()))?;
+        }
+        harness_core::fsutil::write_atomic(
+            &path,
+            serde_json::to_string_pretty(&record)
+                .unwrap_or_else(|_| unreachable!("plain data"))
+                .as_bytes(),
+        )
+        .at("evaluate")?;
+    }
     if unseen.is_empty() && !wb.cfg.eval.harnesses.is_empty() {
         wb.progress.println(format!(
-            "eval.harnesses: every harness of {:?} is in the training pool; no cross-harness evaluation (Figure 4) for {name}",
+            "eval.harnesses: no harness of {:?} is unseen (see eval/unseen.json); no cross-harness evaluation (Figure 4) for {name}",
             wb.cfg.eval.harnesses
         ));
     }
@@ -629,6 +712,7 @@ pub async fn evaluate(
             &StageCost {
                 stage: "none".into(),
                 shared: m.shared_stages(),
+                proposals: None,
                 ..StageCost::default()
             },
             &wb.layout.train(m),

@@ -34,6 +34,7 @@ pub async fn evolve(wb: &Workbench) -> Result<SiblingPool> {
         return Ok(pool);
     }
     let settings = evolve_settings(wb);
+    let budget: usize = settings.proposal_budgets.iter().sum();
     let (analyst, editor) = search_roles(wb, &settings);
     let policy = wb.local_policy(&wb.checkpoint, "initial-policy")?;
     let (executor, counter) = counting_executor(wb, policy as Arc<dyn Policy>);
@@ -108,6 +109,7 @@ pub async fn evolve(wb: &Workbench) -> Result<SiblingPool> {
             seconds: [("search".to_string(), search_seconds)].into(),
             tokens: tokens_of(&result.usage),
             shared: Vec::new(),
+            proposals: Some(budget as u64),
         },
         &wb.layout.evolve(),
     )?;
@@ -141,8 +143,8 @@ pub(crate) fn evolve_settings(wb: &Workbench) -> EvolveSettings {
     settings.revisions = cfg.evolve.revisions;
     settings.seed = cfg.seed;
     settings.concurrency = cfg.rollout.concurrency;
-    // The base harness's limits are the run's (the embedded default's compact H0 keeps episodes
-    // short); Table 8's limits are for the paper preset's real checkpoints.
+    // The base harness's limits are the run's: its own (the embedded default's compact H0 keeps
+    // episodes short), or Table 8's when `env.execution_limits = "paper"` put them on H0.
     settings.limits = None;
     settings
 }
@@ -255,6 +257,21 @@ pub fn load_pool(wb: &Workbench) -> Result<SiblingPool> {
                 "its H0 is `{}`, not the program external.h0 names (`{}`): give a pool built on that program, or leave `pool` unset (with evolve.source = \"builtin\")",
                 pool.base().name,
                 wb.base.name
+            ),
+        ));
+    }
+    // Table 8's limits on H0 (`env.execution_limits = "paper"`): a saved pool whose H0 runs under
+    // others would train and evaluate under them while the search methods use the run's H0.
+    if let Some(limits) = wb.cfg.env.execution_limits.limits()
+        && !pool.base().is_external()
+        && pool.base().limits != limits
+    {
+        return Err(Error::input(
+            "pool",
+            &dir,
+            format!(
+                "its H0 `{}` runs under other limits than Table 8's, which env.execution_limits = \"paper\" asks for: give a pool evolved under them, or set env.execution_limits = \"harness\"",
+                pool.base().name
             ),
         ));
     }

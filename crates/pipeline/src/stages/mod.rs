@@ -8,7 +8,8 @@
 //!    the strategy, selector and calibrator of its [`crate::methods::METHODS`] entry; for
 //!    Meta-Harness and WHALE, their search for one harness H_best ([`search()`]).
 //! 4. [`evaluate()`]: the test evaluation of a method in the modes its entry names (H0, the
-//!    router's Rank-1), and for Harness-S the router's Rank-1..R before and after (Table 5).
+//!    router's Rank-1), and for Harness-S the router's Rank-1..R before and after (Table 5);
+//!    once every method was evaluated, [`transfer()`] finds Table 4's cases.
 //! 5. [`write_report`]: the report of every seed, made from the files alone.
 //!
 //! `roles` holds what the router's stages share: the profiler and voters, the calibrator and
@@ -47,5 +48,5 @@ pub use train::{
 };
 pub use transfer::{
     AttemptRecord, BehaviourDiff, DECISION_PREFIX, EpisodeRecord, RescueEvidence, TransferCase,
-    behaviour_diffs, behaviour_labels,
+    behaviour_diffs, behaviour_labels, transfer,
 };

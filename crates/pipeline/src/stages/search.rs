@@ -4,17 +4,23 @@
 //! - **Meta-Harness**: with the initial policy frozen, `harness_evolve::meta_harness`'s search
 //!   (a proposer that reads the scored candidates and their trajectories revises the best one;
 //!   every candidate is validated and scored on training tasks) keeps the best candidate by
-//!   training success. Its budget is `search.proposals` (by default evolution's: the sum of
-//!   `evolve.proposal_budgets`) proposals, each scored on `evolve.train_tasks_per_round`
-//!   training tasks with greedy rollouts (Table 8's executor).
+//!   training success. Its budget is `search.proposals`, by default evolution's (the sum of
+//!   `evolve.proposal_budgets`) times `search.meta_harness_budget_ratio` (the paper's Table 10
+//!   ratio, 8,000 / 4,010), each proposal scored on `evolve.train_tasks_per_round` training
+//!   tasks with greedy rollouts (Table 8's executor); `search.jsonl` records each round's
+//!   budget and rollouts.
 //! - **WHALE**: alternating search and rejection-sampling fine-tuning: a Meta-Harness search
 //!   with the current policy, then the phase's share of `train.updates`, each update sampling
 //!   `train.group_size` rollouts of `train.batch_tasks` training tasks under that search's
-//!   `H_best` at the rollout temperature and taking one SFT step (grpo-candle's trainer, the
-//!   GRPO learning rate) on the successful ones; `search.whale_rounds` such phases, then a last
+//!   `H_best` at the rollout temperature and taking one SFT step (grpo-candle's trainer at
+//!   `search.whale_sft_learning_rate`) on the successful ones; `search.whale_rounds` such
+//!   phases, then a last
 //!   search with the final policy, whose `H_best` the policy is evaluated under ("the selected
 //!   policy and its fixed H_best"). The search budget (`search.proposals`, by default
 //!   evolution's) is split evenly over the searches, each starting from the previous `H_best`.
+//!   The searches score candidates on a held-out slice of the training split (the first
+//!   `evolve.train_tasks_per_round` tasks of WHALE's shuffled order), and the SFT phases train
+//!   on the other tasks only, so no candidate is judged on tasks the policy was just tuned on.
 //!   Training rollouts equal plain GRPO's for the same updates, as in Table 10.
 //!
 //! Both write `train/<method>/h_best.json` (the harness the test evaluation runs every task
@@ -65,6 +71,10 @@ pub struct SearchRecord {
     pub updates_before: u64,
     /// Proposals the round's search spent.
     pub budget: usize,
+    /// The training tasks its candidates were scored on (for WHALE, a slice no SFT phase
+    /// trains on).
+    #[serde(default)]
+    pub scored_on: Vec<String>,
     /// Every scored candidate, the round's starting harness first.
     pub candidates: Vec<MetaCandidate>,
     /// Proposals rejected by validation.
@@ -107,6 +117,9 @@ pub struct SftRecord {
     pub harness: String,
     /// Rollouts sampled.
     pub rollouts: usize,
+    /// The tasks they were sampled on.
+    #[serde(default)]
+    pub tasks: Vec<String>,
     /// Successful ones (the SFT data).
     pub successes: usize,
     /// Mean NLL of their policy tokens before the step.
@@ -158,10 +171,7 @@ pub async fn search(wb: &Workbench, method: Method) -> Result<Trained> {
     let started = Instant::now();
     let policy = wb.local_policy(&wb.checkpoint, method.name())?;
     let settings = evolve_settings(wb);
-    let total_budget: usize = cfg
-        .search
-        .proposals
-        .unwrap_or_else(|| settings.proposal_budgets.iter().sum());
+    let total_budget = search_budget(cfg, method, settings.proposal_budgets.iter().sum());
     // WHALE: search, fine-tune, ..., search: `whale_rounds` fine-tuning phases, each after a
     // search with the current policy, and a last search with the final policy, so the H_best
     // it is evaluated under was selected for it. Meta-Harness: one search.
@@ -179,7 +189,7 @@ pub async fn search(wb: &Workbench, method: Method) -> Result<Trained> {
         policy.model(),
         SftConfig {
             schedule: Schedule {
-                lr: cfg.policy.learning_rate,
+                lr: cfg.search.whale_sft_learning_rate,
                 warmup_steps: 0,
                 total_steps: updates.max(1),
                 decay: DecayKind::Constant,
@@ -191,10 +201,23 @@ pub async fn search(wb: &Workbench, method: Method) -> Result<Trained> {
     )
     .at("search")?;
     let order = shuffled(&wb.train, cfg.seed);
+    // WHALE scores its search candidates on a held-out slice of the training split, the
+    // first `evolve.train_tasks_per_round` tasks of its order, and fine-tunes on the rest: a
+    // candidate is never judged on tasks the policy was just fine-tuned on under the current
+    // H_best. Meta-Harness updates no weights and scores on the same first tasks.
+    let (search_tasks, sft_tasks) =
+        split_search_tasks(&order, cfg, method).map_err(|message| Error::Config {
+            file: wb.layout.config(),
+            field: "evolve.train_tasks_per_round".into(),
+            message,
+        })?;
     let mut next_task = 0usize;
     let mut best = wb.base.clone();
     let mut tokens: BTreeMap<String, Tokens> = BTreeMap::new();
     let mut search_rollouts = 0u64;
+    // Proposals spent: every slot of every round, a scored candidate, a rejected one or one
+    // the proposer left empty (the starting harness is not a proposal).
+    let mut spent = 0u64;
     let mut search_seconds = 0.0;
     let mut training_rollouts = 0u64;
     let mut done = 0u64;
@@ -216,7 +239,7 @@ pub async fn search(wb: &Workbench, method: Method) -> Result<Trained> {
                 editor,
                 settings: round_settings,
             }),
-            train: order.iter().map(|&i| wb.train[i].clone()).collect(),
+            train: search_tasks.iter().map(|&i| wb.train[i].clone()).collect(),
         };
         bar.set_message(format!(
             "{}: search round {round}/{rounds} ({budget} proposals)",
@@ -238,6 +261,8 @@ pub async fn search(wb: &Workbench, method: Method) -> Result<Trained> {
             sum.completion_tokens += t.completion_tokens;
         }
         search_rollouts += counter.count();
+        spent += (result.candidates.len().saturating_sub(1) + result.rejected.len() + result.empty)
+            as u64;
         search_seconds += seconds;
         append(
             &run_dir.join(SEARCH_FILE),
@@ -245,6 +270,11 @@ pub async fn search(wb: &Workbench, method: Method) -> Result<Trained> {
                 round,
                 updates_before: done,
                 budget,
+                scored_on: search_tasks
+                    .iter()
+                    .take(cfg.evolve.train_tasks_per_round)
+                    .map(|&i| wb.train[i].id.clone())
+                    .collect(),
                 candidates: result.candidates.clone(),
                 rejected: result.rejected.len(),
                 empty: result.empty,
@@ -277,9 +307,9 @@ pub async fn search(wb: &Workbench, method: Method) -> Result<Trained> {
                 best.name
             ));
             let tasks: Vec<&Task> = (0..cfg.train.batch_tasks)
-                .map(|j| &wb.train[order[(next_task + j) % order.len()]])
+                .map(|j| &wb.train[sft_tasks[(next_task + j) % sft_tasks.len()]])
                 .collect();
-            next_task = (next_task + tasks.len()) % order.len();
+            next_task = (next_task + tasks.len()) % sft_tasks.len();
             let rollout_started = Instant::now();
             let seed = call_seed(cfg.seed ^ WHALE_SEED_SALT, done as u32);
             let rollouts = sample(wb, policy.as_ref(), &best, &tasks, seed).await?;
@@ -302,6 +332,7 @@ pub async fn search(wb: &Workbench, method: Method) -> Result<Trained> {
                     round,
                     harness: best.name.clone(),
                     rollouts: rollouts.len(),
+                    tasks: tasks.iter().map(|t| t.id.clone()).collect(),
                     successes: successes.len(),
                     loss: m.map_or(0.0, |m| m.loss),
                     tokens: m.map_or(0, |m| m.tokens),
@@ -338,6 +369,7 @@ pub async fn search(wb: &Workbench, method: Method) -> Result<Trained> {
             seconds,
             tokens,
             shared: Vec::new(),
+            proposals: Some(spent),
         },
         &run_dir,
     )?;
@@ -367,6 +399,42 @@ pub async fn search(wb: &Workbench, method: Method) -> Result<Trained> {
 /// remainder.
 fn share(total: usize, parts: usize, round: usize) -> usize {
     total / parts + usize::from(round <= total % parts)
+}
+
+/// The proposals of `method`'s search (all of WHALE's searches together): `search.proposals`,
+/// else evolution's budget, times `search.meta_harness_budget_ratio` for Meta-Harness (the
+/// paper's Table 10 gives it about twice Harness-S's search rollouts).
+pub fn search_budget(cfg: &crate::config::RunConfig, method: Method, evolution: usize) -> usize {
+    if let Some(p) = cfg.search.proposals {
+        return p;
+    }
+    match method.spec().strategy {
+        StrategyKind::MetaHarness => {
+            ((evolution as f64 * cfg.search.meta_harness_budget_ratio).round() as usize).max(1)
+        }
+        _ => evolution,
+    }
+}
+
+/// The training tasks (indices into `order`'s split) a search scores candidates on, and those
+/// WHALE fine-tunes on: disjoint for WHALE (the first `evolve.train_tasks_per_round` of the
+/// order held out for the search), the whole order for both otherwise.
+pub fn split_search_tasks(
+    order: &[usize],
+    cfg: &crate::config::RunConfig,
+    method: Method,
+) -> std::result::Result<(Vec<usize>, Vec<usize>), String> {
+    let held_out = cfg.evolve.train_tasks_per_round;
+    if !matches!(method.spec().strategy, StrategyKind::Whale) {
+        return Ok((order.to_vec(), order.to_vec()));
+    }
+    if order.len() <= held_out {
+        return Err(format!(
+            "WHALE holds out {held_out} training tasks for its searches and fine-tunes on the rest; the training split has {}: expected fewer held-out tasks than training tasks",
+            order.len()
+        ));
+    }
+    Ok((order[..held_out].to_vec(), order[held_out..].to_vec()))
 }
 
 /// The indices of `tasks` in a seeded order.
@@ -425,7 +493,36 @@ fn append<T: Serialize>(path: &Path, line: &T) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::share;
+    use super::*;
+
+    #[test]
+    fn whale_scores_candidates_on_tasks_it_never_fine_tunes_on() {
+        let mut cfg = crate::config::RunConfig::preset(crate::config::Preset::Quick);
+        cfg.evolve.train_tasks_per_round = 3;
+        let order: Vec<usize> = vec![7, 2, 9, 4, 0, 5];
+        let (search, sft) = split_search_tasks(&order, &cfg, Method::Whale).unwrap();
+        assert_eq!(search, [7, 2, 9]);
+        assert_eq!(sft, [4, 0, 5]);
+        assert!(search.iter().all(|t| !sft.contains(t)));
+        // Meta-Harness tunes nothing: it scores on the order's first tasks as before.
+        let (search, _) = split_search_tasks(&order, &cfg, Method::MetaHarness).unwrap();
+        assert_eq!(search, order);
+        cfg.evolve.train_tasks_per_round = 6;
+        let e = split_search_tasks(&order, &cfg, Method::Whale).unwrap_err();
+        assert!(e.contains("holds out 6") && e.contains("has 6"), "{e}");
+    }
+
+    #[test]
+    fn meta_harness_gets_the_papers_budget_ratio_and_whale_evolutions() {
+        let mut cfg = crate::config::RunConfig::preset(crate::config::Preset::Quick);
+        assert_eq!(search_budget(&cfg, Method::MetaHarness, 12), 24);
+        assert_eq!(search_budget(&cfg, Method::Whale, 12), 12);
+        assert_eq!(search_budget(&cfg, Method::MetaHarness, 4010), 8000);
+        cfg.search.meta_harness_budget_ratio = 1.0;
+        assert_eq!(search_budget(&cfg, Method::MetaHarness, 12), 12);
+        cfg.search.proposals = Some(5);
+        assert_eq!(search_budget(&cfg, Method::MetaHarness, 12), 5);
+    }
 
     #[test]
     fn shares_add_up_and_differ_by_at_most_one() {

@@ -108,10 +108,16 @@ fn nothing_to_train(wb: &Workbench, method: Method) -> Error {
     )
 }
 
+/// Whether the routers' voters are LLM calls (`roles.llm` set and the voters asked), rather than
+/// the built-in offline voters.
+pub(crate) fn llm_voters(wb: &Workbench) -> bool {
+    wb.chat.is_some() && wb.cfg.roles.asks_llm("voters")
+}
+
 /// The label of `method` in the tables, for the strategy it runs on `pool`.
 pub fn method_label(wb: &Workbench, pool: &SiblingPool, method: Method) -> Result<String> {
     Ok(match strategy(wb, pool, method)? {
-        Some(s) => method.label_for(&s, wb.cfg.train.group_size),
+        Some(s) => method.label_for(&s, wb.cfg.train.group_size, llm_voters(wb)),
         None => method.label().to_string(),
     })
 }
@@ -252,6 +258,17 @@ pub async fn train(
             let evidence = EvidenceCell::new();
             evidence.set(first).at("train")?;
             let (profiler, voters) = roles(wb, cfg.seed, &tokens);
+            // The rule router reads validation successes, never profiles: its re-anchoring
+            // profiles with the built-in labellers, so it pays for no LLM profile it does
+            // not read.
+            let profiler: Arc<dyn harness_router::Profiler> =
+                if matches!(kind, SelectorKind::Rule { .. }) {
+                    Arc::new(harness_router::BuiltinProfiler::new(
+                        harness_envs::labels::builtin_labellers(),
+                    ))
+                } else {
+                    profiler
+                };
             let cal = calibrator(
                 wb,
                 pool,
@@ -339,7 +356,7 @@ pub async fn train(
     let seconds = started.elapsed().as_secs_f64();
     wb.progress.println(format!(
         "trained {} ({} updates) in {seconds:.0}s; metrics in {}",
-        method.label_for(&rescue.strategy, rescue.group_size),
+        method.label_for(&rescue.strategy, rescue.group_size, llm_voters(wb)),
         rescue.updates,
         run_dir.join(METRICS_FILE).display()
     ));
@@ -396,6 +413,7 @@ fn write_train_cost(run_dir: &Path, method: Method, tokens: &TokenCounter) -> Re
             .into(),
             tokens: counted,
             shared: method.shared_stages(),
+            proposals: None,
         },
         run_dir,
     )
@@ -646,18 +664,18 @@ mod tests {
             allocation: router_allocation(4, siblings),
         };
         assert_eq!(
-            Method::HarnessS.label_for(&on(3), 4),
+            Method::HarnessS.label_for(&on(3), 4, false),
             "Harness-S (Top-2 x 2, adaptive)"
         );
         assert_eq!(
-            Method::HarnessSFixed.label_for(&on(3), 4),
+            Method::HarnessSFixed.label_for(&on(3), 4, false),
             "Top-2 x 2, fixed profiles"
         );
         assert_eq!(
-            Method::HarnessS.label_for(&on(7), 4),
+            Method::HarnessS.label_for(&on(7), 4, false),
             "Harness-S (Top-4, adaptive)"
         );
-        assert_eq!(Method::Grpo.label_for(&Strategy::Grpo, 4), "GRPO");
+        assert_eq!(Method::Grpo.label_for(&Strategy::Grpo, 4, false), "GRPO");
     }
 
     #[test]

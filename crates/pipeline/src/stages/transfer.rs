@@ -8,12 +8,14 @@
 //! environment's labellers, never from hand-written text:
 //!
 //! 1. From `train/<method>/groups.jsonl`: the method's rescued groups with a successful rescue
-//!    rollout that entered an update, by family, and how often H0's own attempts succeeded on
+//!    rollout that entered an update the learner applied (its `metrics.jsonl` line says
+//!    `applied: true`), by family, and how often H0's own attempts succeeded on
 //!    that family in training (0: the kind was never solved under H0 in training).
 //! 2. From `trajectories.jsonl`: the first such successful rescue rollout, labelled.
 //! 3. From `eval/episodes.jsonl`: held-out test instances of that family where an attempt of
-//!    the trained policy under H0 succeeds while the initial policy, and plain GRPO when it was
-//!    evaluated, failed every attempt (the same episode seeds for all), labelled.
+//!    the trained policy under H0 succeeds while the initial policy and plain GRPO failed every
+//!    attempt (the same episode seeds for all), labelled. Without plain GRPO's H0 episodes
+//!    there is no Table 4.
 //! 4. The behaviours that made the difference: labels on which the trained success differs from
 //!    the initial policy's failed attempt with the same seed, in the direction the rescue rollout
 //!    also differs (the environment labeller's features, and for DBBench each decision-point
@@ -23,7 +25,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use harness_core::{Trajectory, TrajectoryLabeller, TrajectoryLabels};
-use harness_rollout::{GROUPS_FILE, GroupRecord, TRAJECTORIES_FILE};
+use harness_rollout::{GROUPS_FILE, GroupRecord, METRICS_FILE, TRAJECTORIES_FILE, UpdateRecord};
 
 use crate::config::Method;
 use crate::error::{Error, Result, StageExt};
@@ -154,13 +156,136 @@ pub fn behaviour_diffs(
     out
 }
 
-/// Table 4's cases of `method` from its training files and the H0 test `episodes` just run;
-/// empty for a method without rescue groups, or before the initial policy's evaluation.
-pub(crate) fn transfer_cases(
+/// Per family of a method's training: H0 attempts and successes, and the rescued groups whose
+/// successful rescue entered an applied update.
+#[derive(Debug, Default)]
+pub(crate) struct FamilyRescues<'a> {
+    /// H0 attempts of the method's training on the family (mixture groups left out).
+    pub attempts: usize,
+    /// Of which successful.
+    pub successes: usize,
+    /// Rescued groups, retained, with a successful rescue rollout, in an applied update.
+    pub rescued: Vec<&'a GroupRecord>,
+}
+
+/// The policy version each applied update produced, from a method's `metrics.jsonl` records
+/// (an update the learner skipped, `applied: false`, is absent).
+pub(crate) fn applied_updates(records: &[UpdateRecord]) -> BTreeMap<u64, u64> {
+    records
+        .iter()
+        .filter(|r| r.kind == "update" && r.applied)
+        .map(|r| (r.update, r.policy_version))
+        .collect()
+}
+
+/// Group a method's training groups by family. A rescue counts only when its group was
+/// retained, holds a successful rescue rollout, and its update is in `applied` (the paper's
+/// "entered a policy update"; a retained group of a skipped update changed no weight).
+pub(crate) fn rescued_families<'a>(
+    groups: &'a [GroupRecord],
+    applied: &BTreeMap<u64, u64>,
+    family_of_train: &BTreeMap<&str, String>,
+) -> BTreeMap<String, FamilyRescues<'a>> {
+    let mut families: BTreeMap<String, FamilyRescues> = BTreeMap::new();
+    for g in groups {
+        let Some(family) = family_of_train.get(g.task_id.as_str()) else {
+            continue;
+        };
+        let f = families.entry(family.clone()).or_default();
+        if g.origin != harness_core::GroupOrigin::Mixture {
+            f.attempts += g.base_rewards.len();
+            f.successes += g.base_rewards.iter().filter(|&&r| r >= 1.0).count();
+        }
+        if g.rescued()
+            && g.retained
+            && applied.contains_key(&g.update)
+            && g.rescue_rewards.iter().any(|&r| r >= 1.0)
+        {
+            f.rescued.push(g);
+        }
+    }
+    families
+}
+
+/// Plain GRPO's H0 test episodes by task, one for every test task: Table 4's cases are ones
+/// where GRPO fails too, so a run without them has no Table 4 (an error, never a relaxed
+/// condition).
+pub(crate) fn grpo_episodes<'a>(
+    all: &'a [EpisodeRecord],
+    test: &[harness_core::Task],
+) -> std::result::Result<BTreeMap<&'a str, &'a EpisodeRecord>, String> {
+    let grpo: BTreeMap<&str, &EpisodeRecord> = all
+        .iter()
+        .filter(|e| e.method == Method::Grpo.name())
+        .map(|e| (e.task.as_str(), e))
+        .collect();
+    if grpo.is_empty() {
+        return Err(format!(
+            "Table 4 compares with plain GRPO under H0 and this run has no H0 test episodes of \
+             `{}` (add it to train.methods)",
+            Method::Grpo.name()
+        ));
+    }
+    if let Some(t) = test.iter().find(|t| !grpo.contains_key(t.id.as_str())) {
+        return Err(format!(
+            "plain GRPO's H0 test episodes lack test task `{}`: eval/episodes.jsonl is from \
+             another test split",
+            t.id
+        ));
+    }
+    Ok(grpo)
+}
+
+/// Table 4 of a seed, once every method of `train.methods` was evaluated: the cases of each
+/// rescue-trained method (written to `eval/transfer.jsonl`). Without plain GRPO's H0 test
+/// episodes the file is removed and the reason is returned (the report says it).
+pub fn transfer(wb: &Workbench, pool: &harness_pool::SiblingPool) -> Result<Option<String>> {
+    let path = wb.layout.transfer_results();
+    let all: Vec<EpisodeRecord> = read_jsonl(
+        &wb.layout.episode_results(),
+        "an episode line {method, task, family, attempts}",
+    )?;
+    let grpo = match grpo_episodes(&all, &wb.test) {
+        Ok(g) => g,
+        Err(why) => {
+            if path.is_file() {
+                std::fs::remove_file(&path)
+                    .map_err(|e| Error::input("evaluate", &path, e.to_string()))?;
+            }
+            return Ok(Some(why));
+        }
+    };
+    let mut lines = Vec::new();
+    for &method in &wb.cfg.train.methods {
+        let episodes: Vec<EpisodeRecord> = all
+            .iter()
+            .filter(|e| e.method == method.name())
+            .cloned()
+            .collect();
+        if episodes.is_empty() {
+            continue;
+        }
+        let label = super::method_label(wb, pool, method)?;
+        lines.extend(transfer_cases(wb, method, &label, &episodes, &all, &grpo)?);
+    }
+    let mut text = String::new();
+    for c in &lines {
+        text.push_str(&serde_json::to_string(c).unwrap_or_else(|_| unreachable!("plain data")));
+        text.push('\n');
+    }
+    harness_core::fsutil::write_atomic(&path, text.as_bytes()).at("evaluate")?;
+    Ok(None)
+}
+
+/// Table 4's cases of `method` from its training files and its H0 test `episodes`; empty for a
+/// method without rescue groups, or before the initial policy's evaluation.
+fn transfer_cases(
     wb: &Workbench,
     method: Method,
     label: &str,
     episodes: &[EpisodeRecord],
+    all: &[EpisodeRecord],
+    grpo: &BTreeMap<&str, &EpisodeRecord>,
 ) -> Result<Vec<TransferCase>> {
     let run = wb.layout.train(method);
     let groups: Vec<GroupRecord> =
@@ -168,17 +293,28 @@ pub(crate) fn transfer_cases(
     if !groups.iter().any(GroupRecord::rescued) {
         return Ok(Vec::new());
     }
-    let all: Vec<EpisodeRecord> = read_jsonl(
-        &wb.layout.episode_results(),
-        "an episode line {method, task, family, attempts}",
-    )?;
-    let of = |m: &str| -> BTreeMap<&str, &EpisodeRecord> {
-        all.iter()
-            .filter(|e| e.method == m)
-            .map(|e| (e.task.as_str(), e))
-            .collect()
-    };
-    let initial = of("initial");
+    // metrics.jsonl mixes update lines with evaluation and calibration lines.
+    let path = run.join(METRICS_FILE);
+    let lines: Vec<serde_json::Value> = read_jsonl(&path, "a JSON object")?;
+    let updates: Vec<UpdateRecord> = lines
+        .into_iter()
+        .filter(|l| l["kind"] == "update")
+        .map(|l| {
+            serde_json::from_value(l).map_err(|e| {
+                Error::input(
+                    "evaluate",
+                    &path,
+                    format!("an update line is not a harness-rollout UpdateRecord: {e}"),
+                )
+            })
+        })
+        .collect::<Result<_>>()?;
+    let applied = applied_updates(&updates);
+    let initial: BTreeMap<&str, &EpisodeRecord> = all
+        .iter()
+        .filter(|e| e.method == "initial")
+        .map(|e| (e.task.as_str(), e))
+        .collect();
     if initial.is_empty() {
         tracing::warn!(
             "{}: no H0 test episodes of the initial policy; Table 4 needs them",
@@ -186,36 +322,12 @@ pub(crate) fn transfer_cases(
         );
         return Ok(Vec::new());
     }
-    let grpo = of(Method::Grpo.name());
     let family_of_train: BTreeMap<&str, String> = wb
         .train
         .iter()
         .map(|t| (t.id.as_str(), wb.family_of(t)))
         .collect();
-    // Per family: H0 attempts and successes in training, and the rescued groups.
-    struct Family<'a> {
-        attempts: usize,
-        successes: usize,
-        rescued: Vec<&'a GroupRecord>,
-    }
-    let mut families: BTreeMap<String, Family> = BTreeMap::new();
-    for g in &groups {
-        let Some(family) = family_of_train.get(g.task_id.as_str()) else {
-            continue;
-        };
-        let f = families.entry(family.clone()).or_insert(Family {
-            attempts: 0,
-            successes: 0,
-            rescued: Vec::new(),
-        });
-        if g.origin != harness_core::GroupOrigin::Mixture {
-            f.attempts += g.base_rewards.len();
-            f.successes += g.base_rewards.iter().filter(|&&r| r >= 1.0).count();
-        }
-        if g.rescued() && g.retained && g.rescue_rewards.iter().any(|&r| r >= 1.0) {
-            f.rescued.push(g);
-        }
-    }
+    let families = rescued_families(&groups, &applied, &family_of_train);
     let labellers = harness_envs::labels::builtin_labellers();
     // `trajectories.jsonl` holds each group's rollouts, base then rescue, in `groups.jsonl`'s
     // order: the first rescued group of a family owns the lines after its base attempts.
@@ -274,6 +386,7 @@ pub(crate) fn transfer_cases(
                 let evidence = RescueEvidence {
                     task: g.task_id.clone(),
                     update: g.update,
+                    policy_version: applied.get(&g.update).copied(),
                     harness: t.harness_id.to_string(),
                     harness_name: t.harness_name.clone(),
                 };
@@ -327,8 +440,8 @@ pub(crate) fn transfer_cases(
             if init.attempts.iter().any(|x| x.reward >= 1.0) {
                 continue;
             }
-            // The paper's cases are ones "where GRPO fails": with plain GRPO evaluated, it
-            // must have failed every attempt too.
+            // The paper's cases are ones "where GRPO fails": plain GRPO failed every attempt
+            // too (`grpo_episodes` holds every test task).
             if method != Method::Grpo
                 && grpo
                     .get(e.task.as_str())
@@ -359,6 +472,88 @@ pub(crate) fn transfer_cases(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn group(update: u64, task: &str, rescue: &[f32]) -> GroupRecord {
+        GroupRecord {
+            update,
+            task_id: task.into(),
+            draw: update,
+            origin: harness_core::GroupOrigin::Rescue,
+            base_rewards: vec![0.0; 4],
+            rescue_harnesses: Vec::new(),
+            rescue_rewards: rescue.to_vec(),
+            retained: true,
+            retained_rewards: Vec::new(),
+            retained_harnesses: Vec::new(),
+            policy_tokens: 10,
+            policy_version: update - 1,
+        }
+    }
+
+    fn update(n: u64, applied: bool) -> UpdateRecord {
+        let mut r: UpdateRecord = serde_json::from_value(serde_json::json!({
+            "kind": "update", "update": n, "strategy": "router_top_k", "tasks": 1,
+            "retained_groups": 1, "eg_rate": 0.0, "effective_token_share": 0.0,
+            "all_fail_rate": 1.0, "rescue_trigger_rate": 1.0, "rescue_success": 1.0,
+            "rescue_use": {}, "base_reward_mean": 0.0, "retained_reward_mean": 0.5,
+            "rollouts_base": 4, "rollouts_rescue": 4, "policy_tokens": 10, "applied": applied,
+            "loss": 0.0, "grad_norm": 0.0, "clip_frac_low": 0.0, "clip_frac_high": 0.0,
+            "weight_mean": 1.0, "weight_clipped_frac": 0.0, "lr": 1e-5, "learner_tokens": 10,
+            "policy_version": n, "rollout_seconds": 0.0, "update_seconds": 0.0,
+            "calibration_seconds": 0.0
+        }))
+        .unwrap();
+        r.policy_version = if applied { n } else { n - 1 };
+        r
+    }
+
+    #[test]
+    fn a_rescue_counts_only_when_its_update_was_applied() {
+        let groups = vec![
+            group(1, "t-change", &[0.0, 1.0, 0.0, 0.0]),
+            group(2, "t-quoting", &[1.0, 0.0, 0.0, 0.0]),
+            group(3, "t-recheck", &[0.0, 0.0, 0.0, 0.0]),
+        ];
+        // Update 2 was skipped by the learner (no scored token): its retained rescue changed no
+        // weight and is no evidence for Table 4.
+        let applied = applied_updates(&[update(1, true), update(2, false), update(3, true)]);
+        assert_eq!(applied, BTreeMap::from([(1, 1), (3, 3)]));
+        let family_of: BTreeMap<&str, String> = [
+            ("t-change", "change".to_string()),
+            ("t-quoting", "quoting".to_string()),
+            ("t-recheck", "recheck".to_string()),
+        ]
+        .into_iter()
+        .collect();
+        let f = rescued_families(&groups, &applied, &family_of);
+        assert_eq!(f["change"].rescued.len(), 1);
+        assert!(f["quoting"].rescued.is_empty(), "skipped update 2 counted");
+        // No successful rescue rollout: no evidence either.
+        assert!(f["recheck"].rescued.is_empty());
+        assert_eq!(f["quoting"].attempts, 4);
+    }
+
+    #[test]
+    fn table4_without_plain_grpo_is_an_error_not_a_relaxed_condition() {
+        let test: Vec<harness_core::Task> = ["a", "b"]
+            .iter()
+            .map(|id| harness_core::Task::new(*id, "env", harness_core::Split::Test, "", 0))
+            .collect();
+        let line = |method: &str, task: &str| EpisodeRecord {
+            method: method.into(),
+            task: task.into(),
+            family: "all".into(),
+            attempts: Vec::new(),
+        };
+        let only_initial = vec![line("initial", "a"), line("harness_s", "a")];
+        let err = grpo_episodes(&only_initial, &test).unwrap_err();
+        assert!(err.contains("add it to train.methods"), "{err}");
+        let partial = vec![line("grpo", "a")];
+        let err = grpo_episodes(&partial, &test).unwrap_err();
+        assert!(err.contains("`b`"), "{err}");
+        let full = vec![line("grpo", "a"), line("grpo", "b")];
+        assert_eq!(grpo_episodes(&full, &test).unwrap().len(), 2);
+    }
 
     fn labels(pairs: &[(&str, f64)]) -> TrajectoryLabels {
         pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()

@@ -1,6 +1,7 @@
 //! Figure 4's view (RQ6): every evaluated policy's test Pass@k under harnesses that were never
 //! in its training pool (`eval/cross.jsonl`), beside its H0 Pass@k, each with its difference
-//! to the initial policy under the same harness in points.
+//! to the initial policy and to plain GRPO (the paper annotates its gains against GRPO) under
+//! the same harness, in points.
 
 use serde::{Deserialize, Serialize};
 
@@ -16,6 +17,10 @@ pub struct CrossCell {
     pub pass: Stat,
     /// Pass@k minus the initial policy's, per seed.
     pub vs_initial: Option<Stat>,
+    /// Pass@k minus plain GRPO's, per seed (`None` for GRPO itself, the initial policy, or a
+    /// run without GRPO).
+    #[serde(default)]
+    pub vs_grpo: Option<Stat>,
 }
 
 /// One method's row.
@@ -78,18 +83,21 @@ pub fn cross_harness(run: &Run) -> CrossTable {
     };
     let cell = |get: &dyn Fn(&crate::layout::SeedRun, &str) -> Option<f64>, method: &str| {
         let values: Vec<f64> = run.seeds.iter().filter_map(|s| get(s, method)).collect();
-        let diffs: Vec<f64> = run
-            .seeds
-            .iter()
-            .filter_map(|s| Some(get(s, method)? - get(s, "initial")?))
-            .collect();
+        let diffs = |to: &str| -> Option<Stat> {
+            if method == to || method == "initial" {
+                return None;
+            }
+            let d: Vec<f64> = run
+                .seeds
+                .iter()
+                .filter_map(|s| Some(get(s, method)? - get(s, to)?))
+                .collect();
+            Stat::of(&d)
+        };
         Some(CrossCell {
             pass: Stat::of(&values)?,
-            vs_initial: if method == "initial" {
-                None
-            } else {
-                Stat::of(&diffs)
-            },
+            vs_initial: diffs("initial"),
+            vs_grpo: diffs("grpo"),
         })
     };
     let rows = run
@@ -131,17 +139,29 @@ impl CrossTable {
     /// As text, in percent, the difference to the initial policy in points in parentheses.
     pub fn to_text(&self) -> TextTable {
         let n = self.seeds;
+        let signed = |d: &Stat| {
+            format!(
+                "{}{}",
+                if d.mean >= 0.0 { "+" } else { "" },
+                fmt_stat(Some(d), 100.0, 2, n)
+            )
+        };
         let show = |c: &Option<CrossCell>| match c {
             None => "—".to_string(),
-            Some(c) => match &c.vs_initial {
-                Some(d) => format!(
-                    "{} ({}{})",
-                    pct(Some(&c.pass), n),
-                    if d.mean >= 0.0 { "+" } else { "" },
-                    fmt_stat(Some(d), 100.0, 2, n)
-                ),
-                None => pct(Some(&c.pass), n),
-            },
+            Some(c) => {
+                let mut parts = Vec::new();
+                if let Some(d) = &c.vs_initial {
+                    parts.push(format!("{} vs initial", signed(d)));
+                }
+                if let Some(d) = &c.vs_grpo {
+                    parts.push(format!("{} vs GRPO", signed(d)));
+                }
+                if parts.is_empty() {
+                    pct(Some(&c.pass), n)
+                } else {
+                    format!("{} ({})", pct(Some(&c.pass), n), parts.join("; "))
+                }
+            }
         };
         let mut header = vec!["Method".to_string(), format!("H0 Pass@{}", self.k)];
         header.extend(
@@ -161,7 +181,7 @@ impl CrossTable {
             })
             .collect();
         let mut notes = vec![format!(
-            "Test Pass@{k} of each policy under harnesses that were never in its training pool (eval.harnesses; eval/cross.jsonl), beside H0; in parentheses the difference to the initial policy under the same harness, in points. The paper's Figure 4 evaluates under Claude Code and OpenClaw; here the unseen harnesses are the ones named in the table.",
+            "Test Pass@{k} of each policy under harnesses that were never in its training pool (eval.harnesses; eval/cross.jsonl), beside H0; in parentheses the difference to the initial policy and to plain GRPO under the same harness, in points (the paper annotates Figure 4's gains against GRPO). The paper's Figure 4 evaluates under Claude Code and OpenClaw; here the unseen harnesses are the ones named in the table.",
             k = self.k
         )];
         if n > 1 {

@@ -37,6 +37,10 @@ pub struct Table10Row {
     pub api_tokens: Stat,
     /// The shared stages counted in the row.
     pub shared: Vec<String>,
+    /// The harness search's budget in proposals over seeds (evolution's for a method that
+    /// uses the pool, its own search's for Meta-Harness and WHALE); `None` without a search.
+    #[serde(default)]
+    pub proposals: Option<Stat>,
 }
 
 /// Table 10 of a run.
@@ -58,12 +62,22 @@ pub fn seed_pipeline_cost(seed: &SeedRun, method: &str) -> Option<StageCost> {
         shared: own.shared.clone(),
         ..StageCost::default()
     };
+    // `calibrate_outcomes`: the first calibration's rollouts and seconds without its tokens
+    // (a method that reads its validation outcomes and no profile).
+    let outcomes_only = seed.calibration_cost.as_ref().map(|c| StageCost {
+        tokens: Default::default(),
+        ..c.clone()
+    });
     let shared = own.shared.iter().filter_map(|s| match s.as_str() {
         "evolve" => seed.evolve_cost.as_ref(),
         "calibrate" => seed.calibration_cost.as_ref(),
+        "calibrate_outcomes" => outcomes_only.as_ref(),
         _ => None,
     });
     for part in std::iter::once(own).chain(shared) {
+        if let Some(p) = part.proposals {
+            *total.proposals.get_or_insert(0) += p;
+        }
         for (k, n) in &part.rollouts {
             *total.rollouts.entry(k.clone()).or_default() += n;
         }
@@ -118,7 +132,13 @@ pub fn table10(run: &Run) -> Table10 {
                 roles.insert(role);
             }
             let api_tokens = by(&|c| c.tokens.values().map(Tokens::total).sum::<u64>() as f64)?;
+            let proposals = costs
+                .iter()
+                .any(|c| c.proposals.is_some())
+                .then(|| by(&|c| c.proposals.unwrap_or(0) as f64))
+                .flatten();
             Some(Table10Row {
+                proposals,
                 api_tokens,
                 label: run.label(&m),
                 shared: first.shared.clone(),
@@ -180,6 +200,20 @@ impl Table10 {
         if n > 1 {
             notes.push(format!(
                 "Mean ± sample standard deviation (n - 1) over {n} seeds."
+            ));
+        }
+        let budgets: Vec<String> = self
+            .rows
+            .iter()
+            .filter_map(|r| {
+                let p = r.proposals.as_ref()?;
+                Some(format!("{} {}", r.label, fmt_stat(Some(p), 1.0, 0, n)))
+            })
+            .collect();
+        if !budgets.is_empty() {
+            notes.push(format!(
+                "Search proposals (evolution's budget for a method that uses the pool; the proposals its own searches spent, scored, rejected or left empty, for Meta-Harness and WHALE; the paper gives Meta-Harness about twice Harness-S's search rollouts, Table 10: 8,000 against 4,010): {}.",
+                budgets.join("; ")
             ));
         }
         if self.rows.is_empty() {

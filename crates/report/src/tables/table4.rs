@@ -18,6 +18,9 @@ pub struct Table4 {
     pub cases: Vec<(String, TransferCase)>,
     /// Seeds with `eval/transfer.jsonl`.
     pub seeds_with_file: usize,
+    /// Whether plain GRPO was evaluated (Table 4's cases are ones where it fails too; without
+    /// it the pipeline writes no cases).
+    pub grpo_evaluated: bool,
 }
 
 /// Collect the cases.
@@ -37,6 +40,7 @@ pub fn table4(run: &Run) -> Table4 {
     Table4 {
         cases,
         seeds_with_file: run.seeds.iter().filter(|s| s.transfer.is_some()).count(),
+        grpo_evaluated: order.iter().any(|m| m == "grpo"),
     }
 }
 
@@ -74,8 +78,14 @@ impl Table4 {
                     c.family.clone(),
                     format!("{} / {}", c.h0_training_successes, c.h0_training_attempts),
                     format!(
-                        "{} at update {} under {} ({} rescued groups)",
-                        c.rescue.task, c.rescue.update, c.rescue.harness_name, c.rescued_groups
+                        "{} at update {}{} under {} ({} rescued groups)",
+                        c.rescue.task,
+                        c.rescue.update,
+                        c.rescue
+                            .policy_version
+                            .map_or(String::new(), |v| format!(" (applied: policy v{v})")),
+                        c.rescue.harness_name,
+                        c.rescued_groups
                     ),
                 ]);
                 match &c.test_task {
@@ -126,7 +136,7 @@ impl Table4 {
             .map(String::from),
         );
         let mut notes = vec![
-            "A case is a family the method rescued in training (all K initial H0 attempts failed, a sibling's rollout succeeded and entered the update), traced to a held-out test instance of that family which the trained policy solves under H0 while the initial policy and, when evaluated, plain GRPO failed every attempt (same episode seeds); \"H0 successes in training\" counts the method's own H0 attempts on the family (0: the kind was never solved under H0 in training). Up to three instances per family, the first in test order.".to_string(),
+            "A case is a family the method rescued in training (all K initial H0 attempts failed, a sibling's rollout succeeded and its group entered an update the learner applied, by the update's metrics.jsonl line), traced to a held-out test instance of that family which the trained policy solves under H0 while the initial policy and plain GRPO failed every attempt (same episode seeds); \"H0 successes in training\" counts the method's own H0 attempts on the family (0: the kind was never solved under H0 in training). Up to three instances per family, the first in test order.".to_string(),
             format!("Behaviour: the labels (the environment labeller's features; decision:<point>=<choice> flags for DBBench) on which the trained success differs from the initial policy's failed attempt with the same seed, in the direction the training rescue rollout also differs; the {BEHAVIOURS_SHOWN} largest changes, all of them in eval/transfer.jsonl."),
         ];
         let held_out = self
@@ -143,7 +153,11 @@ impl Table4 {
             "{held_out} held-out cases; {strict} of them of a kind the method's H0 attempts never solved in training."
         ));
         if self.seeds_with_file == 0 {
-            notes.push("No eval/transfer.jsonl: no rescue-trained method was evaluated under H0 after the initial policy.".into());
+            notes.push(if self.grpo_evaluated {
+                "No eval/transfer.jsonl: no rescue-trained method was evaluated under H0 after the initial policy.".into()
+            } else {
+                "Not computed: a case is one where plain GRPO fails too, and this run did not evaluate it (add grpo to train.methods).".into()
+            });
         }
         TextTable {
             title:
