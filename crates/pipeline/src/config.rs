@@ -1099,28 +1099,6 @@ impl RunConfig {
         }
         self.validate_external(&file)?;
         self.validate_tinker(&file)?;
-        if !(self.search.meta_harness_budget_ratio.is_finite()
-            && self.search.meta_harness_budget_ratio > 0.0)
-        {
-            return bad(
-                "search.meta_harness_budget_ratio",
-                format!(
-                    "expected a positive multiple of evolution's budget (paper: {PAPER_META_HARNESS_BUDGET_RATIO:.3}), found {}",
-                    self.search.meta_harness_budget_ratio
-                ),
-            );
-        }
-        if !(self.search.whale_sft_learning_rate.is_finite()
-            && self.search.whale_sft_learning_rate > 0.0)
-        {
-            return bad(
-                "search.whale_sft_learning_rate",
-                format!(
-                    "expected a positive step size, found {}",
-                    self.search.whale_sft_learning_rate
-                ),
-            );
-        }
         if self.search.proposals == Some(0) {
             return bad("search.proposals", "expected at least 1, found 0".into());
         }
@@ -1145,23 +1123,35 @@ impl RunConfig {
                 "expected at least 1, found 0".into(),
             );
         }
-        if !(self.policy.learning_rate > 0.0 && self.policy.learning_rate.is_finite()) {
-            return bad(
+        // Settings that must be positive and finite: (field, value, what is expected).
+        let ratio = format!(
+            "a positive multiple of evolution's budget (paper: {PAPER_META_HARNESS_BUDGET_RATIO:.3})"
+        );
+        for (field, value, expected) in [
+            (
                 "policy.learning_rate",
-                format!(
-                    "expected a positive number, found {}",
-                    self.policy.learning_rate
-                ),
-            );
-        }
-        if !(self.rollout.temperature > 0.0 && self.rollout.temperature.is_finite()) {
-            return bad(
+                self.policy.learning_rate,
+                "a positive number",
+            ),
+            (
                 "rollout.temperature",
-                format!(
-                    "expected a positive temperature (GRPO samples), found {}",
-                    self.rollout.temperature
-                ),
-            );
+                f64::from(self.rollout.temperature),
+                "a positive temperature (GRPO samples)",
+            ),
+            (
+                "search.meta_harness_budget_ratio",
+                self.search.meta_harness_budget_ratio,
+                ratio.as_str(),
+            ),
+            (
+                "search.whale_sft_learning_rate",
+                self.search.whale_sft_learning_rate,
+                "a positive step size",
+            ),
+        ] {
+            if !(value > 0.0 && value.is_finite()) {
+                return bad(field, format!("expected {expected}, found {value}"));
+            }
         }
         if self.rollout.engine != RolloutEngine::Local && self.rollout.engine_url.is_none() {
             return bad(

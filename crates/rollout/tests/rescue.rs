@@ -373,26 +373,20 @@ async fn dynamic_sampling_draws_extra_tasks_from_its_own_stream_so_updates_stay_
     // Every update's first batch of dynamic sampling is plain GRPO's batch of that update: the
     // same tasks with the same draw numbers (and so the same episode seeds). Its extra draws
     // come from a stream of their own, with draw numbers no main draw has.
-    let grpo = fixture(r#"{"kind": "grpo"}"#, 3);
-    RescueTrainer::new(
-        grpo.cfg.clone(),
-        grpo.setup(mixed_policy(), None),
-        grpo.dir.path(),
-    )
-    .unwrap()
-    .run()
-    .await
-    .unwrap();
-    let dynamic = fixture(r#"{"kind": "dynamic_sampling", "max_batches": 3}"#, 3);
-    RescueTrainer::new(
-        dynamic.cfg.clone(),
-        dynamic.setup(mixed_policy(), None),
-        dynamic.dir.path(),
-    )
-    .unwrap()
-    .run()
-    .await
-    .unwrap();
+    let mut runs = Vec::new();
+    for strategy in [
+        r#"{"kind": "grpo"}"#,
+        r#"{"kind": "dynamic_sampling", "max_batches": 3}"#,
+    ] {
+        let f = fixture(strategy, 3);
+        RescueTrainer::new(f.cfg.clone(), f.setup(mixed_policy(), None), f.dir.path())
+            .unwrap()
+            .run()
+            .await
+            .unwrap();
+        runs.push(f);
+    }
+    let (grpo, dynamic) = (&runs[0], &runs[1]);
     let (g, d) = (grpo.groups(), dynamic.groups());
     for update in 1..=3 {
         let of = |groups: &[GroupRecord]| -> Vec<(String, u64)> {

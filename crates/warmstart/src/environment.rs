@@ -467,7 +467,7 @@ mod tests {
             u.validate().unwrap();
             assert_ne!(u.id(), base.id());
             let mu = mechanisms(u, &base);
-            assert_eq!(mu.len().min(1), 1, "{} changes nothing", u.name);
+            assert!(!mu.is_empty(), "{} changes nothing", u.name);
             for d in &demonstrated {
                 let md = mechanisms(d, &base);
                 assert!(!md.is_empty());
