@@ -11,11 +11,12 @@
 //! validation coverage ([`cover`], Eq. 3). After `T` rounds the pool is frozen; rescue training
 //! (`harness-rollout`) and the router read it. [`diversity`] computes the paper's Figure 1 and
 //! Figure 5 views of the pool, [`plot`] draws them, and [`meta_harness`] is the Meta-Harness
-//! comparison variant (one `H_best` by training score under the same budgets).
+//! comparison variant (one `H_best` by training score, its proposer reading the whole search
+//! history).
 //!
 //! Offline, everything runs with the built-in [`RuleAnalyst`] and [`BuiltinEditor`]; with an
-//! OpenAI-compatible [`harness_core::ChatModel`], [`LlmAnalyst`] and [`LlmEditor`] take their
-//! place, with validated JSON answers, bounded retries, and tokens counted per role.
+//! OpenAI-compatible [`harness_core::ChatModel`], [`LlmAnalyst`], [`LlmEditor`] and
+//! Meta-Harness's [`LlmProposer`] take their place, with validated JSON answers, bounded retries, and tokens counted per role.
 //!
 //! ```
 //! use std::collections::{BTreeMap, BTreeSet};
@@ -47,6 +48,7 @@ pub mod exec;
 pub mod llm;
 pub mod llm_analyst;
 pub mod llm_editor;
+pub mod llm_proposer;
 pub mod local_eval;
 pub mod meta_harness;
 pub mod plot;
@@ -68,6 +70,7 @@ pub use error::{Error, Result};
 pub use exec::{Executor, PolicySource, SharedPolicy};
 pub use llm_analyst::LlmAnalyst;
 pub use llm_editor::LlmEditor;
+pub use llm_proposer::LlmProposer;
 pub use repair::BuiltinEditor;
 pub use round::{
     CandidateOutcome, CandidateRecord, Evolution, EvolutionResult, ParentRecord, RoundReport,

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use harness_core::{CONDITIONS, ChatMessage, ChatModel, HarnessEdit};
+use harness_core::{CONDITIONS, ChatMessage, ChatModel, Harness, HarnessEdit, ToolSpec};
 use serde_json::Value;
 
 use crate::editor::{EditRequest, Editor, Feedback, Proposal, component_of};
@@ -78,12 +78,23 @@ impl LlmEditor {
 }
 
 fn system_prompt() -> String {
+    format!(
+        "You edit an agent harness to repair diagnosed failure causes. {}\n\
+         Limits are fixed. Seek a mechanism different from the other candidates' briefs. Answer with one \
+         JSON object: {{\"brief\": one line naming the mechanism and causes, \"ops\": [{{\"path\": \"state....\", \
+         \"value\": JSON or null to remove}}]}}.",
+        editable_components()
+    )
+}
+
+/// The editable components and hook conditions, as the LLM roles that write edits are told.
+pub(crate) fn editable_components() -> String {
     let conditions: Vec<String> = CONDITIONS
         .iter()
         .map(|(n, p)| format!("- {n}: {p}"))
         .collect();
     format!(
-        "You edit an agent harness to repair diagnosed failure causes. Choose among all six editable \
+        "Choose among all six editable \
          components according to the diagnosed cause; do not default to prompt/skill edits:\n\
          - state.prompt.slots.<name> (slot text), state.prompt_rules.<name> = {{\"slot\", \"text\"}}\n\
          - state.skills.<name> = {{\"text\", \"trigger\": regex or null}}\n\
@@ -91,10 +102,7 @@ fn system_prompt() -> String {
          - state.memory = {{\"enabled\", \"auto_notes\", \"note_tool\", \"max_notes\", \"note_chars\"}}\n\
          - state.hooks.<name> = {{\"action\": warn|block|require, \"condition\", \"event\": before_model|before_tool|after_tool|on_error|before_finish, \"message\", \"parameters\"}}\n\
          - state.tool_view.docs.<tool>, state.tool_view.max_observation_chars, state.tool_view.include/hide\n\
-         Hook conditions:\n{}\n\
-         Limits are fixed. Seek a mechanism different from the other candidates' briefs. Answer with one \
-         JSON object: {{\"brief\": one line naming the mechanism and causes, \"ops\": [{{\"path\": \"state....\", \
-         \"value\": JSON or null to remove}}]}}.",
+         Hook conditions:\n{}",
         conditions.join("\n")
     )
 }
@@ -137,6 +145,16 @@ pub fn validate_answer(
     value: &Value,
     request: &EditRequest<'_>,
 ) -> std::result::Result<Proposal, String> {
+    validate_edit(value, request.parent, request.tools)
+}
+
+/// Check a `{"brief", "ops"}` answer against `parent`: a non-empty brief, a non-empty edit whose
+/// every path lies inside the editable components, and a valid harness for `tools` once applied.
+pub fn validate_edit(
+    value: &Value,
+    parent: &Harness,
+    tools: &[ToolSpec],
+) -> std::result::Result<Proposal, String> {
     let brief = value
         .get("brief")
         .and_then(Value::as_str)
@@ -159,13 +177,13 @@ pub fn validate_answer(
         }
     }
     let child = edit
-        .apply(request.parent)
+        .apply(parent)
         .map_err(|e| format!("the edit gives an invalid harness: {e}"))?;
     child
-        .validate_for_tools(request.tools)
+        .validate_for_tools(tools)
         .map_err(|e| format!("the edit gives an invalid harness: {e}"))?;
     Ok(Proposal {
-        brief: format!("edit {}: {brief}", request.parent.name),
+        brief: format!("edit {}: {brief}", parent.name),
         edit,
     })
 }

@@ -1,18 +1,21 @@
 //! The Meta-Harness comparison variant (paper, "Implementation of Comparison Variants", and
-//! Table 1's frozen-policy row): a proposer that sees earlier candidates with their scores and
-//! trajectories revises the harness; every candidate is checked for compatibility and scored on
-//! training tasks; one `H_best` by training score is kept. It uses the same proposal budgets,
-//! executor and verifier as Directional Harness Evolution, but keeps no pool and selects no
-//! complementary parents.
+//! Table 1's frozen-policy row): a proposer that reads the whole search history (every earlier
+//! candidate's harness, score and a sample of its traces, and every proposal with its outcome,
+//! [`History`]) revises any candidate; every candidate is checked for compatibility and scored
+//! on training tasks; one `H_best` by training score is kept. It uses Directional Harness
+//! Evolution's executor and verifier, but keeps no pool and selects no complementary parents.
+//! [`HistoryProposer`] is the built-in, offline proposer; [`crate::LlmProposer`] asks a model
+//! with the same history as a prompt.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use harness_core::{Harness, HarnessId, Task, ToolSpec, Trajectory};
 use serde::{Deserialize, Serialize};
 
 use crate::analyst::Analyst;
+use crate::cause::Cause;
 use crate::direction::Direction;
 use crate::editor::{EditRequest, Editor, Proposal};
 use crate::error::{Error, Result};
@@ -49,7 +52,65 @@ impl MetaCandidate {
     }
 }
 
-/// The history a proposer sees: every scored candidate with its harness and trajectories.
+/// One proposal the search received: which candidate it revised, along what, and what became
+/// of it. Empty slots leave no attempt.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Attempt {
+    /// The proposal slot (1-based, in the order the budget was spent).
+    pub slot: usize,
+    /// The candidate it revised.
+    pub parent: HarnessId,
+    /// The proposer's brief.
+    pub brief: String,
+    /// What it targeted, as the proposer named it (cause kinds for the built-in proposers).
+    pub focus: Vec<String>,
+    /// Scored as a new candidate, or rejected.
+    pub outcome: AttemptOutcome,
+}
+
+/// What became of a proposal.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum AttemptOutcome {
+    /// Validated and scored as candidate `id`.
+    Scored {
+        /// The new candidate.
+        id: HarnessId,
+    },
+    /// Refused by validation (or a duplicate of a scored candidate).
+    Rejected {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// How much of the history a proposer reads. Meta-Harness's proposer reads every earlier
+/// candidate's code, score and execution traces from files; here every candidate is listed
+/// with its score, parent and brief, and the `detailed_candidates` best-ranked ones also with
+/// their harness and a sample of their traces (failures first, in task order), each trace cut
+/// to `trace_chars` characters. The built-in proposer and an LLM proposer read the same sample.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HistoryBounds {
+    /// Candidates shown with their harness and traces (the best-ranked ones).
+    pub detailed_candidates: usize,
+    /// Traces shown per detailed candidate.
+    pub traces_per_candidate: usize,
+    /// Characters per trace.
+    pub trace_chars: usize,
+}
+
+impl Default for HistoryBounds {
+    fn default() -> Self {
+        HistoryBounds {
+            detailed_candidates: 8,
+            traces_per_candidate: 4,
+            trace_chars: 1_200,
+        }
+    }
+}
+
+/// The history a proposer sees: every scored candidate with its harness and trajectories, and
+/// every proposal made so far with its outcome.
 pub struct History<'a> {
     /// Scored candidates in order, the base first.
     pub candidates: &'a [MetaCandidate],
@@ -57,10 +118,116 @@ pub struct History<'a> {
     pub harnesses: &'a BTreeMap<HarnessId, Harness>,
     /// Their training trajectories, by id.
     pub trajectories: &'a BTreeMap<HarnessId, Vec<Trajectory>>,
+    /// Every proposal so far, in order, scored or rejected.
+    pub attempts: &'a [Attempt],
     /// The environment's tools.
     pub tools: &'a [ToolSpec],
     /// The environment's name.
     pub env: &'a str,
+}
+
+impl History<'_> {
+    /// The candidates by training score, best first; ties keep the earlier candidate first.
+    pub fn ranked(&self) -> Vec<&MetaCandidate> {
+        let mut ranked: Vec<&MetaCandidate> = self.candidates.iter().collect();
+        ranked.sort_by(|a, b| b.score().total_cmp(&a.score()));
+        ranked
+    }
+
+    /// The candidates a proposer reads in detail: the `bounds.detailed_candidates` best-ranked.
+    pub fn detailed(&self, bounds: &HistoryBounds) -> Vec<&MetaCandidate> {
+        let mut ranked = self.ranked();
+        ranked.truncate(bounds.detailed_candidates.max(1));
+        ranked
+    }
+
+    /// The traces of candidate `id` a proposer reads: its failures in task order, then its
+    /// successes, at most `bounds.traces_per_candidate`.
+    pub fn traces(&self, id: &HarnessId, bounds: &HistoryBounds) -> Vec<&Trajectory> {
+        let runs = self.trajectories.get(id).map_or(&[][..], Vec::as_slice);
+        runs.iter()
+            .filter(|t| !t.is_success())
+            .chain(runs.iter().filter(|t| t.is_success()))
+            .take(bounds.traces_per_candidate)
+            .collect()
+    }
+
+    /// The history as text for a proposer's prompt: every candidate (score, parent, brief),
+    /// the detailed ones with their harness and traces, and every proposal with its outcome.
+    pub fn render(&self, bounds: &HistoryBounds) -> String {
+        let mut out = format!(
+            "Search history in environment `{}`: {} candidates scored, {} proposals made.\n\nCandidates (best first):\n",
+            self.env,
+            self.candidates.len(),
+            self.attempts.len()
+        );
+        let ranked = self.ranked();
+        for c in &ranked {
+            out.push_str(&format!(
+                "- {} `{}`: solved {}/{} training tasks; parent {}; brief: {}\n",
+                c.id,
+                c.name,
+                c.solved,
+                c.tasks,
+                c.parent
+                    .as_ref()
+                    .map_or("none".to_string(), |p| p.to_string()),
+                c.brief
+            ));
+        }
+        for c in self.detailed(bounds) {
+            let traces = self.traces(&c.id, bounds);
+            out.push_str(&format!(
+                "\n## Candidate {} `{}` (solved {}/{})\nharness:\n{}\ntraces ({} of {}, failures first):\n",
+                c.id,
+                c.name,
+                c.solved,
+                c.tasks,
+                self.harnesses[&c.id].to_json_pretty(),
+                traces.len(),
+                self.trajectories.get(&c.id).map_or(0, Vec::len)
+            ));
+            for t in traces {
+                out.push_str(&crate::trace::digest(t, bounds.trace_chars));
+                out.push('\n');
+            }
+        }
+        if !self.attempts.is_empty() {
+            out.push_str("\nProposals so far:\n");
+            for a in self.attempts {
+                let outcome = match &a.outcome {
+                    AttemptOutcome::Scored { id } => format!("scored as {id}"),
+                    AttemptOutcome::Rejected { reason } => format!("rejected: {reason}"),
+                };
+                out.push_str(&format!(
+                    "- slot {}: revised {} along [{}]: {} -> {outcome}\n",
+                    a.slot,
+                    a.parent,
+                    a.focus.join(", "),
+                    a.brief
+                ));
+            }
+        }
+        out.push_str("\nTools of the environment:\n");
+        for tool in self.tools {
+            out.push_str(&format!(
+                "- {} ({:?}): {}\n",
+                tool.name, tool.kind, tool.description
+            ));
+        }
+        out
+    }
+}
+
+/// A proposer's answer: the candidate it revises, the revision, and what it targets.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MetaProposal {
+    /// The candidate revised (any scored candidate of the history).
+    pub parent: HarnessId,
+    /// The revision.
+    pub proposal: Proposal,
+    /// What it targets (recorded in the attempt; cause kinds for the built-in proposers).
+    pub focus: Vec<String>,
 }
 
 /// Proposes the next candidate from the search history.
@@ -76,7 +243,7 @@ pub trait Proposer: Send + Sync {
     fn name(&self) -> &str;
 
     /// The candidate to revise and the revision.
-    async fn propose(&self, history: &History<'_>) -> Result<Option<(HarnessId, Proposal)>>;
+    async fn propose(&self, history: &History<'_>) -> Result<Option<MetaProposal>>;
 
     /// Cumulative external-model usage.
     fn usage(&self) -> RoleUsage {
@@ -84,11 +251,69 @@ pub trait Proposer: Send + Sync {
     }
 }
 
-/// The built-in proposer: revise the best-scoring candidate so far along the root causes of
-/// its failed trajectories, through an [`Analyst`] and an [`Editor`] (offline with the
-/// built-in ones, or LLM-backed), each repeat along the same causes asking for a new variant.
-/// Unlike Directional Harness Evolution it keeps one line of descent and applies no 2-3 cause,
-/// 2-task support rule.
+/// The cause groups of one candidate's failures, at most `per_direction` causes each, most
+/// frequent first, however thin their support (Meta-Harness has no direction rule).
+async fn cause_groups(
+    analyst: &dyn Analyst,
+    harness: &Harness,
+    failures: &[Trajectory],
+    per_direction: usize,
+) -> Result<Vec<Vec<Cause>>> {
+    if failures.is_empty() {
+        return Ok(Vec::new());
+    }
+    let analysis = analyst.analyse(harness, failures).await?;
+    let causes: Vec<Cause> = analysis
+        .causes
+        .into_iter()
+        .filter(|c| !c.tasks.is_empty())
+        .collect();
+    Ok(causes
+        .chunks(per_direction.max(1))
+        .map(<[_]>::to_vec)
+        .collect())
+}
+
+fn focus_of(causes: &[Cause]) -> Vec<String> {
+    causes.iter().map(|c| c.kind.clone()).collect()
+}
+
+async fn edit_along(
+    editor: &dyn Editor,
+    history: &History<'_>,
+    parent: &MetaCandidate,
+    causes: Vec<Cause>,
+    variant: usize,
+) -> Result<Option<MetaProposal>> {
+    let direction = Direction {
+        id: format!("meta-{}", history.attempts.len() + 1),
+        parent: parent.id.clone(),
+        causes,
+        variant,
+    };
+    let briefs: Vec<String> = history.candidates.iter().map(|c| c.brief.clone()).collect();
+    let request = EditRequest {
+        parent: &history.harnesses[&parent.id],
+        direction: &direction,
+        other_briefs: &briefs,
+        tools: history.tools,
+        env: history.env,
+    };
+    Ok(editor
+        .propose(&request)
+        .await?
+        .map(|proposal| MetaProposal {
+            parent: parent.id.clone(),
+            proposal,
+            focus: focus_of(&direction.causes),
+        }))
+}
+
+/// A one-line-of-descent proposer: revise the best-scoring candidate so far along the root
+/// causes of its failed trajectories, through an [`Analyst`] and an [`Editor`] (offline with
+/// the built-in ones, or LLM-backed), each repeat along the same causes asking for a new
+/// variant. WHALE's searches use it. Unlike Directional Harness Evolution it applies no 2-3
+/// cause, 2-task support rule; unlike [`HistoryProposer`] it reads only the best candidate.
 pub struct AnalystEditorProposer {
     /// Reads the best candidate's failures.
     pub analyst: Arc<dyn Analyst>,
@@ -104,37 +329,22 @@ impl Proposer for AnalystEditorProposer {
         "analyst-editor-proposer"
     }
 
-    async fn propose(&self, history: &History<'_>) -> Result<Option<(HarnessId, Proposal)>> {
-        // The best score so far; ties go to the earlier candidate.
-        let Some(best) =
-            history
-                .candidates
-                .iter()
-                .fold(None::<&MetaCandidate>, |acc, c| match acc {
-                    Some(a) if a.score() >= c.score() => Some(a),
-                    _ => Some(c),
-                })
-        else {
+    async fn propose(&self, history: &History<'_>) -> Result<Option<MetaProposal>> {
+        let Some(best) = history.ranked().first().copied() else {
             return Ok(None);
         };
-        let harness = &history.harnesses[&best.id];
         let failures: Vec<Trajectory> = history.trajectories[&best.id]
             .iter()
             .filter(|t| !t.is_success())
             .cloned()
             .collect();
-        let analysis = self.analyst.analyse(harness, &failures).await?;
-        // Meta-Harness has no direction rule: the best candidate's causes, most frequent
-        // first, up to `max_causes_per_direction` at a time, however thin their support.
-        let causes: Vec<_> = analysis
-            .causes
-            .into_iter()
-            .filter(|c| !c.tasks.is_empty())
-            .collect();
-        let groups: Vec<Vec<_>> = causes
-            .chunks(self.settings.max_causes_per_direction.max(1))
-            .map(<[_]>::to_vec)
-            .collect();
+        let groups = cause_groups(
+            self.analyst.as_ref(),
+            &history.harnesses[&best.id],
+            &failures,
+            self.settings.max_causes_per_direction,
+        )
+        .await?;
         if groups.is_empty() {
             return Ok(None);
         }
@@ -143,25 +353,126 @@ impl Proposer for AnalystEditorProposer {
             .iter()
             .filter(|c| c.parent.as_ref() == Some(&best.id))
             .count();
-        let direction = Direction {
-            id: format!("meta-{}", history.candidates.len()),
-            parent: best.id.clone(),
-            causes: groups[tries % groups.len()].clone(),
-            variant: tries / groups.len(),
+        edit_along(
+            self.editor.as_ref(),
+            history,
+            best,
+            groups[tries % groups.len()].clone(),
+            tries / groups.len(),
+        )
+        .await
+    }
+
+    fn usage(&self) -> RoleUsage {
+        self.analyst.usage() + self.editor.usage()
+    }
+}
+
+/// The built-in Meta-Harness proposer: it reads the whole history as an LLM proposer would
+/// (the same [`History::detailed`] candidates and [`History::traces`] sample) and revises the
+/// best-ranked candidate with a cause group no earlier proposal from that candidate targeted,
+/// moving down the ranking when a candidate's groups are spent (so a branch that scored lower
+/// is revised before the best one is retried); when every group of every detailed candidate
+/// was tried, it asks the editor for a new variant along the best candidate's least-tried
+/// group. Rejected proposals count as tried. Each candidate's sample is analysed once.
+pub struct HistoryProposer {
+    /// Reads each detailed candidate's sampled failures.
+    pub analyst: Arc<dyn Analyst>,
+    /// Writes the revision.
+    pub editor: Arc<dyn Editor>,
+    /// Causes per revision (`max_causes_per_direction`).
+    pub settings: EvolveSettings,
+    /// How much of the history it reads.
+    pub bounds: HistoryBounds,
+    groups: Mutex<BTreeMap<HarnessId, Vec<Vec<Cause>>>>,
+}
+
+impl HistoryProposer {
+    /// A proposer over `analyst` and `editor`.
+    pub fn new(
+        analyst: Arc<dyn Analyst>,
+        editor: Arc<dyn Editor>,
+        settings: EvolveSettings,
+        bounds: HistoryBounds,
+    ) -> Self {
+        HistoryProposer {
+            analyst,
+            editor,
+            settings,
+            bounds,
+            groups: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    async fn groups_of(
+        &self,
+        history: &History<'_>,
+        candidate: &MetaCandidate,
+    ) -> Result<Vec<Vec<Cause>>> {
+        if let Some(groups) = self.groups.lock().expect("unpoisoned").get(&candidate.id) {
+            return Ok(groups.clone());
+        }
+        let failures: Vec<Trajectory> = history
+            .traces(&candidate.id, &self.bounds)
+            .into_iter()
+            .filter(|t| !t.is_success())
+            .cloned()
+            .collect();
+        let groups = cause_groups(
+            self.analyst.as_ref(),
+            &history.harnesses[&candidate.id],
+            &failures,
+            self.settings.max_causes_per_direction,
+        )
+        .await?;
+        self.groups
+            .lock()
+            .expect("unpoisoned")
+            .insert(candidate.id.clone(), groups.clone());
+        Ok(groups)
+    }
+}
+
+#[async_trait]
+impl Proposer for HistoryProposer {
+    fn name(&self) -> &str {
+        "history-proposer"
+    }
+
+    async fn propose(&self, history: &History<'_>) -> Result<Option<MetaProposal>> {
+        let tries = |parent: &HarnessId, focus: &[String]| {
+            history
+                .attempts
+                .iter()
+                .filter(|a| &a.parent == parent && a.focus == focus)
+                .count()
         };
-        let briefs: Vec<String> = history.candidates.iter().map(|c| c.brief.clone()).collect();
-        let request = EditRequest {
-            parent: harness,
-            direction: &direction,
-            other_briefs: &briefs,
-            tools: history.tools,
-            env: history.env,
+        let detailed = history.detailed(&self.bounds);
+        let mut best_groups = None;
+        for candidate in &detailed {
+            let groups = self.groups_of(history, candidate).await?;
+            if let Some(group) = groups
+                .iter()
+                .find(|g| tries(&candidate.id, &focus_of(g)) == 0)
+            {
+                return edit_along(self.editor.as_ref(), history, candidate, group.clone(), 0)
+                    .await;
+            }
+            if best_groups.is_none() && !groups.is_empty() {
+                best_groups = Some((*candidate, groups));
+            }
+        }
+        // Every group was tried: a new variant along the least-tried group of the best-ranked
+        // candidate that has any.
+        let Some((candidate, groups)) = best_groups else {
+            return Ok(None);
         };
-        Ok(self
-            .editor
-            .propose(&request)
-            .await?
-            .map(|p| (best.id.clone(), p)))
+        let (group, n) = groups
+            .iter()
+            .map(|g| (g, tries(&candidate.id, &focus_of(g))))
+            .min_by_key(|(_, n)| *n)
+            .unwrap_or_else(|| unreachable!("groups is not empty"));
+        edit_along(self.editor.as_ref(), history, candidate, group.clone(), n).await
     }
 
     fn usage(&self) -> RoleUsage {
@@ -176,6 +487,8 @@ pub struct MetaHarnessResult {
     pub best: Harness,
     /// Every scored candidate, the base first.
     pub candidates: Vec<MetaCandidate>,
+    /// Every proposal, in order, with its outcome.
+    pub attempts: Vec<Attempt>,
     /// Proposals rejected by validation.
     pub rejected: Vec<Rejection>,
     /// Slots the proposer left empty.
@@ -184,7 +497,8 @@ pub struct MetaHarnessResult {
     pub usage: UsageByRole,
 }
 
-/// A Meta-Harness search with Directional Harness Evolution's budgets and executor.
+/// A Meta-Harness search with Directional Harness Evolution's executor; its budget is the total
+/// of `settings.proposal_budgets`.
 pub struct MetaHarnessSearch {
     /// The settings (the total of `proposal_budgets` is the search budget).
     pub settings: EvolveSettings,
@@ -243,53 +557,75 @@ impl MetaHarnessSearch {
         harnesses.insert(h.id(), h);
         candidates.push(c);
         let budget: usize = self.settings.proposal_budgets.iter().sum();
+        let mut attempts: Vec<Attempt> = Vec::new();
         for n in 0..budget {
             let history = History {
                 candidates: &candidates,
                 harnesses: &harnesses,
                 trajectories: &trajectories,
+                attempts: &attempts,
                 tools: &tools,
                 env: self.executor.env.name(),
             };
-            let Some((parent_id, proposal)) = self.proposer.propose(&history).await? else {
+            let Some(MetaProposal {
+                parent: parent_id,
+                proposal,
+                focus,
+            }) = self.proposer.propose(&history).await?
+            else {
                 empty += 1;
                 continue;
             };
-            let Some(parent) = harnesses.get(&parent_id).cloned() else {
-                rejected.push(Rejection {
+            let mut attempt = Attempt {
+                slot: n + 1,
+                parent: parent_id.clone(),
+                brief: proposal.brief.clone(),
+                focus,
+                outcome: AttemptOutcome::Rejected {
+                    reason: String::new(),
+                },
+            };
+            let rejection = match harnesses.get(&parent_id).cloned() {
+                None => Some(Rejection {
                     stage: crate::validate::Stage::References,
                     reason: format!("the proposer revised {parent_id}, which is not a candidate"),
-                });
-                continue;
-            };
-            match validate_child(
-                &parent,
-                &proposal,
-                self.executor.env.as_ref(),
-                &tasks[0],
-                seed,
-            )
-            .await?
-            {
-                Err(rejection) => rejected.push(rejection),
-                Ok(child) if harnesses.contains_key(&child.id()) => {
-                    rejected.push(Rejection {
+                }),
+                Some(parent) => match validate_child(
+                    &parent,
+                    &proposal,
+                    self.executor.env.as_ref(),
+                    &tasks[0],
+                    seed,
+                )
+                .await?
+                {
+                    Err(rejection) => Some(rejection),
+                    Ok(child) if harnesses.contains_key(&child.id()) => Some(Rejection {
                         stage: crate::validate::Stage::Duplicate,
                         reason: format!("candidate {} was already scored", child.id()),
-                    });
-                }
-                Ok(mut child) => {
-                    child.name = format!("meta-{}", n + 1);
-                    child.description = proposal.brief.clone();
-                    child.lineage.parent = Some(parent_id.clone());
-                    child.lineage.generation = parent.lineage.generation + 1;
-                    child.lineage.notes = vec![proposal.brief.clone()];
-                    let (h, c, runs) = score(child, Some(parent_id), proposal.brief).await?;
-                    trajectories.insert(h.id(), runs);
-                    harnesses.insert(h.id(), h);
-                    candidates.push(c);
-                }
+                    }),
+                    Ok(mut child) => {
+                        child.name = format!("meta-{}", n + 1);
+                        child.description = proposal.brief.clone();
+                        child.lineage.parent = Some(parent_id.clone());
+                        child.lineage.generation = parent.lineage.generation + 1;
+                        child.lineage.notes = vec![proposal.brief.clone()];
+                        let (h, c, runs) = score(child, Some(parent_id), proposal.brief).await?;
+                        attempt.outcome = AttemptOutcome::Scored { id: h.id() };
+                        trajectories.insert(h.id(), runs);
+                        harnesses.insert(h.id(), h);
+                        candidates.push(c);
+                        None
+                    }
+                },
+            };
+            if let Some(rejection) = rejection {
+                attempt.outcome = AttemptOutcome::Rejected {
+                    reason: rejection.reason.clone(),
+                };
+                rejected.push(rejection);
             }
+            attempts.push(attempt);
         }
         let best = candidates
             .iter()
@@ -301,6 +637,7 @@ impl MetaHarnessSearch {
         Ok(MetaHarnessResult {
             best: harnesses[&best.id].clone(),
             candidates,
+            attempts,
             rejected,
             empty,
             usage: BTreeMap::from([("proposer".to_string(), self.proposer.usage() - start)]),

@@ -1,14 +1,43 @@
-//! The Meta-Harness comparison variant: a proposer revises the best candidate so far from its
-//! scores and trajectories; one H_best is kept by training score, within the same budgets.
+//! The Meta-Harness comparison variant: a proposer reads the search history (every candidate,
+//! its score and sampled traces, every proposal's outcome) and revises a candidate; one H_best
+//! is kept by training score, within the budget.
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 
-use harness_core::{Harness, SamplingParams, Split, Task};
+use async_trait::async_trait;
+use harness_core::{
+    ChatModel, ChatRequest, ChatResponse, Harness, HarnessEdit, SamplingParams, Split, Task,
+    Trajectory, Usage, run_episode,
+};
 use harness_evolve::exec::{Executor, SharedPolicy};
-use harness_evolve::meta_harness::{AnalystEditorProposer, MetaHarnessSearch};
-use harness_evolve::{BuiltinEditor, EvolveSettings, RuleAnalyst};
+use harness_evolve::meta_harness::{
+    AnalystEditorProposer, Attempt, AttemptOutcome, History, HistoryBounds, HistoryProposer,
+    MetaCandidate, MetaHarnessSearch, Proposer,
+};
+use harness_evolve::{
+    Analyst, BuiltinEditor, Cause, EditRequest, Editor, EvolveSettings, FailureAnalysis,
+    LlmProposer, Proposal, RuleAnalyst,
+};
 use harness_testkit::ScriptedEnv;
 use harness_testkit::harness_sensitive::{HarnessSensitivePolicy, Quirk, quirk_task};
+
+/// `n` training tasks cycling through three quirks and a plain task.
+fn training_tasks(env: &ScriptedEnv, n: usize) -> Vec<Task> {
+    (0..n)
+        .map(|i| {
+            let quirk = [
+                Some(Quirk::StopsAfterFirstPage),
+                Some(Quirk::WastesBudget),
+                Some(Quirk::RepeatsFailingCall),
+                None,
+            ][i % 4];
+            let mut t = quirk_task(env, &format!("t{i}"), quirk);
+            t.split = Split::Train;
+            t
+        })
+        .collect()
+}
 
 #[tokio::test]
 async fn the_search_keeps_one_best_harness_by_training_score() {
@@ -20,19 +49,7 @@ async fn the_search_keeps_one_best_harness_by_training_score() {
             &["keep one action for the completion call"],
         )
         .cured_by(Quirk::RepeatsFailingCall, &["do not repeat it"]);
-    let train: Vec<Task> = (0..12)
-        .map(|i| {
-            let quirk = [
-                Some(Quirk::StopsAfterFirstPage),
-                Some(Quirk::WastesBudget),
-                Some(Quirk::RepeatsFailingCall),
-                None,
-            ][i % 4];
-            let mut t = quirk_task(&env, &format!("t{i}"), quirk);
-            t.split = Split::Train;
-            t
-        })
-        .collect();
+    let train = training_tasks(&env, 12);
     let mut settings = EvolveSettings::paper();
     settings.proposal_budgets = vec![2, 2];
     settings.train_tasks_per_round = 12;
@@ -80,4 +97,328 @@ async fn the_search_keeps_one_best_harness_by_training_score() {
         assert!(result.candidates[..i].iter().any(|p| &p.id == parent));
     }
     assert_eq!(result.usage["proposer"].calls, 0);
+}
+
+/// A policy curing two quirks, its environment and eight training tasks (three quirks and
+/// plain ones).
+fn scenario() -> (ScriptedEnv, HarnessSensitivePolicy, Vec<Task>) {
+    let env = ScriptedEnv::new(3);
+    let policy = HarnessSensitivePolicy::new()
+        .cured_by(Quirk::StopsAfterFirstPage, &["keep requesting pages"])
+        .cured_by(
+            Quirk::WastesBudget,
+            &["keep one action for the completion call"],
+        );
+    let train = training_tasks(&env, 8);
+    (env, policy, train)
+}
+
+fn h0() -> Harness {
+    let mut base = Harness::new("H0", "Solve the task with tools.\n{action_guidance}");
+    base.prompt
+        .slots
+        .insert("action_guidance".into(), "Call one tool at a time.".into());
+    base.limits.max_env_actions = 10;
+    base
+}
+
+/// Finds one cause per failed task, named by the harness it ran under; records how many
+/// failures each call was given.
+#[derive(Default)]
+struct NamingAnalyst {
+    seen: Mutex<Vec<(String, usize)>>,
+}
+
+#[async_trait]
+impl Analyst for NamingAnalyst {
+    fn name(&self) -> &str {
+        "naming"
+    }
+
+    async fn analyse(
+        &self,
+        parent: &Harness,
+        failures: &[Trajectory],
+    ) -> harness_evolve::Result<FailureAnalysis> {
+        self.seen
+            .lock()
+            .unwrap()
+            .push((parent.name.clone(), failures.len()));
+        Ok(FailureAnalysis {
+            failures: failures.len(),
+            causes: vec![Cause {
+                kind: format!("cause-of-{}", parent.name),
+                summary: "s".into(),
+                tasks: failures.iter().map(|t| t.task_id.clone()).collect(),
+                evidence: Vec::new(),
+                tools: Vec::new(),
+            }],
+            unresolved: Vec::new(),
+            skipped: Vec::new(),
+        })
+    }
+}
+
+/// Writes a rule naming the direction and its variant; records the variants it was asked for.
+#[derive(Default)]
+struct RuleEditor {
+    variants: Mutex<Vec<(String, usize)>>,
+}
+
+#[async_trait]
+impl Editor for RuleEditor {
+    fn name(&self) -> &str {
+        "rule"
+    }
+
+    async fn propose(&self, request: &EditRequest<'_>) -> harness_evolve::Result<Option<Proposal>> {
+        let label = request.direction.label();
+        let variant = request.direction.variant;
+        self.variants.lock().unwrap().push((label.clone(), variant));
+        let edit: HarnessEdit = serde_json::from_value(serde_json::json!({
+            "ops": [{"path": format!("state.prompt.slots.action_guidance"),
+                     "value": format!("{label} v{variant}")}],
+            "rationale": label,
+        }))
+        .unwrap();
+        Ok(Some(Proposal {
+            edit,
+            brief: format!("{label} v{variant}"),
+        }))
+    }
+}
+
+async fn runs(
+    env: &ScriptedEnv,
+    policy: &HarnessSensitivePolicy,
+    h: &Harness,
+    tasks: &[Task],
+) -> Vec<Trajectory> {
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(run_episode(policy, h, env, t, 7).await.unwrap());
+    }
+    out
+}
+
+#[tokio::test]
+async fn the_history_proposer_reads_every_candidate_and_moves_down_the_ranking() {
+    let (env, policy, train) = scenario();
+    let base = h0();
+    let mut child = base.clone();
+    child.name = "meta-1".into();
+    child
+        .prompt
+        .slots
+        .insert("action_guidance".into(), "keep requesting pages".into());
+    let base_runs = runs(&env, &policy, &base, &train).await;
+    let child_runs = runs(&env, &policy, &child, &train).await;
+    let solved = |r: &[Trajectory]| r.iter().filter(|t| t.is_success()).count();
+    assert!(
+        solved(&child_runs) > solved(&base_runs),
+        "the child ranks first"
+    );
+    let candidates = vec![
+        MetaCandidate {
+            id: base.id(),
+            name: base.name.clone(),
+            parent: None,
+            brief: "base harness".into(),
+            solved: solved(&base_runs),
+            tasks: train.len(),
+        },
+        MetaCandidate {
+            id: child.id(),
+            name: child.name.clone(),
+            parent: Some(base.id()),
+            brief: "pages".into(),
+            solved: solved(&child_runs),
+            tasks: train.len(),
+        },
+    ];
+    let harnesses = BTreeMap::from([(base.id(), base.clone()), (child.id(), child.clone())]);
+    let trajectories = BTreeMap::from([(base.id(), base_runs), (child.id(), child_runs)]);
+    let tools = ScriptedEnv::tool_specs();
+    let bounds = HistoryBounds {
+        detailed_candidates: 2,
+        traces_per_candidate: 2,
+        trace_chars: 300,
+    };
+    let analyst = Arc::new(NamingAnalyst::default());
+    let editor = Arc::new(RuleEditor::default());
+    let mut settings = EvolveSettings::paper();
+    settings.max_causes_per_direction = 1;
+    let proposer = HistoryProposer::new(analyst.clone(), editor.clone(), settings, bounds);
+    let attempt = |parent: &Harness, focus: &str| Attempt {
+        slot: 1,
+        parent: parent.id(),
+        brief: "b".into(),
+        focus: vec![focus.into()],
+        outcome: AttemptOutcome::Rejected { reason: "r".into() },
+    };
+    let propose = |attempts: Vec<Attempt>| {
+        let (candidates, harnesses, trajectories, tools) =
+            (&candidates, &harnesses, &trajectories, &tools);
+        let proposer = &proposer;
+        async move {
+            let history = History {
+                candidates,
+                harnesses,
+                trajectories,
+                attempts: &attempts,
+                tools,
+                env: "scripted",
+            };
+            proposer.propose(&history).await.unwrap().unwrap()
+        }
+    };
+
+    // Nothing tried yet: the best-ranked candidate along its own cause.
+    let first = propose(vec![]).await;
+    assert_eq!(first.parent, child.id());
+    assert_eq!(first.focus, vec!["cause-of-meta-1"]);
+    // Its cause was tried (a rejected proposal counts): the next candidate down the ranking.
+    let second = propose(vec![attempt(&child, "cause-of-meta-1")]).await;
+    assert_eq!(second.parent, base.id());
+    assert_eq!(second.focus, vec!["cause-of-H0"]);
+    // Both tried: a new variant along the best candidate's cause.
+    let third = propose(vec![
+        attempt(&child, "cause-of-meta-1"),
+        attempt(&base, "cause-of-H0"),
+    ])
+    .await;
+    assert_eq!(third.parent, child.id());
+    assert_eq!(
+        editor.variants.lock().unwrap().last().unwrap(),
+        &("cause-of-meta-1".to_string(), 1)
+    );
+    // Each candidate's sample was analysed once, and only the bounded sample.
+    let seen = analyst.seen.lock().unwrap().clone();
+    assert_eq!(seen, vec![("meta-1".into(), 2), ("H0".into(), 2)]);
+
+    // The rendered history lists both candidates with scores, their harnesses and at most
+    // two traces each, and every proposal with its outcome.
+    let attempts = vec![attempt(&child, "cause-of-meta-1")];
+    let history = History {
+        candidates: &candidates,
+        harnesses: &harnesses,
+        trajectories: &trajectories,
+        attempts: &attempts,
+        tools: &tools,
+        env: "scripted",
+    };
+    let text = history.render(&bounds);
+    for c in &candidates {
+        assert!(
+            text.contains(&format!("{} `{}`: solved {}/8", c.id, c.name, c.solved)),
+            "{text}"
+        );
+        assert!(text.contains(&format!("## Candidate {}", c.id)), "{text}");
+    }
+    assert_eq!(text.matches("\ntask t").count(), 4, "{text}");
+    assert!(
+        text.contains("along [cause-of-meta-1]: b -> rejected: r"),
+        "{text}"
+    );
+    assert_eq!(history.ranked()[0].id, child.id());
+}
+
+/// Answers from a list in order (the last again when it runs out); records every prompt.
+struct RecordingChat {
+    answers: Vec<String>,
+    prompts: Mutex<Vec<(String, String)>>,
+}
+
+#[async_trait]
+impl ChatModel for RecordingChat {
+    fn name(&self) -> &str {
+        "recording"
+    }
+
+    async fn complete(&self, request: ChatRequest) -> harness_core::Result<ChatResponse> {
+        let mut prompts = self.prompts.lock().unwrap();
+        let text = self.answers[prompts.len().min(self.answers.len() - 1)].clone();
+        let last = request.messages.last().unwrap().content.clone();
+        prompts.push((request.purpose.clone(), last));
+        Ok(ChatResponse {
+            text,
+            usage: Some(Usage {
+                prompt_tokens: 100,
+                completion_tokens: 10,
+            }),
+        })
+    }
+}
+
+#[tokio::test]
+async fn the_llm_proposer_gets_the_whole_history_and_names_the_candidate_it_revises() {
+    let (env, policy, train) = scenario();
+    let base = h0();
+    let edit = r#"{"parent": "PARENT", "brief": "pages rule", "focus": ["stopped-paging"],
+        "ops": [{"path": "state.prompt.slots.action_guidance", "value": "keep requesting pages"}]}"#;
+    let chat = Arc::new(RecordingChat {
+        answers: vec![
+            // Names no candidate: shown back with the reason and retried.
+            edit.replace("PARENT", "0000000000000000"),
+            edit.replace("PARENT", &base.id().to_string()),
+            // The same edit again: a duplicate, rejected by the host.
+            edit.replace("PARENT", &base.id().to_string()),
+        ],
+        prompts: Mutex::new(Vec::new()),
+    });
+    let mut settings = EvolveSettings::paper();
+    settings.proposal_budgets = vec![2];
+    settings.train_tasks_per_round = 8;
+    settings.limits = None;
+    let search = MetaHarnessSearch {
+        settings,
+        executor: Executor {
+            policy: Arc::new(SharedPolicy(Arc::new(policy))),
+            env: Arc::new(env),
+            sampling: SamplingParams::greedy(),
+            concurrency: 4,
+        },
+        proposer: Arc::new(LlmProposer::new(chat.clone(), 1, HistoryBounds::default())),
+        train,
+    };
+    let result = search.run(base.clone()).await.unwrap();
+    assert_eq!(result.candidates.len(), 2, "{:#?}", result.attempts);
+    let child = &result.candidates[1];
+    assert!(child.solved > result.candidates[0].solved);
+    assert_eq!(result.attempts.len(), 2);
+    assert_eq!(result.attempts[0].parent, base.id());
+    assert_eq!(result.attempts[0].focus, vec!["stopped-paging"]);
+    assert_eq!(
+        result.attempts[0].outcome,
+        AttemptOutcome::Scored {
+            id: child.id.clone()
+        }
+    );
+    assert!(matches!(
+        &result.attempts[1].outcome,
+        AttemptOutcome::Rejected { reason } if reason.contains("already scored")
+    ));
+    let prompts = chat.prompts.lock().unwrap().clone();
+    assert_eq!(prompts.len(), 3);
+    assert!(prompts.iter().all(|(purpose, _)| purpose == "proposer"));
+    assert!(
+        prompts[1].1.contains("is not a scored candidate"),
+        "{}",
+        prompts[1].1
+    );
+    // The second slot's prompt holds both candidates, their scores and the first proposal's
+    // outcome.
+    let second = &prompts[2].1;
+    for c in &result.candidates {
+        assert!(
+            second.contains(&format!("{} `{}`: solved {}/8", c.id, c.name, c.solved)),
+            "{second}"
+        );
+    }
+    assert!(
+        second.contains(&format!("-> scored as {}", child.id)),
+        "{second}"
+    );
+    let usage = &result.usage["proposer"];
+    assert_eq!((usage.calls, usage.malformed), (3, 1));
 }

@@ -84,6 +84,7 @@ def generate(model, ids, mask, new):
 
 def sample(args):
     import torch
+    import transformers
 
     model, config = build(args)
     batch, prompt, new = arg(args, "--batch", 8), arg(args, "--prompt", 256), arg(args, "--new", 128)
@@ -104,7 +105,9 @@ def sample(args):
     total = statistics.median(timed(new) for _ in range(reps))
     decode = max(total - prefill, 1e-9)
     print(json.dumps({
-        "peer": "transformers", "batch": batch, "prompt": prompt, "new": new, "reps": reps,
+        "peer": "transformers", "transformers": transformers.__version__,
+        "torch": torch.__version__, "torch_cpu": torch.backends.cpu.get_cpu_capability(),
+        "batch": batch, "prompt": prompt, "new": new, "reps": reps,
         "prefill_s": prefill, "prefill_tokens_per_s": batch * prompt / prefill,
         "decode_s": decode, "decode_tokens_per_s": batch * (new - 1) / decode,
     }))

@@ -135,6 +135,7 @@ def main():
             {
                 "impl": "torch",
                 "torch": torch.__version__,
+                "torch_cpu": torch.backends.cpu.get_cpu_capability(),
                 "preset": a.preset,
                 "threads": torch.get_num_threads(),
                 "batch": a.batch,

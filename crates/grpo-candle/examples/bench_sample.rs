@@ -115,6 +115,7 @@ fn main() -> anyhow::Result<()> {
             "params": cfg.num_parameters(), "batch": batch, "prompt": prompt, "new": new, "reps": reps,
             "prefill_s": prefill, "prefill_tokens_per_s": (batch * prompt) as f64 / prefill,
             "decode_s": decode, "decode_tokens_per_s": generated as f64 / decode,
+            "kernels": grpo_candle::ops::isa::kernel_path(),
         })
     );
     Ok(())

@@ -325,6 +325,7 @@ fn main() -> Result<()> {
         "threads": candle_core::utils::get_num_threads(),
         "micro_batch_tokens": tcfg_micro,
         "micro_batches_at_once": at_once,
+        "kernels": grpo_candle::ops::isa::kernel_path(),
     });
     println!("{out}");
     Ok(())

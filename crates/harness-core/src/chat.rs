@@ -1,5 +1,5 @@
 //! Chat messages and the [`ChatModel`] seam used by the LLM roles (editor, failure analyst,
-//! profiler, voters).
+//! Meta-Harness proposer, profiler, voters).
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};

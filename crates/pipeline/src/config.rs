@@ -9,6 +9,7 @@
 use std::path::{Path, PathBuf};
 
 use harness_core::RescueObjective;
+use harness_evolve::meta_harness::HistoryBounds;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -189,12 +190,12 @@ pub enum WarmStartPreset {
     Tiny,
 }
 
-/// The LLM roles: failure analyst, editor, profiler and voters.
+/// The LLM roles: failure analyst, editor, Meta-Harness proposer, profiler and voters.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RolesConfig {
     /// An OpenAI-compatible base URL (ending in `/v1`); `None` uses the built-in analyst,
-    /// editor, profiler and voters.
+    /// editor, proposer, profiler and voters.
     pub llm: Option<String>,
     /// The model asked at `llm`.
     pub llm_model: String,
@@ -215,14 +216,16 @@ pub struct RolesConfig {
     /// Seconds one request to `llm` may take before the client retries it.
     #[serde(default = "default_role_timeout_s")]
     pub timeout_s: u64,
-    /// The roles that ask `llm` (of `analyst`, `editor`, `profiler`, `voters`); the others stay
-    /// built-in. All four by default.
+    /// The roles that ask `llm` (of `analyst`, `editor`, `labeller` (Table 3's), `profiler`,
+    /// `proposer` (Meta-Harness's), `voters`); the others stay built-in. All six by default.
     #[serde(default = "default_llm_roles")]
     pub llm_roles: Vec<String>,
 }
 
 /// The roles an LLM can play.
-pub const LLM_ROLES: [&str; 4] = ["analyst", "editor", "profiler", "voters"];
+pub const LLM_ROLES: [&str; 6] = [
+    "analyst", "editor", "labeller", "profiler", "proposer", "voters",
+];
 
 /// Settings that are off stay out of `run.json`, so a run saved before they existed still
 /// matches its configuration.
@@ -401,6 +404,26 @@ pub struct SearchConfig {
         skip_serializing_if = "is_default_whale_sft_learning_rate"
     )]
     pub whale_sft_learning_rate: f64,
+    /// Candidates Meta-Harness's proposer reads with their harness and traces, the best-ranked
+    /// ones (every candidate is listed with its score and brief). The paper's proposer reads
+    /// every candidate from files; a prompt is bounded.
+    #[serde(
+        default = "default_history_candidates",
+        skip_serializing_if = "is_default_history_candidates"
+    )]
+    pub history_candidates: usize,
+    /// Traces per such candidate (failures first).
+    #[serde(
+        default = "default_history_traces",
+        skip_serializing_if = "is_default_history_traces"
+    )]
+    pub history_traces: usize,
+    /// Characters per trace.
+    #[serde(
+        default = "default_history_trace_chars",
+        skip_serializing_if = "is_default_history_trace_chars"
+    )]
+    pub history_trace_chars: usize,
     /// WHALE's alternations of harness search and rejection-sampling fine-tuning; the search
     /// budget and `train.updates` are split evenly over them. The paper gives no count; the
     /// paper preset alternates at its re-anchoring cadence (40 updates, every 10: 4 rounds).
@@ -696,6 +719,30 @@ fn paper_meta_harness_ratio() -> f64 {
     PAPER_META_HARNESS_BUDGET_RATIO
 }
 
+fn default_history_candidates() -> usize {
+    HistoryBounds::default().detailed_candidates
+}
+
+fn is_default_history_candidates(v: &usize) -> bool {
+    *v == default_history_candidates()
+}
+
+fn default_history_traces() -> usize {
+    HistoryBounds::default().traces_per_candidate
+}
+
+fn is_default_history_traces(v: &usize) -> bool {
+    *v == default_history_traces()
+}
+
+fn default_history_trace_chars() -> usize {
+    HistoryBounds::default().trace_chars
+}
+
+fn is_default_history_trace_chars(v: &usize) -> bool {
+    *v == default_history_trace_chars()
+}
+
 fn default_whale_sft_learning_rate() -> f64 {
     1e-3
 }
@@ -716,6 +763,9 @@ impl SearchConfig {
             proposals: None,
             meta_harness_budget_ratio: PAPER_META_HARNESS_BUDGET_RATIO,
             whale_sft_learning_rate: default_whale_sft_learning_rate(),
+            history_candidates: default_history_candidates(),
+            history_traces: default_history_traces(),
+            history_trace_chars: default_history_trace_chars(),
             whale_rounds: 2,
         }
     }
@@ -833,6 +883,9 @@ impl RunConfig {
                 proposals: None,
                 meta_harness_budget_ratio: PAPER_META_HARNESS_BUDGET_RATIO,
                 whale_sft_learning_rate: if quick { 1e-3 } else { 1e-6 },
+                history_candidates: default_history_candidates(),
+                history_traces: default_history_traces(),
+                history_trace_chars: default_history_trace_chars(),
                 whale_rounds: if quick { 2 } else { 4 },
             },
             eval: EvalConfig {
@@ -991,7 +1044,7 @@ impl RunConfig {
                 return bad(
                     field,
                     format!(
-                        "{what} asks the LLM roles' endpoint: set roles.llm (--llm, an OpenAI-compatible base URL ending in /v1) and roles.llm_model; roles.llm_roles = [] keeps the analyst, editor, profiler and voters built-in"
+                        "{what} asks the LLM roles' endpoint: set roles.llm (--llm, an OpenAI-compatible base URL ending in /v1) and roles.llm_model; roles.llm_roles = [] keeps the analyst, editor, labeller, profiler, proposer and voters built-in"
                     ),
                 );
             }
@@ -1151,6 +1204,18 @@ impl RunConfig {
         ] {
             if !(value > 0.0 && value.is_finite()) {
                 return bad(field, format!("expected {expected}, found {value}"));
+            }
+        }
+        for (field, value) in [
+            ("search.history_candidates", self.search.history_candidates),
+            ("search.history_traces", self.search.history_traces),
+            (
+                "search.history_trace_chars",
+                self.search.history_trace_chars,
+            ),
+        ] {
+            if value == 0 {
+                return bad(field, "expected at least 1, found 0".into());
             }
         }
         if self.rollout.engine != RolloutEngine::Local && self.rollout.engine_url.is_none() {
@@ -1959,14 +2024,14 @@ Run configuration (TOML or JSON; any subset; `preset` picks the defaults; flags 
   policy.warm_start.unprompted_good_rate       share of planted demonstrations that decide well unprompted (default 0.1)
   policy.warm_start.unprompted_good_by_family  per-family overrides: { change = 0.0, recheck = 0.1, quoting = 0.0 }
   policy.learning_rate          peak learning rate of the GRPO updates
-  roles.llm                     OpenAI-compatible base URL (ending in /v1) for analyst, editor, profiler, voters (unset: built-in; no user:password@ in it)
+  roles.llm                     OpenAI-compatible base URL (ending in /v1) for analyst, editor, labeller, proposer, profiler, voters (unset: built-in; no user:password@ in it)
   roles.llm_model               the model asked at roles.llm
   roles.llm_key_env             the environment variable holding its API key (a name ending in _API_KEY)
   roles.allow_insecure_http     send that key over plain http:// to a host other than this machine (unsafe; default false: https or loopback only)
   roles.voters                  voters on the router's panel (paper: 4)
   roles.max_tokens              cap on each role answer's tokens (unset: voters 512, profiler 2048, analyst and editor 4096)
   roles.timeout_s               seconds one role request may take before it is retried (default 120)
-  roles.llm_roles               the roles that ask roles.llm, of analyst, editor, profiler, voters (default: all four)
+  roles.llm_roles               the roles that ask roles.llm, of analyst, editor, labeller (Table 3's), profiler, proposer (Meta-Harness's), voters (default: all six)
   rollout.engine                local | vllm | sglang
   rollout.engine_url            the engine's server root (http://host:port; no user:password@ in it)
   rollout.allow_insecure_http   send HARNESS_S_ENGINE_API_KEY over plain http:// to a host other than this machine (unsafe; default false)
@@ -1999,6 +2064,9 @@ Run configuration (TOML or JSON; any subset; `preset` picks the defaults; flags 
   search.proposals              proposals of a Meta-Harness search, and of WHALE's searches together (default: evolution's budget, the sum of evolve.proposal_budgets, times search.meta_harness_budget_ratio for Meta-Harness)
   search.meta_harness_budget_ratio  Meta-Harness's default budget over evolution's (paper, Table 10: 8,000 / 4,010 = 1.995)
   search.whale_sft_learning_rate    WHALE's rejection-sampling SFT step size (quick 1e-3, paper preset 1e-6; the paper gives none)
+  search.history_candidates     candidates Meta-Harness's proposer reads with their harness and traces, the best-ranked (default 8; every candidate is listed with its score)
+  search.history_traces         traces per such candidate, failures first (default 4)
+  search.history_trace_chars    characters per trace in the proposer's history (default 1200)
   external.harnesses            agent programs joined to the pool as siblings: external harness JSON files ({\"kind\": \"external\", \"command\": [...], ...})
   external.h0                   an agent program as H0 (needs evolve.source = \"builtin\" or a saved pool)
   external.python_sibling       the bundled standard-library Python DBBench agent joins the pool (default: on for env.name = default)

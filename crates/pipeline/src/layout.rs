@@ -99,6 +99,11 @@ impl Layout {
         self.root.join("eval").join("episodes.jsonl")
     }
 
+    /// What Table 3's LLM labeller spent per checkpoint.
+    pub fn labeller_usage(&self) -> PathBuf {
+        self.root.join("eval").join("labeller.jsonl")
+    }
+
     /// The rescue diagnostics per method.
     pub fn diagnostics_results(&self) -> PathBuf {
         self.root.join("eval").join("diagnostics.jsonl")

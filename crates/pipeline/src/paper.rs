@@ -135,7 +135,7 @@ pub fn paper_differences(cfg: &RunConfig) -> Vec<PaperDifference> {
             "roles.llm",
             "none (built-in offline roles)".into(),
             "LLM analyst and editor (GLM-5.3, Table 8), several LLM voters",
-            "without an endpoint the analyst, editor, profiler and voters are the built-in rule-based ones",
+            "without an endpoint the analyst, editor, Meta-Harness proposer, profiler and voters are the built-in rule-based ones",
         );
     }
     push(

@@ -328,12 +328,47 @@ async fn every_method_trains_from_one_checkpoint_and_has_its_row_in_every_table(
                     assert_eq!(u["skipped"], data.is_empty(), "{u}");
                 }
                 assert!(run.join("final/config.json").is_file(), "{m}");
+                assert!(
+                    rounds
+                        .iter()
+                        .all(|r| r["proposer"] == "analyst-editor-proposer"),
+                    "{m}"
+                );
             } else {
                 assert_eq!(rounds.len(), 1, "{m}");
                 assert!(
                     !run.join("final").exists(),
                     "{m}: Meta-Harness froze the policy"
                 );
+                // Its proposer read the whole history: every proposal is recorded with the
+                // candidate it revised (any scored one) and its outcome.
+                let round = &rounds[0];
+                assert_eq!(round["proposer"], "history-proposer", "{m}");
+                let attempts = round["attempts"].as_array().unwrap();
+                let empty = round["empty"].as_u64().unwrap();
+                assert_eq!(attempts.len() as u64 + empty, want, "{m}: {round}");
+                let ids: Vec<&Value> = round["candidates"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|c| &c["id"])
+                    .collect();
+                for (i, a) in attempts.iter().enumerate() {
+                    assert!(ids.contains(&&a["parent"]), "{m}: {a}");
+                    assert!(!a["focus"].as_array().unwrap().is_empty(), "{m}: {a}");
+                    // No two proposals revise the same candidate along the same causes.
+                    for b in &attempts[..i] {
+                        assert!(
+                            (&b["parent"], &b["focus"]) != (&a["parent"], &a["focus"]),
+                            "{m}: {a} repeats {b}"
+                        );
+                    }
+                }
+                let scored = attempts
+                    .iter()
+                    .filter(|a| a["outcome"]["kind"] == "scored")
+                    .count();
+                assert_eq!(scored + 1, ids.len(), "{m}");
             }
             continue;
         }
@@ -583,6 +618,16 @@ async fn every_method_trains_from_one_checkpoint_and_has_its_row_in_every_table(
             "Table 3 (labels) lacks `{cell} ...`"
         );
     }
+
+    // Without `roles.llm` no LLM labelled anything, and the report says nothing about one.
+    assert!(
+        episodes
+            .iter()
+            .flat_map(|e| e["attempts"].as_array().unwrap())
+            .all(|a| a.get("llm_labels").is_none())
+    );
+    assert!(!report.contains("Table 3 (LLM labels)"));
+    assert!(!out.join("eval/labeller.jsonl").exists());
 
     // Plain GRPO was evaluated, so Table 4 is written (possibly with no case).
     let transfer_file = out.join("eval/transfer.jsonl");

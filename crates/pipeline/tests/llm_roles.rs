@@ -1,7 +1,8 @@
 //! The LLM roles through the `roles.llm` path, against the project's own OpenAI-compatible
 //! server (the `serve` stage on the run's own tiny checkpoint): evolution's analyst and
-//! editor, the router's profiler and voters all send chat requests there, and the run
-//! completes whatever the tiny model answers (malformed answers are rejected and logged).
+//! editor, the router's profiler and voters and Table 3's labeller all send chat requests
+//! there, and the run completes whatever the tiny model answers (malformed answers are
+//! rejected and logged).
 
 use std::net::SocketAddr;
 
@@ -121,6 +122,52 @@ async fn the_llm_roles_run_against_the_projects_own_server() {
         "{stats:?}"
     );
     assert!(stages::voter_summary(&stats).contains("malformed answers rejected"));
+    // Table 3's LLM labeller read every H0 test attempt of both checkpoints: each attempt has
+    // LLM labels, or an empty map when the tiny model's answers stayed unusable, and the
+    // report shows its table beside the rule labeller's.
+    let usage = std::fs::read_to_string(cfg.out.join("eval/labeller.jsonl")).unwrap();
+    let usage: Vec<Value> = usage
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let methods: Vec<&str> = usage
+        .iter()
+        .map(|u| u["method"].as_str().unwrap())
+        .collect();
+    assert_eq!(methods, ["initial", "harness_s"], "{usage:?}");
+    assert!(
+        usage.iter().all(|u| u["requests"].as_u64() >= Some(2)),
+        "{usage:?}"
+    );
+    let episodes = std::fs::read_to_string(cfg.out.join("eval/episodes.jsonl")).unwrap();
+    let mut unlabelled = 0;
+    for line in episodes.lines() {
+        let line: Value = serde_json::from_str(line).unwrap();
+        for a in line["attempts"].as_array().unwrap() {
+            let llm = a["llm_labels"]
+                .as_object()
+                .expect("every attempt went to the labeller");
+            if llm.is_empty() {
+                unlabelled += 1;
+            } else {
+                let rules = a["labels"].as_object().unwrap();
+                assert!(llm.keys().all(|k| rules.contains_key(k)), "{a}");
+            }
+        }
+    }
+    let reported: u64 = usage
+        .iter()
+        .map(|u| u["unlabelled"].as_u64().unwrap())
+        .sum();
+    assert_eq!(unlabelled, reported);
+    let report = std::fs::read_to_string(cfg.out.join("report.md")).unwrap();
+    assert!(report.contains("Table 3 (LLM labels)"), "{report}");
+    assert!(
+        report.contains(&format!(
+            "{unlabelled} attempts whose answers stayed unusable"
+        )),
+        "{report}"
+    );
     server.shutdown().await.unwrap();
 }
 

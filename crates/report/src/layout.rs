@@ -60,6 +60,10 @@ pub struct AttemptRecord {
     pub reward: f32,
     /// Its behaviour labels (a labeller's features; `decision:<point>=<choice>` flags).
     pub labels: BTreeMap<String, f64>,
+    /// The LLM labeller's labels of the same features, 0 or 1 (absent: no LLM labeller ran;
+    /// empty: its answers stayed unusable).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub llm_labels: Option<BTreeMap<String, f64>>,
 }
 
 /// One line of `eval/episodes.jsonl`: one test task's H0 attempts of one checkpoint.

@@ -79,7 +79,9 @@ pub use tables::cross::{CrossCell, CrossRow, CrossTable, cross_harness};
 pub use tables::diagnostics::{ContextLockRow, Diagnostics, diagnostics};
 pub use tables::directions::{DirectionRow, Verdict, directions};
 pub use tables::evolution::{EvolutionRow, SiblingRow, evolution, siblings};
-pub use tables::labels::{LabelCell, LabelRow, LabelTable, label_table};
+pub use tables::labels::{
+    LabelCell, LabelRow, LabelSource, LabelTable, label_table, llm_label_table,
+};
 pub use tables::programs::{ProgramCalibration, ProgramRow, ProgramTable, programs};
 pub use tables::table1::{Table1, Table1Row, table1};
 pub use tables::table2::{RescueCount, StageSpan, Table2, Table2Column, stage_spans, table2};
@@ -112,6 +114,8 @@ pub struct Tables {
     pub table4: Table4,
     /// Table 3 from the labellers: labelled behaviours of the H0 test attempts.
     pub labels: LabelTable,
+    /// The same from the LLM labeller, when one ran.
+    pub llm_labels: Option<LabelTable>,
     /// Figure 4's view: Pass@k under harnesses outside the training pool.
     pub cross: CrossTable,
     /// The claimed directions.
@@ -144,6 +148,7 @@ pub fn tables(run: &Run) -> Tables {
         table10: table10(run),
         table4: table4(run),
         labels: label_table(run),
+        llm_labels: llm_label_table(run),
         cross: cross_harness(run),
         directions: directions(run),
         evolution: evolution(run),
@@ -170,6 +175,9 @@ impl Tables {
         out.push(self.table3.to_text());
         out.push(self.table3b.to_text());
         out.push(self.labels.to_text());
+        if let Some(llm) = &self.llm_labels {
+            out.push(llm.to_text());
+        }
         out.push(self.table4.to_text(seeds));
         out.extend(tables::behaviour::nonstationarity_text(
             &self.nonstationarity,

@@ -47,6 +47,7 @@ pub mod baselines;
 pub mod calibration;
 pub mod error;
 pub mod features;
+pub mod llm_labeller;
 pub mod llm_profiler;
 pub mod llm_voter;
 pub mod paired;
@@ -68,6 +69,7 @@ pub use calibration::{
 };
 pub use error::{Error, Result};
 pub use features::{FeatureSource, TaskFeatures};
+pub use llm_labeller::{LABELLER_ROLE, LlmLabeller, LlmLabellerSettings, parse_label_answer};
 pub use llm_profiler::{LlmProfiler, LlmProfilerSettings, PROFILER_ROLE, parse_profile_answer};
 pub use llm_voter::{LlmVoter, LlmVoterSettings, VOTER_ROLE};
 pub use paired::{Environments, PairedLimits, PairedRun, PairedSettings, run_paired};

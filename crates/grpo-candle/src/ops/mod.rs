@@ -9,12 +9,14 @@
 //!   ops elsewhere, and the CPU helpers the other kernels share.
 //! - [`rowdot`]: `x @ wᵀ` as dot products of rows, for decoding steps: weights read once, and
 //!   a row's result independent of the other rows multiplied with it.
+//! - [`isa`]: which vector instructions these kernels and candle's matmuls run here.
 //! - [`logprob`]: the chunked lm_head → log-prob op; its CUDA kernels (`cuda.rs`,
 //!   `cuda/logprob.cu`, compiled by `build.rs`) sit behind the `cuda` feature.
 
 #[cfg(feature = "cuda")]
 mod cuda;
 pub mod fused;
+pub mod isa;
 pub mod logprob;
 pub mod reference;
 pub mod rowdot;

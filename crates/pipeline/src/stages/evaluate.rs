@@ -253,6 +253,9 @@ struct TestEpisodes {
     /// Per task and attempt: the environment labeller's behaviour labels, with each
     /// decision-point choice as a flag (`super::transfer::behaviour_labels`).
     labels: Vec<Vec<harness_core::TrajectoryLabels>>,
+    /// Per task and attempt: the LLM labeller's labels of the environment labeller's features
+    /// (`None`: no LLM labeller; empty: its answers stayed unusable).
+    llm_labels: Vec<Vec<Option<harness_core::TrajectoryLabels>>>,
 }
 
 /// The harness each test task runs under.
@@ -263,6 +266,47 @@ enum Under<'a> {
     Fixed(&'a Harness),
 }
 
+/// What the LLM labeller spent on one checkpoint's H0 test attempts (a line of
+/// `eval/labeller.jsonl`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LabellerUsage {
+    /// The checkpoint (`initial` or a method).
+    pub method: String,
+    /// Chat requests, retries included.
+    pub requests: u64,
+    /// Prompt tokens the endpoint reported.
+    pub prompt_tokens: u64,
+    /// Completion tokens the endpoint reported.
+    pub completion_tokens: u64,
+    /// Malformed answers sent back.
+    pub rejected_answers: usize,
+    /// Attempts left without LLM labels (the report's Table 3 (LLM labels) leaves them out).
+    pub unlabelled: usize,
+}
+
+/// Table 3's LLM labeller, when `roles.llm` is set and `roles.llm_roles` names `labeller`, with
+/// its own token counter.
+fn llm_labeller(
+    wb: &Workbench,
+) -> Option<(harness_router::LlmLabeller, harness_router::TokenCounter)> {
+    let chat = wb
+        .chat
+        .as_ref()
+        .filter(|_| wb.cfg.roles.asks_llm("labeller"))?;
+    let tokens = harness_router::TokenCounter::new();
+    let mut settings = harness_router::LlmLabellerSettings {
+        seed: wb.cfg.seed,
+        ..Default::default()
+    };
+    if let Some(max) = wb.cfg.roles.max_tokens {
+        settings.max_tokens = max;
+    }
+    Some((
+        harness_router::LlmLabeller::new(chat.clone(), settings, tokens.clone()),
+        tokens,
+    ))
+}
+
 /// Run `policy` k times per test task under the harness `under` picks.
 async fn test_episodes(
     wb: &Workbench,
@@ -270,6 +314,7 @@ async fn test_episodes(
     pool: &SiblingPool,
     under: &Under<'_>,
     label: &str,
+    llm: Option<&harness_router::LlmLabeller>,
 ) -> Result<TestEpisodes> {
     let k = wb.cfg.eval.k;
     let options = EpisodeOptions {
@@ -298,6 +343,7 @@ async fn test_episodes(
         f32,
         Vec<harness_envs::labels::Decision>,
         harness_core::TrajectoryLabels,
+        Option<harness_core::TrajectoryLabels>,
     );
     let labellers = harness_envs::labels::builtin_labellers();
     let labellers = &labellers;
@@ -333,7 +379,22 @@ async fn test_episodes(
                     Vec::new()
                 };
                 let labels = super::transfer::behaviour_labels(labellers, &trajectory);
-                Ok((t, trajectory.reward(), decisions, labels))
+                // The paper's Table 3 labels complete trajectories with an LLM, on the
+                // behaviours the environment's labeller measures.
+                let llm_labels = match llm {
+                    Some(llm) => {
+                        let features = labellers
+                            .iter()
+                            .find(|l| l.env() == trajectory.env)
+                            .map_or_else(harness_core::GenericLabeller::generic_features, |l| {
+                                l.features()
+                            });
+                        // Unusable answers leave an empty map: labelled by nobody, counted.
+                        Some(llm.label(&features, &trajectory).await.unwrap_or_default())
+                    }
+                    None => None,
+                };
+                Ok((t, trajectory.reward(), decisions, labels, llm_labels))
             }
         })
         .buffered(wb.cfg.rollout.concurrency)
@@ -343,11 +404,13 @@ async fn test_episodes(
     let mut rewards = vec![Vec::new(); wb.test.len()];
     let mut decisions = vec![Vec::new(); wb.test.len()];
     let mut labels = vec![Vec::new(); wb.test.len()];
+    let mut llm_labels = vec![Vec::new(); wb.test.len()];
     for outcome in outcomes {
-        let (t, r, d, l) = outcome.at("evaluate")?;
+        let (t, r, d, l, m) = outcome.at("evaluate")?;
         rewards[t].push(r);
         decisions[t].push(d);
         labels[t].push(l);
+        llm_labels[t].push(m);
     }
     let per_task = wb
         .test
@@ -370,6 +433,7 @@ async fn test_episodes(
         rewards,
         decisions,
         labels,
+        llm_labels,
     })
 }
 
@@ -424,6 +488,7 @@ async fn rank1_record(
         pool,
         &Under::Choice(choice),
         &format!("{name} rank-1"),
+        None,
     )
     .await?;
     Ok(record(
@@ -498,7 +563,32 @@ pub async fn evaluate(
     if modes.contains(&EvalMode::H0) {
         let started = Instant::now();
         let none = BTreeMap::new();
-        let h0 = test_episodes(wb, &policy, pool, &Under::Choice(&none), name).await?;
+        let labeller = llm_labeller(wb);
+        let h0 = test_episodes(
+            wb,
+            &policy,
+            pool,
+            &Under::Choice(&none),
+            name,
+            labeller.as_ref().map(|(l, _)| l),
+        )
+        .await?;
+        if let Some((labeller, tokens)) = &labeller {
+            let used = tokens.role(harness_router::LABELLER_ROLE);
+            let usage = LabellerUsage {
+                method: name.to_string(),
+                requests: used.requests,
+                prompt_tokens: used.usage.prompt_tokens,
+                completion_tokens: used.usage.completion_tokens,
+                rejected_answers: labeller.rejected_answers(),
+                unlabelled: labeller.failures(),
+            };
+            wb.progress.println(format!(
+                "LLM labeller ({name}): {} requests, {} prompt and {} completion tokens, {} attempts unlabelled",
+                usage.requests, usage.prompt_tokens, usage.completion_tokens, usage.unlabelled
+            ));
+            replace_lines(&wb.layout.labeller_usage(), name, &[usage])?;
+        }
         let mut record_h0 = behaviour_record(wb, name, &label, &h0);
         if wb.cfg.env.name == "default" && !wb.base.is_external() {
             let bar = wb.progress.spinner("decision-point probe under H0");
@@ -515,7 +605,8 @@ pub async fn evaluate(
             record_h0.probe_siblings = probe_siblings(wb, pool, &local).await?;
         }
         behaviour = Some(record_h0);
-        let episodes = super::transfer::episode_records(wb, name, &h0.rewards, &h0.labels);
+        let episodes =
+            super::transfer::episode_records(wb, name, &h0.rewards, &h0.labels, &h0.llm_labels);
         replace_lines(&wb.layout.episode_results(), name, &episodes)?;
         if let Some(m) = method {
             let diagnostics = super::diagnostics::diagnostics(wb, pool, m, &label)?;
@@ -632,6 +723,7 @@ pub async fn evaluate(
             pool,
             &Under::Fixed(&best),
             &format!("{name} H_best"),
+            None,
         )
         .await?;
         records.push(record(
@@ -686,6 +778,7 @@ pub async fn evaluate(
             pool,
             &Under::Fixed(&unseen),
             &format!("{name} under {}", unseen.name),
+            None,
         )
         .await?;
         let r = record(

@@ -2,15 +2,16 @@
 //! rescue-training on the pool (paper, "Implementation of Comparison Variants"):
 //!
 //! - **Meta-Harness**: with the initial policy frozen, `harness_evolve::meta_harness`'s search
-//!   (a proposer that reads the scored candidates and their trajectories revises the best one;
-//!   every candidate is validated and scored on training tasks) keeps the best candidate by
-//!   training success. Its budget is `search.proposals`, by default evolution's (the sum of
+//!   (a proposer that reads the whole search history, every candidate's harness, score and
+//!   sampled traces and every earlier proposal's outcome, revises any candidate; every
+//!   candidate is validated and scored on training tasks) keeps the best candidate by training
+//!   success. Its budget is `search.proposals`, by default evolution's (the sum of
 //!   `evolve.proposal_budgets`) times `search.meta_harness_budget_ratio` (the paper's Table 10
 //!   ratio, 8,000 / 4,010), each proposal scored on `evolve.train_tasks_per_round` training
 //!   tasks with greedy rollouts (Table 8's executor); `search.jsonl` records each round's
-//!   budget and rollouts.
-//! - **WHALE**: alternating search and rejection-sampling fine-tuning: a Meta-Harness search
-//!   with the current policy, then the phase's share of `train.updates`, each update sampling
+//!   budget, rollouts and proposals.
+//! - **WHALE**: alternating search and rejection-sampling fine-tuning: a harness search with
+//!   the current policy (its proposer revises the current `H_best` from its failures), then the phase's share of `train.updates`, each update sampling
 //!   `train.group_size` rollouts of `train.batch_tasks` training tasks under that search's
 //!   `H_best` at the rollout temperature and taking one SFT step (grpo-candle's trainer at
 //!   `search.whale_sft_learning_rate`) on the successful ones; `search.whale_rounds` such
@@ -41,7 +42,10 @@ use grpo_candle::trainer::{DecayKind, Schedule};
 use harness_core::{
     EpisodeOptions, Harness, Policy, SamplingParams, Task, Trajectory, call_seed, run_episode_with,
 };
-use harness_evolve::meta_harness::{AnalystEditorProposer, MetaCandidate, MetaHarnessSearch};
+use harness_evolve::meta_harness::{
+    AnalystEditorProposer, Attempt, HistoryBounds, HistoryProposer, MetaCandidate,
+    MetaHarnessSearch, Proposer,
+};
 use serde::{Deserialize, Serialize};
 
 use super::cost::{self, StageCost, Tokens};
@@ -75,8 +79,16 @@ pub struct SearchRecord {
     /// trains on).
     #[serde(default)]
     pub scored_on: Vec<String>,
+    /// The proposer that spent the budget (`history-proposer`, `llm-proposer` for Meta-Harness;
+    /// `analyst-editor-proposer` for WHALE).
+    #[serde(default)]
+    pub proposer: String,
     /// Every scored candidate, the round's starting harness first.
     pub candidates: Vec<MetaCandidate>,
+    /// Every proposal of the round in order: the candidate it revised, what it targeted and
+    /// whether it was scored or rejected.
+    #[serde(default)]
+    pub attempts: Vec<Attempt>,
     /// Proposals rejected by validation.
     pub rejected: usize,
     /// Slots the proposer left empty.
@@ -229,16 +241,12 @@ pub async fn search(wb: &Workbench, method: Method) -> Result<Trained> {
         let mut round_settings = settings.clone();
         round_settings.proposal_budgets = vec![budget];
         round_settings.seed = call_seed(cfg.seed, round as u32);
-        let (analyst, editor) = search_roles(wb, &round_settings);
+        let proposer = search_proposer(wb, method, &round_settings);
         let (executor, counter) = counting_executor(wb, policy.clone() as Arc<dyn Policy>);
         let meta = MetaHarnessSearch {
             settings: round_settings.clone(),
             executor,
-            proposer: Arc::new(AnalystEditorProposer {
-                analyst,
-                editor,
-                settings: round_settings,
-            }),
+            proposer: proposer.clone(),
             train: search_tasks.iter().map(|&i| wb.train[i].clone()).collect(),
         };
         bar.set_message(format!(
@@ -275,7 +283,9 @@ pub async fn search(wb: &Workbench, method: Method) -> Result<Trained> {
                     .take(cfg.evolve.train_tasks_per_round)
                     .map(|&i| wb.train[i].id.clone())
                     .collect(),
+                proposer: proposer.name().to_string(),
                 candidates: result.candidates.clone(),
+                attempts: result.attempts.clone(),
                 rejected: result.rejected.len(),
                 empty: result.empty,
                 best: best.id().to_string(),
@@ -393,6 +403,49 @@ pub async fn search(wb: &Workbench, method: Method) -> Result<Trained> {
         checkpoint,
         seconds,
     })
+}
+
+/// The proposer of `method`'s search rounds. Meta-Harness's reads the whole search history
+/// (paper, "Implementation of Comparison Variants": the proposer sees earlier implementations,
+/// scores and traces): with `roles.llm_roles` naming `proposer`, an LLM that gets the history as
+/// a prompt; otherwise the built-in [`HistoryProposer`] over the same history, with the
+/// analyst and editor evolution uses. WHALE's searches revise their current H_best from its
+/// failures ([`AnalystEditorProposer`]).
+fn search_proposer(
+    wb: &Workbench,
+    method: Method,
+    settings: &harness_evolve::EvolveSettings,
+) -> Arc<dyn Proposer> {
+    let cfg = &wb.cfg;
+    let bounds = HistoryBounds {
+        detailed_candidates: cfg.search.history_candidates,
+        traces_per_candidate: cfg.search.history_traces,
+        trace_chars: cfg.search.history_trace_chars,
+    };
+    match (method.spec().strategy, &wb.chat) {
+        (StrategyKind::MetaHarness, Some(chat)) if cfg.roles.asks_llm("proposer") => Arc::new(
+            harness_evolve::LlmProposer::new(chat.clone(), settings.llm_retries, bounds)
+                .with_max_tokens(cfg.roles.max_tokens)
+                .with_sampling(0.6, settings.seed),
+        ),
+        (StrategyKind::MetaHarness, _) => {
+            let (analyst, editor) = search_roles(wb, settings);
+            Arc::new(HistoryProposer::new(
+                analyst,
+                editor,
+                settings.clone(),
+                bounds,
+            ))
+        }
+        _ => {
+            let (analyst, editor) = search_roles(wb, settings);
+            Arc::new(AnalystEditorProposer {
+                analyst,
+                editor,
+                settings: settings.clone(),
+            })
+        }
+    }
 }
 
 /// The `round`-th (1-based) of `parts` near-equal shares of `total`; the first rounds take the

@@ -73,20 +73,23 @@ pub(crate) fn episode_records(
     method: &str,
     rewards: &[Vec<f32>],
     labels: &[Vec<TrajectoryLabels>],
+    llm_labels: &[Vec<Option<TrajectoryLabels>>],
 ) -> Vec<EpisodeRecord> {
     wb.test
         .iter()
-        .zip(rewards.iter().zip(labels))
-        .map(|(task, (r, l))| EpisodeRecord {
+        .zip(rewards.iter().zip(labels).zip(llm_labels))
+        .map(|(task, ((r, l), m))| EpisodeRecord {
             method: method.to_string(),
             task: task.id.clone(),
             family: wb.family_of(task),
             attempts: r
                 .iter()
                 .zip(l)
-                .map(|(&reward, labels)| AttemptRecord {
+                .zip(m)
+                .map(|((&reward, labels), llm_labels)| AttemptRecord {
                     reward,
                     labels: labels.clone(),
+                    llm_labels: llm_labels.clone(),
                 })
                 .collect(),
         })

@@ -1,0 +1,74 @@
+//! Which vector instructions the CPU kernels run on this machine, for benchmark output: the
+//! processor's features, detected at run time, and the widest kernels the build carries. The
+//! matmuls are candle's (the `gemm` crate, built without its `x86-v4` AVX-512 kernels, so at
+//! most AVX2/FMA); the project's own kernels (`fused`, `rowdot`, `logprob`) dispatch through
+//! `pulp`, also at most AVX2/FMA. The bench README has the measurements behind that choice.
+
+use serde::Serialize;
+
+/// The kernel path of this process.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct KernelPath {
+    /// The processor's vector features that matter here, as detected (`avx2`, `fma`,
+    /// `avx512f`, ...).
+    pub cpu: Vec<&'static str>,
+    /// The kernels the matmuls run (`avx2+fma`, or `scalar` without AVX2/FMA).
+    pub matmul: &'static str,
+    /// The kernels the project's own ops run.
+    pub own_ops: &'static str,
+}
+
+/// Detect the kernel path.
+pub fn kernel_path() -> KernelPath {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let mut cpu = Vec::new();
+        macro_rules! detect {
+            ($($f:tt),*) => {
+                $(if std::arch::is_x86_feature_detected!($f) {
+                    cpu.push($f);
+                })*
+            };
+        }
+        detect!(
+            "sse4.2",
+            "avx",
+            "avx2",
+            "fma",
+            "avx512f",
+            "avx512bw",
+            "avx512vl",
+            "avx512bf16",
+            "avx512fp16"
+        );
+        let v3 = cpu.contains(&"avx2") && cpu.contains(&"fma");
+        let path = if v3 { "avx2+fma" } else { "sse/scalar" };
+        KernelPath {
+            cpu,
+            matmul: path,
+            own_ops: path,
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        KernelPath {
+            cpu: Vec::new(),
+            matmul: "portable",
+            own_ops: "portable",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_kernel_path_never_claims_more_than_the_cpu_has() {
+        let path = kernel_path();
+        if path.matmul == "avx2+fma" {
+            assert!(path.cpu.contains(&"avx2") && path.cpu.contains(&"fma"));
+        }
+        assert_eq!(path.matmul, path.own_ops);
+    }
+}
