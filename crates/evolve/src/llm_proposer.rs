@@ -18,8 +18,8 @@ use crate::usage::{RoleUsage, UsageCell};
 pub const PROPOSER_ROLE: &str = "proposer";
 
 /// An LLM Meta-Harness proposer. Its answer must be `{"parent": candidate id, "brief": text,
-/// "focus": [what it targets], "ops": [{"path", "value"}]}`; an answer that names no scored
-/// candidate, does not parse, edits outside the six editable components or yields an invalid
+/// "focus": [what it targets], "ops": [{"path", "value"}]}`; an answer that names no candidate
+/// whose harness the prompt showed, does not parse, edits outside the six editable components or yields an invalid
 /// harness is shown back with the reason and retried within the budget, then the slot is left
 /// empty and counted. Temperature 0.6 like the harness editor (Table 8; the paper gives no
 /// proposer setting of its own).
@@ -54,7 +54,7 @@ impl LlmProposer {
         self
     }
 
-    /// Temperature and seed of the requests (the seed advances with every proposal).
+    /// Temperature and seed of the requests (the seed advances with every proposal slot).
     pub fn with_sampling(mut self, temperature: f32, seed: u64) -> Self {
         self.temperature = temperature;
         self.seed = seed;
@@ -65,8 +65,9 @@ impl LlmProposer {
 fn system_prompt() -> String {
     format!(
         "You search for a better agent harness. You read the whole search so far: every candidate \
-         harness with its training score, the traces of the best ones, and every earlier proposal \
-         with what became of it. Pick any scored candidate to revise (not only the best) and write \
+         harness with its training score, the harness and traces of the best ones, and every earlier \
+         proposal with what became of it. Pick any candidate whose harness is shown to revise (not \
+         only the best) and write \
          one revision that is not a repeat of an earlier proposal. {}\n\
          Limits are fixed. Answer with one JSON object: {{\"parent\": the candidate id, \"brief\": \
          one line naming the mechanism and what it repairs, \"focus\": [short names of the failure \
@@ -75,26 +76,33 @@ fn system_prompt() -> String {
     )
 }
 
-/// Check a proposer answer against the history: a scored candidate as parent, an optional
-/// list of strings as focus, and an edit [`validate_edit`] accepts for that parent.
+/// Check a proposer answer against the history: a candidate the prompt showed in detail
+/// ([`History::detailed`]) as parent, an optional list of strings as focus, and an edit
+/// [`validate_edit`] accepts for that parent.
 pub fn validate_answer(
     value: &Value,
     history: &History<'_>,
+    bounds: &HistoryBounds,
 ) -> std::result::Result<MetaProposal, String> {
     let parent = value
         .get("parent")
         .and_then(Value::as_str)
         .ok_or("`parent` must be the id of a scored candidate")?;
     let parent = HarnessId(parent.trim().to_string());
-    let Some(harness) = history.harnesses.get(&parent) else {
-        let ids: Vec<String> = history
-            .candidates
-            .iter()
-            .map(|c| c.id.to_string())
-            .collect();
-        return Err(format!(
-            "`parent` {parent} is not a scored candidate; expected one of {ids:?}"
-        ));
+    // Only a candidate whose harness the prompt showed can be revised.
+    let shown: Vec<&HarnessId> = history
+        .detailed(bounds)
+        .into_iter()
+        .map(|c| &c.id)
+        .collect();
+    let harness = match history.harnesses.get(&parent) {
+        Some(h) if shown.contains(&&parent) => h,
+        _ => {
+            let ids: Vec<String> = shown.iter().map(|id| id.to_string()).collect();
+            return Err(format!(
+                "`parent` {parent} is not a candidate whose harness was shown; expected one of {ids:?}"
+            ));
+        }
     };
     let focus = match value.get("focus") {
         None | Some(Value::Null) => Vec::new(),
@@ -131,17 +139,17 @@ impl Proposer for LlmProposer {
             ],
             retries: self.retries,
             temperature: self.temperature,
-            seed: Some(
-                self.seed
-                    .wrapping_add(1_000 * history.attempts.len() as u64),
-            ),
+            seed: Some(self.seed.wrapping_add(1_000 * history.slot as u64)),
             max_tokens: self.max_tokens,
             usage: &self.usage,
         };
-        let proposal = ask_json(self.model.as_ref(), ask, |v| validate_answer(v, history)).await;
+        let proposal = ask_json(self.model.as_ref(), ask, |v| {
+            validate_answer(v, history, &self.bounds)
+        })
+        .await;
         if proposal.is_none() {
             tracing::warn!(
-                slot = history.attempts.len() + 1,
+                slot = history.slot,
                 "proposer answer skipped after the retry budget"
             );
         }

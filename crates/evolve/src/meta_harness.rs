@@ -7,7 +7,7 @@
 //! [`HistoryProposer`] is the built-in, offline proposer; [`crate::LlmProposer`] asks a model
 //! with the same history as a prompt.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
@@ -120,6 +120,8 @@ pub struct History<'a> {
     pub trajectories: &'a BTreeMap<HarnessId, Vec<Trajectory>>,
     /// Every proposal so far, in order, scored or rejected.
     pub attempts: &'a [Attempt],
+    /// The proposal slot being filled (1-based; slots the proposer left empty count too).
+    pub slot: usize,
     /// The environment's tools.
     pub tools: &'a [ToolSpec],
     /// The environment's name.
@@ -286,7 +288,7 @@ async fn edit_along(
     variant: usize,
 ) -> Result<Option<MetaProposal>> {
     let direction = Direction {
-        id: format!("meta-{}", history.attempts.len() + 1),
+        id: format!("meta-{}", history.slot),
         parent: parent.id.clone(),
         causes,
         variant,
@@ -373,8 +375,10 @@ impl Proposer for AnalystEditorProposer {
 /// best-ranked candidate with a cause group no earlier proposal from that candidate targeted,
 /// moving down the ranking when a candidate's groups are spent (so a branch that scored lower
 /// is revised before the best one is retried); when every group of every detailed candidate
-/// was tried, it asks the editor for a new variant along the best candidate's least-tried
-/// group. Rejected proposals count as tried. Each candidate's sample is analysed once.
+/// was tried, it asks the editor for a new variant along the best-ranked candidate's groups,
+/// least tried first. Rejected proposals count as tried; a request the editor leaves
+/// unanswered is not asked again, and the next one is. Each candidate's sample is analysed
+/// once.
 pub struct HistoryProposer {
     /// Reads each detailed candidate's sampled failures.
     pub analyst: Arc<dyn Analyst>,
@@ -385,6 +389,7 @@ pub struct HistoryProposer {
     /// How much of the history it reads.
     pub bounds: HistoryBounds,
     groups: Mutex<BTreeMap<HarnessId, Vec<Vec<Cause>>>>,
+    barren: Mutex<BTreeSet<(HarnessId, Vec<String>, usize)>>,
 }
 
 impl HistoryProposer {
@@ -401,6 +406,7 @@ impl HistoryProposer {
             settings,
             bounds,
             groups: Mutex::new(BTreeMap::new()),
+            barren: Mutex::new(BTreeSet::new()),
         }
     }
 
@@ -447,32 +453,37 @@ impl Proposer for HistoryProposer {
                 .filter(|a| &a.parent == parent && a.focus == focus)
                 .count()
         };
-        let detailed = history.detailed(&self.bounds);
-        let mut best_groups = None;
-        for candidate in &detailed {
+        // Every (candidate, cause group, variant) to try, in order: the untried groups of the
+        // detailed candidates best-ranked first, then new variants along the best-ranked
+        // candidate's groups, least tried first. A request the editor could not serve is
+        // remembered and skipped, so an empty answer never blocks the rest.
+        let mut untried = Vec::new();
+        let mut variants = Vec::new();
+        for candidate in history.detailed(&self.bounds) {
             let groups = self.groups_of(history, candidate).await?;
-            if let Some(group) = groups
-                .iter()
-                .find(|g| tries(&candidate.id, &focus_of(g)) == 0)
-            {
-                return edit_along(self.editor.as_ref(), history, candidate, group.clone(), 0)
-                    .await;
-            }
-            if best_groups.is_none() && !groups.is_empty() {
-                best_groups = Some((*candidate, groups));
+            let first_with_groups = variants.is_empty() && untried.is_empty();
+            for group in &groups {
+                match tries(&candidate.id, &focus_of(group)) {
+                    0 => untried.push((candidate, group.clone(), 0)),
+                    n if first_with_groups => variants.push((candidate, group.clone(), n)),
+                    _ => {}
+                }
             }
         }
-        // Every group was tried: a new variant along the least-tried group of the best-ranked
-        // candidate that has any.
-        let Some((candidate, groups)) = best_groups else {
-            return Ok(None);
-        };
-        let (group, n) = groups
-            .iter()
-            .map(|g| (g, tries(&candidate.id, &focus_of(g))))
-            .min_by_key(|(_, n)| *n)
-            .unwrap_or_else(|| unreachable!("groups is not empty"));
-        edit_along(self.editor.as_ref(), history, candidate, group.clone(), n).await
+        variants.sort_by_key(|(_, _, n)| *n);
+        for (candidate, group, variant) in untried.into_iter().chain(variants) {
+            let key = (candidate.id.clone(), focus_of(&group), variant);
+            if self.barren.lock().expect("unpoisoned").contains(&key) {
+                continue;
+            }
+            let proposal =
+                edit_along(self.editor.as_ref(), history, candidate, group, variant).await?;
+            if proposal.is_some() {
+                return Ok(proposal);
+            }
+            self.barren.lock().expect("unpoisoned").insert(key);
+        }
+        Ok(None)
     }
 
     fn usage(&self) -> RoleUsage {
@@ -564,6 +575,7 @@ impl MetaHarnessSearch {
                 harnesses: &harnesses,
                 trajectories: &trajectories,
                 attempts: &attempts,
+                slot: n + 1,
                 tools: &tools,
                 env: self.executor.env.name(),
             };

@@ -159,10 +159,12 @@ impl Analyst for NamingAnalyst {
     }
 }
 
-/// Writes a rule naming the direction and its variant; records the variants it was asked for.
+/// Writes a rule naming the direction and its variant (nothing for the `refuse` direction);
+/// records the variants it was asked for.
 #[derive(Default)]
 struct RuleEditor {
     variants: Mutex<Vec<(String, usize)>>,
+    refuse: Option<String>,
 }
 
 #[async_trait]
@@ -175,6 +177,9 @@ impl Editor for RuleEditor {
         let label = request.direction.label();
         let variant = request.direction.variant;
         self.variants.lock().unwrap().push((label.clone(), variant));
+        if self.refuse.as_ref() == Some(&label) {
+            return Ok(None);
+        }
         let edit: HarnessEdit = serde_json::from_value(serde_json::json!({
             "ops": [{"path": format!("state.prompt.slots.action_guidance"),
                      "value": format!("{label} v{variant}")}],
@@ -266,6 +271,7 @@ async fn the_history_proposer_reads_every_candidate_and_moves_down_the_ranking()
                 harnesses,
                 trajectories,
                 attempts: &attempts,
+                slot: attempts.len() + 1,
                 tools,
                 env: "scripted",
             };
@@ -292,6 +298,46 @@ async fn the_history_proposer_reads_every_candidate_and_moves_down_the_ranking()
         editor.variants.lock().unwrap().last().unwrap(),
         &("cause-of-meta-1".to_string(), 1)
     );
+    // An editor with nothing for the best candidate's cause: the proposer moves on to the next
+    // request in the same slot, and does not ask for the unanswered one again.
+    let refusing = Arc::new(RuleEditor {
+        refuse: Some("cause-of-meta-1".into()),
+        ..RuleEditor::default()
+    });
+    let mut settings = EvolveSettings::paper();
+    settings.max_causes_per_direction = 1;
+    let picky = HistoryProposer::new(
+        Arc::new(NamingAnalyst::default()),
+        refusing.clone(),
+        settings,
+        bounds,
+    );
+    for slot in 1..=2 {
+        let history = History {
+            candidates: &candidates,
+            harnesses: &harnesses,
+            trajectories: &trajectories,
+            attempts: &[],
+            slot,
+            tools: &tools,
+            env: "scripted",
+        };
+        let p = picky.propose(&history).await.unwrap().unwrap();
+        assert_eq!(
+            (p.parent, p.focus),
+            (base.id(), vec!["cause-of-H0".to_string()])
+        );
+    }
+    assert_eq!(
+        refusing.variants.lock().unwrap().clone(),
+        vec![
+            ("cause-of-meta-1".to_string(), 0),
+            ("cause-of-H0".to_string(), 0),
+            ("cause-of-H0".to_string(), 0)
+        ],
+        "the refused request is asked once"
+    );
+
     // Each candidate's sample was analysed once, and only the bounded sample.
     let seen = analyst.seen.lock().unwrap().clone();
     assert_eq!(seen, vec![("meta-1".into(), 2), ("H0".into(), 2)]);
@@ -304,6 +350,7 @@ async fn the_history_proposer_reads_every_candidate_and_moves_down_the_ranking()
         harnesses: &harnesses,
         trajectories: &trajectories,
         attempts: &attempts,
+        slot: 2,
         tools: &tools,
         env: "scripted",
     };
@@ -402,7 +449,9 @@ async fn the_llm_proposer_gets_the_whole_history_and_names_the_candidate_it_revi
     assert_eq!(prompts.len(), 3);
     assert!(prompts.iter().all(|(purpose, _)| purpose == "proposer"));
     assert!(
-        prompts[1].1.contains("is not a scored candidate"),
+        prompts[1]
+            .1
+            .contains("is not a candidate whose harness was shown"),
         "{}",
         prompts[1].1
     );

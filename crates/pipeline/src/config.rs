@@ -208,9 +208,9 @@ pub struct RolesConfig {
     pub allow_insecure_http: bool,
     /// Voters on the router's panel (paper: 4).
     pub voters: usize,
-    /// Cap on the tokens of every role answer; `None` keeps each role's own (voters 512,
-    /// profiler 2,048, analyst and editor 4,096). A small local model that rambles inside its
-    /// JSON answer is held to this.
+    /// Cap on the tokens of every role answer; `None` keeps each role's own (voters and
+    /// labeller 512, profiler 2,048, analyst, editor and proposer 4,096). A small local model
+    /// that rambles inside its JSON answer is held to this.
     #[serde(default)]
     pub max_tokens: Option<usize>,
     /// Seconds one request to `llm` may take before the client retries it.
@@ -2029,7 +2029,7 @@ Run configuration (TOML or JSON; any subset; `preset` picks the defaults; flags 
   roles.llm_key_env             the environment variable holding its API key (a name ending in _API_KEY)
   roles.allow_insecure_http     send that key over plain http:// to a host other than this machine (unsafe; default false: https or loopback only)
   roles.voters                  voters on the router's panel (paper: 4)
-  roles.max_tokens              cap on each role answer's tokens (unset: voters 512, profiler 2048, analyst and editor 4096)
+  roles.max_tokens              cap on each role answer's tokens (unset: voters and labeller 512, profiler 2048, analyst, editor and proposer 4096)
   roles.timeout_s               seconds one role request may take before it is retried (default 120)
   roles.llm_roles               the roles that ask roles.llm, of analyst, editor, labeller (Table 3's), profiler, proposer (Meta-Harness's), voters (default: all six)
   rollout.engine                local | vllm | sglang

@@ -114,10 +114,17 @@ pub fn write_run_config(wb: &Workbench) -> Result<()> {
 }
 
 /// A run configuration without the settings a resumed run may change: where the Tinker
-/// server is and how long to wait for it (a server restarted on another port keeps the run).
-fn comparable(mut cfg: serde_json::Value) -> serde_json::Value {
+/// server is and how long to wait for it (a server restarted on another port keeps the run),
+/// and which roles would ask an LLM endpoint when none is configured (they change nothing
+/// then, and the list of roles grows as roles are added).
+pub(crate) fn comparable(mut cfg: serde_json::Value) -> serde_json::Value {
     if let Some(map) = cfg.as_object_mut() {
         map.remove(SANDBOX_RECORD);
+    }
+    if let Some(roles) = cfg.get_mut("roles").and_then(|r| r.as_object_mut())
+        && roles.get("llm").is_none_or(serde_json::Value::is_null)
+    {
+        roles.remove("llm_roles");
     }
     if let Some(t) = cfg.get_mut("tinker").and_then(|t| t.as_object_mut()) {
         for key in [
@@ -230,4 +237,24 @@ pub async fn run_seed(wb: &Workbench) -> Result<()> {
         wb.progress.println(format!("Table 4: not written: {why}"));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::comparable;
+    use crate::RunConfig;
+
+    #[test]
+    fn a_run_saved_with_fewer_llm_roles_resumes_only_when_no_endpoint_is_set() {
+        let mut current = serde_json::to_value(RunConfig::default()).unwrap();
+        let mut saved = current.clone();
+        // A run written before the labeller and proposer roles existed.
+        saved["roles"]["llm_roles"] =
+            serde_json::json!(["analyst", "editor", "profiler", "voters"]);
+        assert_eq!(comparable(saved.clone()), comparable(current.clone()));
+        // With an endpoint the roles decide what asks it: a different list is another run.
+        saved["roles"]["llm"] = "http://127.0.0.1:8000/v1".into();
+        current["roles"]["llm"] = "http://127.0.0.1:8000/v1".into();
+        assert_ne!(comparable(saved), comparable(current));
+    }
 }

@@ -134,8 +134,8 @@ pub fn paper_differences(cfg: &RunConfig) -> Vec<PaperDifference> {
         push(
             "roles.llm",
             "none (built-in offline roles)".into(),
-            "LLM analyst and editor (GLM-5.3, Table 8), several LLM voters",
-            "without an endpoint the analyst, editor, Meta-Harness proposer, profiler and voters are the built-in rule-based ones",
+            "LLM analyst and editor (GLM-5.3, Table 8), several LLM voters, an LLM labeller (Table 3)",
+            "without an endpoint the analyst, editor, Meta-Harness proposer, Table 3 labeller, profiler and voters are the built-in rule-based ones (Table 3 then has the rule labeller's table only)",
         );
     }
     push(

@@ -387,7 +387,7 @@ pub async fn run_sweep(
         let dir = &cell.config.out;
         let expected = serde_json::to_value(&cell.config).unwrap_or(Value::Null);
         if let Some(record) = finished(dir)? {
-            if record.config != expected {
+            if crate::comparable(record.config.clone()) != crate::comparable(expected.clone()) {
                 return Err(Error::input(
                     "sweep",
                     dir.join(CELL_FILE),

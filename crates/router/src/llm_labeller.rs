@@ -2,7 +2,8 @@
 //! trajectories; percentages report the fraction exhibiting each behavior"), over any
 //! [`ChatModel`].
 //!
-//! It shows the model one complete trajectory and the behaviours an environment's
+//! It shows the model one complete trajectory (a long one by its start and its end) and the
+//! behaviours an environment's
 //! [`harness_core::TrajectoryLabeller`] measures, and asks whether the trajectory exhibits each
 //! (a count feature: at least once). The answer must give every behaviour a `true` or `false`;
 //! a malformed answer is sent back with the problem within a budget of attempts, after which
@@ -28,7 +29,7 @@ pub const LABELLER_ROLE: &str = "labeller";
 pub struct LlmLabellerSettings {
     /// Chat requests per trajectory, retries included.
     pub attempts: u32,
-    /// The transcript is cut to this many characters.
+    /// A longer transcript keeps its first and last halves of this many characters.
     pub transcript_chars: usize,
     /// Sampling temperature.
     pub temperature: f32,
@@ -99,7 +100,7 @@ impl LlmLabeller {
         }
         user.push_str(&format!(
             "\nTrajectory:\n{}\n",
-            cut_text(&trajectory.transcript(), self.settings.transcript_chars)
+            head_and_tail(&trajectory.transcript(), self.settings.transcript_chars)
         ));
         vec![ChatMessage::system(system), ChatMessage::user(user)]
     }
@@ -150,6 +151,22 @@ impl LlmLabeller {
     }
 }
 
+/// `text` cut to about `max` characters by keeping its start and its end (how an episode
+/// begins and how it finishes both matter to its behaviours), with the cut said in between.
+pub fn head_and_tail(text: &str, max: usize) -> String {
+    let n = text.chars().count();
+    if n <= max {
+        return text.to_string();
+    }
+    let half = max / 2;
+    let head: String = text.chars().take(half).collect();
+    let tail: String = text.chars().skip(n - half).collect();
+    format!(
+        "{head}\n[... {} characters left out ...]\n{tail}",
+        n - 2 * half
+    )
+}
+
 /// Validate a labeller answer: a JSON object giving every feature a boolean (or 0 / 1) and
 /// naming no other key.
 pub fn parse_label_answer(
@@ -195,6 +212,16 @@ mod tests {
             BehaviourFeature::count("pages_fetched", "pages fetched"),
             BehaviourFeature::flag("submitted", "submits through the submit tool"),
         ]
+    }
+
+    #[test]
+    fn a_long_transcript_keeps_its_start_and_its_end() {
+        let text: String = (0..100).map(|i| format!("{i:03}")).collect();
+        let cut = head_and_tail(&text, 30);
+        assert!(cut.starts_with("000001002003004"), "{cut}");
+        assert!(cut.ends_with("095096097098099"), "{cut}");
+        assert!(cut.contains("[... 270 characters left out ...]"), "{cut}");
+        assert_eq!(head_and_tail("short", 30), "short");
     }
 
     #[test]

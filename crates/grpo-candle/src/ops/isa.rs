@@ -58,17 +58,3 @@ pub fn kernel_path() -> KernelPath {
         }
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_kernel_path_never_claims_more_than_the_cpu_has() {
-        let path = kernel_path();
-        if path.matmul == "avx2+fma" {
-            assert!(path.cpu.contains(&"avx2") && path.cpu.contains(&"fma"));
-        }
-        assert_eq!(path.matmul, path.own_ops);
-    }
-}

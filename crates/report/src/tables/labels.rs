@@ -186,7 +186,10 @@ impl LabelTable {
             ),
         }];
         if self.rows.is_empty() {
-            notes.push("No eval/episodes.jsonl with labels.".into());
+            notes.push(match self.source {
+                LabelSource::Rules => "No eval/episodes.jsonl with labels.".into(),
+                LabelSource::Llm => "No attempt got usable LLM labels.".into(),
+            });
         }
         let title = match self.source {
             LabelSource::Rules => "Table 3 (labels)",
