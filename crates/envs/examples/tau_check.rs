@@ -11,7 +11,7 @@
 //! counts as reproduced when both score 1.
 //!
 //! ```text
-//! cargo run -p harness-envs --example tau_check -- path/to/tau2-retail/tasks.json --dump-db /tmp/tau.jsonl
+//! cargo run --release -p harness-envs --example tau_check -- "$(scripts/fetch-data.sh tau2-retail)/tasks.json" --dump-db /tmp/tau.jsonl
 //! ```
 
 use std::io::Write;

@@ -15,57 +15,14 @@ use harness_envs::dbbench::{
 };
 use harness_testkit::ScriptedPolicy;
 use harness_testkit::conformance::{ConformanceConfig, check_environment};
+use harness_testkit::data::{DBBENCH_DEV_DATA, external_data};
 use proptest::prelude::*;
 use serde_json::json;
 
-/// The dev split (test data outside the repository), or `None` to skip. Under CI (`CI=true`)
-/// the data must be there: a missing file fails the test instead of passing it silently.
+/// The dev split (`HARNESS_DBBENCH_DEV`, test data outside the repository), or `None` to
+/// skip; under `CI=true` an unset variable fails the test.
 fn dev_split() -> Option<PathBuf> {
-    let path =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/dbbench/dev.jsonl");
-    match locate_dev_split(path, std::env::var("CI").ok().as_deref()) {
-        Ok(found) => found,
-        Err(message) => panic!("{message}"),
-    }
-}
-
-/// `Ok(Some(path))` when the file exists; when it does not, `Err` under CI (`ci` is `true` or
-/// `1`, as CI services set it) and `Ok(None)` with a printed skip notice elsewhere.
-fn locate_dev_split(path: PathBuf, ci: Option<&str>) -> Result<Option<PathBuf>, String> {
-    if path.exists() {
-        return Ok(Some(path));
-    }
-    let under_ci =
-        ci.is_some_and(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "true" | "1"));
-    if under_ci {
-        return Err(format!(
-            "the DBBench dev split is not at {} and CI=true: put AgentBench's dev.jsonl there (it is test data outside the repository)",
-            path.display()
-        ));
-    }
-    println!(
-        "skipping: the DBBench dev split is not at {} (it is test data outside the repository; under CI=true this fails)",
-        path.display()
-    );
-    Ok(None)
-}
-
-#[test]
-fn a_missing_dev_split_fails_under_ci_and_skips_elsewhere() {
-    let missing = std::env::temp_dir().join("harness-envs-no-such-dir/dev.jsonl");
-    let err = locate_dev_split(missing.clone(), Some("true")).unwrap_err();
-    assert!(
-        err.contains("dev.jsonl") && err.contains("CI=true"),
-        "{err}"
-    );
-    assert!(locate_dev_split(missing.clone(), Some("1")).is_err());
-    assert_eq!(locate_dev_split(missing.clone(), None), Ok(None));
-    assert_eq!(locate_dev_split(missing.clone(), Some("false")), Ok(None));
-    let present = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
-    assert_eq!(
-        locate_dev_split(present.clone(), Some("true")),
-        Ok(Some(present))
-    );
+    external_data(&DBBENCH_DEV_DATA)
 }
 
 fn small_env() -> DbBench {

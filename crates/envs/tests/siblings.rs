@@ -142,24 +142,10 @@ fn every_repository_repair_sibling_hook_fires() {
     check_siblings(&env, &swe::siblings(), &[task], &scripts);
 }
 
-/// The retail data (outside the repository), or `None` to skip; under `CI=true` a missing
-/// folder fails the test.
+/// The retail data (the folder `HARNESS_TAU2_RETAIL` names), or `None` to skip; under
+/// `CI=true` an unset variable fails the test.
 fn tau_retail_env() -> Option<tau_retail::TauRetail> {
-    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/data/tau2-retail");
-    if !dir.join("tasks.json").exists() {
-        let ci = std::env::var("CI").unwrap_or_default().to_ascii_lowercase();
-        assert!(
-            ci != "true" && ci != "1",
-            "the tau2 retail data is not at {} and CI=true",
-            dir.display()
-        );
-        println!(
-            "skipping: the tau2 retail data is not at {} (under CI=true this fails)",
-            dir.display()
-        );
-        return None;
-    }
+    let dir = harness_testkit::data::external_data(&harness_testkit::data::TAU2_RETAIL_DATA)?;
     Some(tau_retail::TauRetail::load(dir).unwrap())
 }
 

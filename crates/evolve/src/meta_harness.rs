@@ -253,18 +253,23 @@ pub trait Proposer: Send + Sync {
     }
 }
 
-/// The cause groups of one candidate's failures, at most `per_direction` causes each, most
-/// frequent first, however thin their support (Meta-Harness has no direction rule).
-async fn cause_groups(
+/// The cause groups of the failed trajectories among `traces`, at most `per_direction` causes
+/// each, most frequent first, however thin their support (Meta-Harness has no direction rule).
+async fn cause_groups<'t>(
     analyst: &dyn Analyst,
     harness: &Harness,
-    failures: &[Trajectory],
+    traces: impl IntoIterator<Item = &'t Trajectory>,
     per_direction: usize,
 ) -> Result<Vec<Vec<Cause>>> {
+    let failures: Vec<Trajectory> = traces
+        .into_iter()
+        .filter(|t| !t.is_success())
+        .cloned()
+        .collect();
     if failures.is_empty() {
         return Ok(Vec::new());
     }
-    let analysis = analyst.analyse(harness, failures).await?;
+    let analysis = analyst.analyse(harness, &failures).await?;
     let causes: Vec<Cause> = analysis
         .causes
         .into_iter()
@@ -335,15 +340,10 @@ impl Proposer for AnalystEditorProposer {
         let Some(best) = history.ranked().first().copied() else {
             return Ok(None);
         };
-        let failures: Vec<Trajectory> = history.trajectories[&best.id]
-            .iter()
-            .filter(|t| !t.is_success())
-            .cloned()
-            .collect();
         let groups = cause_groups(
             self.analyst.as_ref(),
             &history.harnesses[&best.id],
-            &failures,
+            &history.trajectories[&best.id],
             self.settings.max_causes_per_direction,
         )
         .await?;
@@ -418,16 +418,10 @@ impl HistoryProposer {
         if let Some(groups) = self.groups.lock().expect("unpoisoned").get(&candidate.id) {
             return Ok(groups.clone());
         }
-        let failures: Vec<Trajectory> = history
-            .traces(&candidate.id, &self.bounds)
-            .into_iter()
-            .filter(|t| !t.is_success())
-            .cloned()
-            .collect();
         let groups = cause_groups(
             self.analyst.as_ref(),
             &history.harnesses[&candidate.id],
-            &failures,
+            history.traces(&candidate.id, &self.bounds),
             self.settings.max_causes_per_direction,
         )
         .await?;
@@ -588,17 +582,8 @@ impl MetaHarnessSearch {
                 empty += 1;
                 continue;
             };
-            let mut attempt = Attempt {
-                slot: n + 1,
-                parent: parent_id.clone(),
-                brief: proposal.brief.clone(),
-                focus,
-                outcome: AttemptOutcome::Rejected {
-                    reason: String::new(),
-                },
-            };
-            let rejection = match harnesses.get(&parent_id).cloned() {
-                None => Some(Rejection {
+            let scored = match harnesses.get(&parent_id).cloned() {
+                None => Err(Rejection {
                     stage: crate::validate::Stage::References,
                     reason: format!("the proposer revised {parent_id}, which is not a candidate"),
                 }),
@@ -611,8 +596,8 @@ impl MetaHarnessSearch {
                 )
                 .await?
                 {
-                    Err(rejection) => Some(rejection),
-                    Ok(child) if harnesses.contains_key(&child.id()) => Some(Rejection {
+                    Err(rejection) => Err(rejection),
+                    Ok(child) if harnesses.contains_key(&child.id()) => Err(Rejection {
                         stage: crate::validate::Stage::Duplicate,
                         reason: format!("candidate {} was already scored", child.id()),
                     }),
@@ -622,22 +607,31 @@ impl MetaHarnessSearch {
                         child.lineage.parent = Some(parent_id.clone());
                         child.lineage.generation = parent.lineage.generation + 1;
                         child.lineage.notes = vec![proposal.brief.clone()];
-                        let (h, c, runs) = score(child, Some(parent_id), proposal.brief).await?;
-                        attempt.outcome = AttemptOutcome::Scored { id: h.id() };
-                        trajectories.insert(h.id(), runs);
-                        harnesses.insert(h.id(), h);
+                        let (h, c, runs) =
+                            score(child, Some(parent_id.clone()), proposal.brief.clone()).await?;
+                        let id = h.id();
+                        trajectories.insert(id.clone(), runs);
+                        harnesses.insert(id.clone(), h);
                         candidates.push(c);
-                        None
+                        Ok(id)
                     }
                 },
             };
-            if let Some(rejection) = rejection {
-                attempt.outcome = AttemptOutcome::Rejected {
-                    reason: rejection.reason.clone(),
-                };
-                rejected.push(rejection);
-            }
-            attempts.push(attempt);
+            let outcome = match scored {
+                Ok(id) => AttemptOutcome::Scored { id },
+                Err(rejection) => {
+                    let reason = rejection.reason.clone();
+                    rejected.push(rejection);
+                    AttemptOutcome::Rejected { reason }
+                }
+            };
+            attempts.push(Attempt {
+                slot: n + 1,
+                parent: parent_id,
+                brief: proposal.brief,
+                focus,
+                outcome,
+            });
         }
         let best = candidates
             .iter()

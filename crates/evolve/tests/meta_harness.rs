@@ -41,14 +41,8 @@ fn training_tasks(env: &ScriptedEnv, n: usize) -> Vec<Task> {
 
 #[tokio::test]
 async fn the_search_keeps_one_best_harness_by_training_score() {
-    let env = ScriptedEnv::new(3);
-    let policy = HarnessSensitivePolicy::new()
-        .cured_by(Quirk::StopsAfterFirstPage, &["keep requesting pages"])
-        .cured_by(
-            Quirk::WastesBudget,
-            &["keep one action for the completion call"],
-        )
-        .cured_by(Quirk::RepeatsFailingCall, &["do not repeat it"]);
+    let (env, policy, _) = scenario();
+    let policy = policy.cured_by(Quirk::RepeatsFailingCall, &["do not repeat it"]);
     let train = training_tasks(&env, 12);
     let mut settings = EvolveSettings::paper();
     settings.proposal_budgets = vec![2, 2];
@@ -72,11 +66,7 @@ async fn the_search_keeps_one_best_harness_by_training_score() {
         }),
         train,
     };
-    let mut base = Harness::new("H0", "Solve the task with tools.\n{action_guidance}");
-    base.prompt
-        .slots
-        .insert("action_guidance".into(), "Call one tool at a time.".into());
-    let result = search.run(base).await.unwrap();
+    let result = search.run(h0()).await.unwrap();
     let scored = result.candidates.len() - 1;
     assert_eq!(
         scored + result.rejected.len() + result.empty,

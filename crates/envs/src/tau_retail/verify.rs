@@ -10,8 +10,9 @@
 //! 3. every `communicate_info` string appears in one of the agent's messages to the customer
 //!    (case-insensitive, with the message's commas removed, as the benchmark matches it).
 //!
-//! The benchmark's shipped tasks weigh the database and NL assertions (`reward_basis`), and an
-//! LLM judges the assertions. Those are not checked unless an [`NlJudge`] is injected
+//! The benchmark repository's tasks weigh the database and NL assertions (`reward_basis`), and
+//! an LLM judges the assertions; the PyPI wheel's tasks leave `reward_basis` out, which means
+//! the database and the communicated information, and their assertions are not weighed. Those are not checked unless an [`NlJudge`] is injected
 //! ([`super::TauRetail::with_judge`]); the outcome's details say so. The communicate check is
 //! this project's stand-in for the assertions that ask whether the agent told the customer a
 //! figure, and is always applied.
@@ -140,11 +141,9 @@ pub async fn judge(
     }
     let criteria = &task.evaluation_criteria;
     let assertions = criteria.nl_assertions.clone().unwrap_or_default();
+    let weighed = criteria.reward_basis.iter().any(|b| b == "NL_ASSERTION");
     let nl = match nl_judge {
-        Some(judge)
-            if !assertions.is_empty()
-                && criteria.reward_basis.iter().any(|b| b == "NL_ASSERTION") =>
-        {
+        Some(judge) if !assertions.is_empty() && weighed => {
             let verdicts = judge.judge(task, episode.conversation).await?;
             let held = verdicts.len() == assertions.len() && verdicts.iter().all(|v| *v);
             if !held {
@@ -153,6 +152,11 @@ pub async fn judge(
             json!({"judge": judge.name(), "assertions": assertions, "verdicts": verdicts})
         }
         _ if assertions.is_empty() => json!("the task has no NL assertions"),
+        _ if !weighed => json!(format!(
+            "not checked: the task's reward_basis {:?} does not weigh its {} NL assertion(s)",
+            criteria.reward_basis,
+            assertions.len()
+        )),
         _ => json!(format!(
             "not checked: no judge was given; the benchmark's LLM judge would check {} statement(s)",
             assertions.len()

@@ -12,10 +12,9 @@ pub struct KernelPath {
     /// The processor's vector features that matter here, as detected (`avx2`, `fma`,
     /// `avx512f`, ...).
     pub cpu: Vec<&'static str>,
-    /// The kernels the matmuls run (`avx2+fma`, or `scalar` without AVX2/FMA).
-    pub matmul: &'static str,
-    /// The kernels the project's own ops run.
-    pub own_ops: &'static str,
+    /// The kernels the matmuls and the project's own ops run (one path for both:
+    /// `avx2+fma`, or `sse/scalar` without AVX2/FMA).
+    pub kernels: &'static str,
 }
 
 /// Detect the kernel path.
@@ -42,19 +41,16 @@ pub fn kernel_path() -> KernelPath {
             "avx512fp16"
         );
         let v3 = cpu.contains(&"avx2") && cpu.contains(&"fma");
-        let path = if v3 { "avx2+fma" } else { "sse/scalar" };
         KernelPath {
             cpu,
-            matmul: path,
-            own_ops: path,
+            kernels: if v3 { "avx2+fma" } else { "sse/scalar" },
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
         KernelPath {
             cpu: Vec::new(),
-            matmul: "portable",
-            own_ops: "portable",
+            kernels: "portable",
         }
     }
 }
