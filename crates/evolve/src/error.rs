@@ -5,6 +5,7 @@ use std::path::PathBuf;
 /// Everything that can go wrong while evolving harnesses. Model misbehaviour inside an episode
 /// and unusable LLM answers are data (recorded in the round report), never `Err`.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// A setting is out of range; names the field and what was expected.
     #[error("evolution settings: `{field}`: {message}")]

@@ -5,6 +5,7 @@ pub type Result<T> = std::result::Result<T, Error>;
 
 /// Everything that can go wrong serving an environment, talking to one, or proxying a policy.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// A configuration value is unusable.
     #[error("configuration `{field}`: {message}")]

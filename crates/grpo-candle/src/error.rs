@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 /// Everything that can go wrong in grpo-candle.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// A tensor operation failed.
     #[error("tensor error: {0}")]

@@ -62,6 +62,8 @@
 //! # Ok::<(), grpo_candle::Error>(())
 //! ```
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 pub mod error;
 pub mod model;
 pub mod ops;

@@ -49,6 +49,7 @@ impl fmt::Display for Location {
 
 /// Everything that can go wrong in harness-core.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// A document did not parse (bad JSON, wrong type, unknown field).
     #[error("{location}: {message}")]

@@ -5,6 +5,7 @@ pub type Result<T> = std::result::Result<T, Error>;
 
 /// Everything that can go wrong talking to (or serving) an OpenAI-compatible endpoint.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// A configuration value is unusable (empty base URL, zero concurrency, ...).
     #[error("configuration `{field}`: {message}")]

@@ -36,7 +36,10 @@
 //! # }
 //! ```
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 #[cfg(feature = "candle")]
+#[cfg_attr(docsrs, doc(cfg(feature = "candle")))]
 pub mod candle;
 pub mod chat;
 pub mod engine;
@@ -53,10 +56,10 @@ pub use engine::{
     TokenSink, choice_seed,
 };
 pub use error::{Error, Result};
-pub use remote::{EngineKind, RemotePolicy, RemotePolicyConfig, WeightSync};
+pub use remote::{EngineKind, ReloadMethod, RemotePolicy, RemotePolicyConfig};
 pub use server::{ApiKey, ServerConfig, ServerHandle, ServerState, WeightLoader};
 pub use transport::{EndpointConfig, RetryConfig, http_client, install_tls_provider};
-pub use usage::{RoleUsage, UsageLedger};
+pub use usage::{RequestUsage, UsageLedger};
 
 #[cfg(test)]
 mod tests {

@@ -27,8 +27,8 @@
 //!   started with `VLLM_SERVER_DEV_MODE=1` and serving the checkpoint directory itself
 //!   (`vllm serve <dir>`), overwrite that directory and call `POST /collective_rpc
 //!   {"method": "reload_weights"}` followed by `POST /reset_prefix_cache`, which is what
-//!   [`WeightSync::VllmReloadInPlace`] does (the directory must be the one vLLM serves). Without
-//!   dev mode, restart `vllm serve <dir>` on the new checkpoint ([`WeightSync::Restart`] leaves it
+//!   [`ReloadMethod::VllmReloadInPlace`] does (the directory must be the one vLLM serves). Without
+//!   dev mode, restart `vllm serve <dir>` on the new checkpoint ([`ReloadMethod::Restart`] leaves it
 //!   to the caller).
 
 use std::path::Path;
@@ -60,7 +60,7 @@ pub enum EngineKind {
 
 /// How new weights reach the engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WeightSync {
+pub enum ReloadMethod {
     /// SGLang's `POST /update_weights_from_disk`.
     SglangFromDisk,
     /// vLLM dev mode: `POST /collective_rpc {"method": "reload_weights"}` then
@@ -80,7 +80,7 @@ pub struct RemotePolicyConfig {
     /// The engine's API.
     pub engine: EngineKind,
     /// How [`RemotePolicy::sync_weights`] reaches the engine.
-    pub weight_sync: WeightSync,
+    pub weight_sync: ReloadMethod,
     /// The per-attempt timeout of a weight reload.
     pub reload_timeout: Duration,
     /// vLLM and SGLang accept seeds in the signed 64-bit range only: clear the top bit of each
@@ -102,8 +102,8 @@ impl RemotePolicyConfig {
             model: model.into(),
             engine,
             weight_sync: match engine {
-                EngineKind::Vllm => WeightSync::VllmReloadInPlace,
-                EngineKind::Sglang => WeightSync::SglangFromDisk,
+                EngineKind::Vllm => ReloadMethod::VllmReloadInPlace,
+                EngineKind::Sglang => ReloadMethod::SglangFromDisk,
             },
             reload_timeout: Duration::from_secs(600),
             fold_seed_to_i63: true,
@@ -347,7 +347,7 @@ impl RemotePolicy {
         let dir = checkpoint_dir.to_string_lossy().to_string();
         let timeout = Some(self.config.reload_timeout);
         match self.config.weight_sync {
-            WeightSync::SglangFromDisk => {
+            ReloadMethod::SglangFromDisk => {
                 let path = "/update_weights_from_disk";
                 let reply = self
                     .transport
@@ -368,7 +368,7 @@ impl RemotePolicy {
                 }
                 Ok(())
             }
-            WeightSync::VllmReloadInPlace => {
+            ReloadMethod::VllmReloadInPlace => {
                 self.transport
                     .post_json::<_, Value>(
                         "/collective_rpc",
@@ -382,10 +382,10 @@ impl RemotePolicy {
                     .await?;
                 Ok(())
             }
-            WeightSync::Restart => Err(Error::config(
+            ReloadMethod::Restart => Err(Error::config(
                 "weight_sync",
                 format!(
-                    "this engine cannot reload weights: restart it on `{dir}` (WeightSync::Restart)"
+                    "this engine cannot reload weights: restart it on `{dir}` (ReloadMethod::Restart)"
                 ),
             )),
         }

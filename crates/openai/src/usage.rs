@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 /// What one role (`ChatRequest::purpose`) consumed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RoleUsage {
+pub struct RequestUsage {
     /// Requests that succeeded.
     pub requests: u64,
     /// Requests that failed for good (after retries).
@@ -23,13 +23,13 @@ pub struct RoleUsage {
     pub requests_without_usage: u64,
 }
 
-impl RoleUsage {
+impl RequestUsage {
     /// Prompt plus completion tokens.
     pub fn total_tokens(&self) -> u64 {
         self.prompt_tokens + self.completion_tokens
     }
 
-    fn add(&mut self, other: &RoleUsage) {
+    fn add(&mut self, other: &RequestUsage) {
         self.requests += other.requests;
         self.failed_requests += other.failed_requests;
         self.attempts += other.attempts;
@@ -43,7 +43,7 @@ impl RoleUsage {
 /// run can hand one ledger to several clients and read the totals at the end.
 #[derive(Debug, Clone, Default)]
 pub struct UsageLedger {
-    inner: Arc<Mutex<BTreeMap<String, RoleUsage>>>,
+    inner: Arc<Mutex<BTreeMap<String, RequestUsage>>>,
 }
 
 impl UsageLedger {
@@ -52,7 +52,7 @@ impl UsageLedger {
         Self::default()
     }
 
-    fn with<R>(&self, f: impl FnOnce(&mut BTreeMap<String, RoleUsage>) -> R) -> R {
+    fn with<R>(&self, f: impl FnOnce(&mut BTreeMap<String, RequestUsage>) -> R) -> R {
         // A poisoned lock only means another thread panicked mid-update of plain counters.
         let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         f(&mut guard)
@@ -84,19 +84,19 @@ impl UsageLedger {
     }
 
     /// The usage of one role (zero when it never asked).
-    pub fn role(&self, role: &str) -> RoleUsage {
+    pub fn role(&self, role: &str) -> RequestUsage {
         self.with(|m| m.get(role).copied().unwrap_or_default())
     }
 
     /// A copy of every role's usage, sorted by role.
-    pub fn snapshot(&self) -> BTreeMap<String, RoleUsage> {
+    pub fn snapshot(&self) -> BTreeMap<String, RequestUsage> {
         self.with(|m| m.clone())
     }
 
     /// The sum over all roles.
-    pub fn total(&self) -> RoleUsage {
+    pub fn total(&self) -> RequestUsage {
         self.with(|m| {
-            let mut t = RoleUsage::default();
+            let mut t = RequestUsage::default();
             for u in m.values() {
                 t.add(u);
             }

@@ -379,18 +379,21 @@ fn is_paper_objective(o: &RescueObjective) -> bool {
 pub const PAPER_META_HARNESS_BUDGET_RATIO: f64 = 1.995;
 
 /// The search methods of Table 1 (Meta-Harness, WHALE). Their searches score candidates on
-/// `evolve.train_tasks_per_round` training tasks; Meta-Harness's budget is evolution's
-/// (`evolve.proposal_budgets`) times `meta_harness_budget_ratio`, WHALE's evolution's.
+/// `evolve.train_tasks_per_round` training tasks; Meta-Harness's budget is
+/// `meta_harness_budget_ratio` times evolution's search rollouts, WHALE's evolution's
+/// proposals.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SearchConfig {
-    /// Proposals of a Meta-Harness search, and of WHALE's searches together (`None`: from
-    /// evolution's budget, the sum of `evolve.proposal_budgets`: for Meta-Harness times
-    /// `meta_harness_budget_ratio`, for WHALE evolution's as it is).
+    /// Proposals of a Meta-Harness search, and of WHALE's searches together (`None`: for
+    /// Meta-Harness `meta_harness_budget_ratio` times the search rollouts evolution spent in
+    /// the run folder, in proposals of one rollout per scoring task, or times evolution's
+    /// proposals when its rollouts are not recorded; for WHALE the sum of
+    /// `evolve.proposal_budgets`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proposals: Option<usize>,
-    /// Meta-Harness's default budget as a multiple of evolution's (paper, Table 10: 8,000
-    /// search rollouts against Harness-S's 4,010, [`PAPER_META_HARNESS_BUDGET_RATIO`]).
+    /// Meta-Harness's default search rollouts as a multiple of evolution's (paper, Table 10:
+    /// 8,000 search rollouts against Harness-S's 4,010, [`PAPER_META_HARNESS_BUDGET_RATIO`]).
     #[serde(
         default = "paper_meta_harness_ratio",
         skip_serializing_if = "is_paper_meta_harness_ratio"
@@ -2061,8 +2064,8 @@ Run configuration (TOML or JSON; any subset; `preset` picks the defaults; flags 
   eval.k                        rollouts per test task (paper: 3)
   eval.ranks                    router ranks of Table 5 (paper: 3)
   eval.harnesses                unseen harnesses every policy is also tested under (RQ6, Figure 4): \"unseen\" (the embedded default's unseen set), \"builtin\" (the environment's hand-written siblings), a pool directory or a harness JSON file; one sharing a mechanism or message with the pool or the warm start's demonstrations is left out (eval/unseen.json)
-  search.proposals              proposals of a Meta-Harness search, and of WHALE's searches together (default: evolution's budget, the sum of evolve.proposal_budgets, times search.meta_harness_budget_ratio for Meta-Harness)
-  search.meta_harness_budget_ratio  Meta-Harness's default budget over evolution's (paper, Table 10: 8,000 / 4,010 = 1.995)
+  search.proposals              proposals of a Meta-Harness search, and of WHALE's searches together (default: for Meta-Harness search.meta_harness_budget_ratio times evolution's search rollouts, one rollout per scoring task and proposal; for WHALE the sum of evolve.proposal_budgets)
+  search.meta_harness_budget_ratio  Meta-Harness's default search rollouts over evolution's (paper, Table 10: 8,000 / 4,010 = 1.995)
   search.whale_sft_learning_rate    WHALE's rejection-sampling SFT step size (quick 1e-3, paper preset 1e-6; the paper gives none)
   search.history_candidates     candidates Meta-Harness's proposer reads with their harness and traces, the best-ranked (default 8; every candidate is listed with its score)
   search.history_traces         traces per such candidate, failures first (default 4)

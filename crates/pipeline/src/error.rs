@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 /// What went wrong in a stage of the main job.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// A run configuration that cannot be used.
     #[error("{file}: {}{message}", if field.is_empty() { String::new() } else { format!("field `{field}`: ") })]

@@ -35,6 +35,8 @@
 //! # Ok(()) }
 //! ```
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 pub mod config;
 pub mod error;
 pub mod keys;

@@ -269,8 +269,11 @@ async fn every_method_trains_from_one_checkpoint_and_has_its_row_in_every_table(
             let rounds = jsonl(&run.join("search.jsonl"));
             assert_eq!(rounds.last().unwrap()["best"], best_id, "{m}");
             let proposals: u64 = rounds.iter().map(|r| r["budget"].as_u64().unwrap()).sum();
-            // Meta-Harness: evolution's 3 times the paper's Table 10 ratio (8,000 / 4,010);
-            // WHALE: evolution's.
+            // Meta-Harness: the paper's Table 10 ratio (8,000 / 4,010) times evolution's search
+            // rollouts, in proposals of 4 rollouts (one per scoring task); this run's pool was
+            // given, so evolution spent nothing here and the ratio applies to its 3 proposals.
+            // WHALE: evolution's 3.
+            assert!(!out.join("evolve/stage_cost.json").exists());
             let want = if m.updates_weights() { 3 } else { 6 };
             assert_eq!(proposals, want, "{m}: the search budget");
             assert_eq!(cost["proposals"].as_u64(), Some(want), "{m}");

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 /// Everything that can go wrong with a pool.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// A pool file is missing, malformed or inconsistent with the rest of the pool.
     #[error("{}: {message}", file.display())]

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 /// What went wrong while reading a run directory or writing its report.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// A file or folder could not be read or written.
     #[error("{}: {source}", path.display())]

@@ -6,6 +6,7 @@ use harness_core::HarnessId;
 
 /// Everything that can go wrong in a rescue-training run.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// A configuration value is out of range or inconsistent with the pool.
     #[error("rescue config{}: `{field}`: {message}", file.as_ref().map(|f| format!(" {}", f.display())).unwrap_or_default())]

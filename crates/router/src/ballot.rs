@@ -24,6 +24,7 @@ pub const MAX_ANSWER_BYTES: usize = 256 * 1024;
 /// Why a ballot was rejected.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 #[serde(rename_all = "snake_case", tag = "reason")]
+#[non_exhaustive]
 pub enum BallotError {
     /// The voter's answer held no readable ballot (not JSON, wrong shape).
     #[error("not a ballot: {message}")]

@@ -23,18 +23,20 @@ fn eligible_error(k: usize, n: usize) -> harness_core::Error {
 }
 
 /// Random Harness: `k` distinct members drawn uniformly (H0 excluded in rescue), seeded by the
-/// selector's seed, the request's seed and the task id.
+/// selector's seed, the request's seed and the task id. `harness_rollout::RandomSelector`
+/// draws from the request's seed alone; this one carries a seed of its own, so that two
+/// routers over the same pool draw differently.
 #[derive(Debug, Clone)]
-pub struct RandomSelector {
+pub struct SeededRandomSelector {
     base: HarnessId,
     members: Vec<HarnessId>,
     seed: u64,
 }
 
-impl RandomSelector {
+impl SeededRandomSelector {
     /// A random selector over `pool`.
     pub fn new(pool: &SiblingPool, seed: u64) -> Self {
-        RandomSelector {
+        SeededRandomSelector {
             base: pool.base_id().clone(),
             members: pool.ids(),
             seed,
@@ -43,7 +45,7 @@ impl RandomSelector {
 }
 
 #[async_trait]
-impl HarnessSelector for RandomSelector {
+impl HarnessSelector for SeededRandomSelector {
     fn name(&self) -> &str {
         "random"
     }

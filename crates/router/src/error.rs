@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 /// Everything that can go wrong in the router.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// A test task was offered to the router's evidence (calibration or the similarity index);
     /// the paper reserves test tasks for final evaluation.

@@ -16,8 +16,8 @@ use harness_core::{
 };
 use harness_router::{
     AdaptiveRouter, BuiltinProfiler, BuiltinVoter, Calibration, Calibrator, CalibratorSettings,
-    EvidenceCell, FeatureSource, RandomSelector, RankEvalSettings, ReanchorMode, RouterSettings,
-    RuleRouter, Voter, calibration_file_name, evaluate_ranks,
+    EvidenceCell, FeatureSource, RankEvalSettings, ReanchorMode, RouterSettings, RuleRouter,
+    SeededRandomSelector, Voter, calibration_file_name, evaluate_ranks,
 };
 
 struct Setup {
@@ -242,7 +242,7 @@ async fn fixed_profiles_never_reanchor_and_the_rule_router_follows_similar_tasks
 #[tokio::test]
 async fn random_selector_is_seeded_and_respects_the_mode() {
     let pool = pool();
-    let random = RandomSelector::new(&pool, 3);
+    let random = SeededRandomSelector::new(&pool, 3);
     let request = |seed| SelectionRequest {
         task: task("t", Split::Train, "mail", 0),
         k: 4,
@@ -275,7 +275,7 @@ async fn random_selector_is_seeded_and_respects_the_mode() {
     assert!(all.contains(pool.base_id()));
 }
 
-async fn futures_orders(random: &RandomSelector, n: u64) -> BTreeSet<Vec<HarnessId>> {
+async fn futures_orders(random: &SeededRandomSelector, n: u64) -> BTreeSet<Vec<HarnessId>> {
     let mut out = BTreeSet::new();
     for seed in 0..n {
         out.insert(

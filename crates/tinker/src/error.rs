@@ -4,6 +4,7 @@ use std::time::Duration;
 
 /// Everything that can go wrong talking to a Tinker server.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// A setting is out of range; names the field and what was expected.
     #[error("tinker config `{field}`: {message}")]

@@ -32,10 +32,13 @@
 //! # let _ = learner; Ok(()) }
 //! ```
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 pub mod archive;
 pub mod client;
 pub mod error;
 #[cfg(feature = "fake")]
+#[cfg_attr(docsrs, doc(cfg(feature = "fake")))]
 pub mod fake;
 pub mod learner;
 pub mod objective;

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 /// What can go wrong in a warm start.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// A setting is out of range.
     #[error("warm-start settings: `{field}`: {message}")]

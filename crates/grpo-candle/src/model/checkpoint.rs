@@ -130,6 +130,7 @@ impl PolicyModel {
 
     /// Load from the hub (or only its cache when `offline`; see [`ModelFiles::from_hub`]).
     #[cfg(feature = "hub")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "hub")))]
     pub async fn load_hub(
         repo_id: &str,
         revision: Option<&str>,

@@ -90,6 +90,7 @@ impl ModelFiles {
     /// missing file is an error. Binaries pass `offline_from_env(std::env::var("HF_HUB_OFFLINE"))`
     /// to honour the usual variable, which hf-hub itself ignores.
     #[cfg(feature = "hub")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "hub")))]
     pub async fn from_hub(repo_id: &str, revision: Option<&str>, offline: bool) -> Result<Self> {
         let client = hf_hub::HFClient::new().map_err(|e| Error::Hub(e.to_string()))?;
         Self::from_hub_with(&client, repo_id, revision, offline).await
@@ -97,6 +98,7 @@ impl ModelFiles {
 
     /// [`ModelFiles::from_hub`] with an explicit client (cache folder, endpoint) and offline flag.
     #[cfg(feature = "hub")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "hub")))]
     pub async fn from_hub_with(
         client: &hf_hub::HFClient,
         repo_id: &str,
@@ -171,6 +173,7 @@ impl ModelFiles {
     /// [`ModelFiles::from_hub`] for synchronous callers (runs a private current-thread runtime;
     /// do not call it from inside an async task).
     #[cfg(feature = "hub")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "hub")))]
     pub fn from_hub_blocking(repo_id: &str, revision: Option<&str>, offline: bool) -> Result<Self> {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()

@@ -5,11 +5,12 @@
 //!   (a proposer that reads the whole search history, every candidate's harness, score and
 //!   sampled traces and every earlier proposal's outcome, revises any candidate; every
 //!   candidate is validated and scored on training tasks) keeps the best candidate by training
-//!   success. Its budget is `search.proposals`, by default evolution's (the sum of
-//!   `evolve.proposal_budgets`) times `search.meta_harness_budget_ratio` (the paper's Table 10
-//!   ratio, 8,000 / 4,010), each proposal scored on `evolve.train_tasks_per_round` training
-//!   tasks with greedy rollouts (Table 8's executor); `search.jsonl` records each round's
-//!   budget, rollouts and proposals.
+//!   success. Its budget is `search.proposals`, by default `search.meta_harness_budget_ratio`
+//!   (the paper's Table 10 ratio, 8,000 / 4,010 search rollouts) times the search rollouts
+//!   evolution spent in this run folder, in proposals each scored on
+//!   `evolve.train_tasks_per_round` training tasks with greedy rollouts (Table 8's executor),
+//!   one rollout per task; when evolution's stage cost is missing, the ratio times evolution's
+//!   proposals. `search.jsonl` records each round's budget, rollouts and proposals.
 //! - **WHALE**: alternating search and rejection-sampling fine-tuning: a harness search with
 //!   the current policy (its proposer revises the current `H_best` from its failures), then the phase's share of `train.updates`, each update sampling
 //!   `train.group_size` rollouts of `train.batch_tasks` training tasks under that search's
@@ -48,7 +49,7 @@ use harness_evolve::meta_harness::{
 };
 use serde::{Deserialize, Serialize};
 
-use super::cost::{self, StageCost, Tokens};
+use super::cost::{self, STAGE_COST_FILE, StageCost, Tokens};
 use super::evolve::{counting_executor, evolve_settings, search_roles, tokens_of};
 use super::train::Trained;
 use crate::config::Method;
@@ -183,7 +184,7 @@ pub async fn search(wb: &Workbench, method: Method) -> Result<Trained> {
     let started = Instant::now();
     let policy = wb.local_policy(&wb.checkpoint, method.name())?;
     let settings = evolve_settings(wb);
-    let total_budget = search_budget(cfg, method, settings.proposal_budgets.iter().sum());
+    let evolution = evolution_spend(wb, &settings);
     // WHALE: search, fine-tune, ..., search: `whale_rounds` fine-tuning phases, each after a
     // search with the current policy, and a last search with the final policy, so the H_best
     // it is evaluated under was selected for it. Meta-Harness: one search.
@@ -223,6 +224,9 @@ pub async fn search(wb: &Workbench, method: Method) -> Result<Trained> {
             field: "evolve.train_tasks_per_round".into(),
             message,
         })?;
+    // A proposal costs one greedy rollout on each task a candidate is scored on.
+    let per_proposal = cfg.evolve.train_tasks_per_round.min(search_tasks.len());
+    let total_budget = search_budget(cfg, method, evolution, per_proposal);
     let mut next_task = 0usize;
     let mut best = wb.base.clone();
     let mut tokens: BTreeMap<String, Tokens> = BTreeMap::new();
@@ -454,18 +458,59 @@ fn share(total: usize, parts: usize, round: usize) -> usize {
     total / parts + usize::from(round <= total % parts)
 }
 
-/// The proposals of `method`'s search (all of WHALE's searches together): `search.proposals`,
-/// else evolution's budget, times `search.meta_harness_budget_ratio` for Meta-Harness (the
-/// paper's Table 10 gives it about twice Harness-S's search rollouts).
-pub fn search_budget(cfg: &crate::config::RunConfig, method: Method, evolution: usize) -> usize {
+/// What evolution spent, from which the search methods' default budgets follow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EvolutionSpend {
+    /// Its proposals (the sum of `evolve.proposal_budgets`).
+    pub proposals: usize,
+    /// Its search rollouts, when its stage ran in this run folder (`evolve/stage_cost.json`).
+    pub rollouts: Option<u64>,
+}
+
+/// The proposals of `method`'s search (all of WHALE's searches together): `search.proposals`;
+/// else, for Meta-Harness, `search.meta_harness_budget_ratio` times evolution's search
+/// rollouts, in proposals of `rollouts_per_proposal` rollouts each (the paper's Table 10 gives
+/// Meta-Harness about twice Harness-S's search rollouts: 8,000 against 4,010), or the ratio
+/// times evolution's proposals when evolution's rollouts are not known; for WHALE, evolution's
+/// proposals.
+pub fn search_budget(
+    cfg: &crate::config::RunConfig,
+    method: Method,
+    evolution: EvolutionSpend,
+    rollouts_per_proposal: usize,
+) -> usize {
     if let Some(p) = cfg.search.proposals {
         return p;
     }
-    match method.spec().strategy {
-        StrategyKind::MetaHarness => {
-            ((evolution as f64 * cfg.search.meta_harness_budget_ratio).round() as usize).max(1)
+    let ratio = cfg.search.meta_harness_budget_ratio;
+    match (method.spec().strategy, evolution.rollouts) {
+        (StrategyKind::MetaHarness, Some(rollouts)) if rollouts > 0 => {
+            let per = rollouts_per_proposal.max(1) as f64;
+            ((rollouts as f64 * ratio / per).round() as usize).max(1)
         }
-        _ => evolution,
+        (StrategyKind::MetaHarness, _) => {
+            ((evolution.proposals as f64 * ratio).round() as usize).max(1)
+        }
+        _ => evolution.proposals,
+    }
+}
+
+/// Evolution's spend in this run folder: its proposals, and its search rollouts when its
+/// stage cost was written.
+fn evolution_spend(wb: &Workbench, settings: &harness_evolve::EvolveSettings) -> EvolutionSpend {
+    evolution_spend_in(&wb.layout.evolve(), settings.proposal_budgets.iter().sum())
+}
+
+/// [`evolution_spend`] from evolution's folder `dir` (no stage cost there when the pool was
+/// given rather than evolved).
+fn evolution_spend_in(dir: &Path, proposals: usize) -> EvolutionSpend {
+    let rollouts = std::fs::read_to_string(dir.join(STAGE_COST_FILE))
+        .ok()
+        .and_then(|text| serde_json::from_str::<StageCost>(&text).ok())
+        .and_then(|cost| cost.rollouts.get("search").copied());
+    EvolutionSpend {
+        proposals,
+        rollouts,
     }
 }
 
@@ -568,13 +613,58 @@ mod tests {
     #[test]
     fn meta_harness_gets_the_papers_budget_ratio_and_whale_evolutions() {
         let mut cfg = crate::config::RunConfig::preset(crate::config::Preset::Quick);
-        assert_eq!(search_budget(&cfg, Method::MetaHarness, 12), 24);
-        assert_eq!(search_budget(&cfg, Method::Whale, 12), 12);
-        assert_eq!(search_budget(&cfg, Method::MetaHarness, 4010), 8000);
+        let spent = |rollouts| EvolutionSpend {
+            proposals: 12,
+            rollouts,
+        };
+        // Twice evolution's search rollouts (597 of them), in proposals of 11 rollouts each.
+        assert_eq!(
+            search_budget(&cfg, Method::MetaHarness, spent(Some(597)), 11),
+            108
+        );
+        assert_eq!(
+            search_budget(&cfg, Method::MetaHarness, spent(Some(4010)), 1),
+            8000
+        );
+        // Without evolution's rollouts: twice its proposals.
+        assert_eq!(
+            search_budget(&cfg, Method::MetaHarness, spent(None), 11),
+            24
+        );
+        assert_eq!(
+            search_budget(&cfg, Method::MetaHarness, spent(Some(0)), 11),
+            24
+        );
+        assert_eq!(search_budget(&cfg, Method::Whale, spent(Some(597)), 11), 12);
         cfg.search.meta_harness_budget_ratio = 1.0;
-        assert_eq!(search_budget(&cfg, Method::MetaHarness, 12), 12);
+        assert_eq!(
+            search_budget(&cfg, Method::MetaHarness, spent(Some(44)), 11),
+            4
+        );
         cfg.search.proposals = Some(5);
-        assert_eq!(search_budget(&cfg, Method::MetaHarness, 12), 5);
+        assert_eq!(
+            search_budget(&cfg, Method::MetaHarness, spent(Some(597)), 11),
+            5
+        );
+    }
+
+    #[test]
+    fn evolutions_rollouts_come_from_its_stage_cost_when_it_ran() {
+        let dir = tempfile::tempdir().unwrap();
+        let given = evolution_spend_in(dir.path(), 12);
+        assert_eq!(
+            given,
+            EvolutionSpend {
+                proposals: 12,
+                rollouts: None
+            }
+        );
+        std::fs::write(
+            dir.path().join(STAGE_COST_FILE),
+            r#"{"stage": "evolve", "rollouts": {"search": 597}, "proposals": 12}"#,
+        )
+        .unwrap();
+        assert_eq!(evolution_spend_in(dir.path(), 12).rollouts, Some(597));
     }
 
     #[test]
