@@ -122,12 +122,45 @@ pub struct CrossRecord {
 /// `(name, reason)`.
 pub type UnseenSelection = (Vec<Harness>, Vec<(String, String)>);
 
+/// What an agent program of the pool declares about itself, as the mechanisms of a
+/// declarative harness: the hooks its environment hands the program (`AGENT_HOOKS`, as
+/// `harness_external::agents::mirror_sibling` writes them for the bundled agent). Its system
+/// prompt (`AGENT_SYSTEM`) is H0's, rendered, and is not compared. A program that declares no
+/// hooks is its own code, and nothing of it can be compared.
+fn program_mechanisms(
+    program: &Harness,
+    base: &Harness,
+) -> Vec<harness_core::harness::mechanism::Mechanism> {
+    let Ok(external) = harness_external::program::ExternalHarness::from_harness(program) else {
+        return Vec::new();
+    };
+    let mut declared = base.clone();
+    let hooks = external
+        .env
+        .get("AGENT_HOOKS")
+        .and_then(|text| serde_json::from_str::<Vec<serde_json::Value>>(text).ok())
+        .unwrap_or_default();
+    for mut hook in hooks {
+        let Some(name) = hook["name"].as_str().map(str::to_string) else {
+            continue;
+        };
+        if let Some(fields) = hook.as_object_mut() {
+            fields.remove("name");
+        }
+        if let Ok(spec) = serde_json::from_value::<harness_core::harness::HookSpec>(hook) {
+            declared.hooks.insert(name, spec);
+        }
+    }
+    harness_core::harness::mechanism::mechanisms(&declared, base)
+}
+
 /// The harnesses of `eval.harnesses` that RQ6 may call unseen, each once, in the order given:
 /// `"unseen"` the environment's unseen set (the embedded default's
 /// [`harness_warmstart::environment::unseen_harnesses`]), `"builtin"` its hand-written
 /// siblings, a path a saved pool's members besides its H0 or one harness JSON file. A harness
-/// in `pool`, or sharing a hook message, rule text or mechanism with a declarative pool member
-/// or (on the embedded default) with a harness the warm start demonstrated under, is left out;
+/// in `pool`, or sharing a hook message, rule text or mechanism with a declarative pool member,
+/// with the hooks an agent program of the pool declares, or (on the embedded default) with a
+/// harness the warm start demonstrated under, is left out;
 /// the second list names each with the reason.
 pub fn unseen_selection(wb: &Workbench, pool: &SiblingPool) -> Result<UnseenSelection> {
     use harness_core::harness::mechanism::{mechanisms, shared_mechanism};
@@ -148,11 +181,14 @@ pub fn unseen_selection(wb: &Workbench, pool: &SiblingPool) -> Result<UnseenSele
                 }),
         );
     }
-    known.extend(
-        pool.auxiliaries()
-            .filter(|h| !h.is_external())
-            .map(|h| (format!("pool member {}", h.name), mechanisms(h, base))),
-    );
+    known.extend(pool.auxiliaries().map(|h| {
+        let m = if h.is_external() {
+            program_mechanisms(h, base)
+        } else {
+            mechanisms(h, base)
+        };
+        (format!("pool member {}", h.name), m)
+    }));
     for (i, source) in wb.cfg.eval.harnesses.iter().enumerate() {
         let found: Vec<Harness> = if source == "unseen" {
             if wb.cfg.env.name != "default" {
@@ -995,4 +1031,48 @@ pub(crate) fn replace_lines<T: Serialize>(path: &Path, method: &str, lines: &[T]
         std::fs::create_dir_all(dir).map_err(|e| Error::input("evaluate", dir, e.to_string()))?;
     }
     harness_core::fsutil::write_atomic(path, kept.as_bytes()).at("evaluate")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::program_mechanisms;
+    use harness_external::agents::{DBBENCH_AGENT, MirrorSpec, mirror_sibling};
+    use harness_warmstart::environment::{EpisodeLimits, compact_base};
+
+    #[test]
+    fn an_agent_programs_declared_hooks_count_as_its_mechanisms() {
+        let base = compact_base(&EpisodeLimits::default());
+        let mut hooks = base.hooks.clone();
+        let hook: harness_core::harness::HookSpec = serde_json::from_value(serde_json::json!({
+            "event": "after_tool",
+            "action": "warn",
+            "condition": "remaining_steps_lte",
+            "parameters": {"threshold": 1},
+            "message": "One step left: commit the answer now."
+        }))
+        .unwrap();
+        hooks.insert("last-step".into(), hook);
+        let program = mirror_sibling(MirrorSpec {
+            base: &base,
+            hooks,
+            no_call_reply: None,
+            command: vec!["python3".into(), "-c".into(), DBBENCH_AGENT.into()],
+            name: "python-agent-last-step".into(),
+            timeout_s: 60.0,
+        })
+        .unwrap()
+        .to_harness();
+        assert!(program.is_external());
+        let found = program_mechanisms(&program, &base);
+        assert!(
+            found
+                .iter()
+                .any(|m| m.component == "hook" && m.text == "One step left: commit the answer now."),
+            "{found:?}"
+        );
+        // H0's own hooks and prompt are not the program's.
+        assert_eq!(found.len(), 1, "{found:?}");
+        // A declarative harness is not a program: nothing to read.
+        assert!(program_mechanisms(&base, &base).is_empty());
+    }
 }
