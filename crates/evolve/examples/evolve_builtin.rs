@@ -25,7 +25,9 @@ use harness_core::{
 };
 use harness_envs::{appworld, dbbench};
 use harness_evolve::exec::{Executor, PolicySource};
-use harness_evolve::meta_harness::{AnalystEditorProposer, MetaHarnessSearch};
+use harness_evolve::meta_harness::{
+    AnalystEditorProposer, DEFAULT_MAX_UNSCORED_IN_A_ROW, MetaHarnessSearch,
+};
 use harness_evolve::report::{round_summary, write_reports};
 use harness_evolve::{BuiltinEditor, Evolution, EvolveSettings, RuleAnalyst, diversity};
 use serde_json::json;
@@ -393,6 +395,7 @@ async fn main() -> anyhow::Result<()> {
         // Meta-Harness with the same budgets, executor and verifier: one H_best by training score.
         let search = MetaHarnessSearch {
             settings: evolution.settings.clone(),
+            max_unscored_in_a_row: DEFAULT_MAX_UNSCORED_IN_A_ROW,
             executor: evolution.executor.clone(),
             proposer: Arc::new(AnalystEditorProposer {
                 analyst: Arc::new(RuleAnalyst),

@@ -56,7 +56,7 @@ impl MetaCandidate {
 /// of it. Empty slots leave no attempt.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Attempt {
-    /// The proposal slot (1-based, in the order the budget was spent).
+    /// The proposal slot (1-based, in the order the proposals were made; empty slots count).
     pub slot: usize,
     /// The candidate it revised.
     pub parent: HarnessId,
@@ -498,15 +498,28 @@ pub struct MetaHarnessResult {
     pub rejected: Vec<Rejection>,
     /// Slots the proposer left empty.
     pub empty: usize,
+    /// The search stopped before its budget was spent: the proposer made
+    /// [`MetaHarnessSearch::max_unscored_in_a_row`] proposals in a row that scored nothing.
+    pub stopped_unscored: bool,
     /// External tokens of the proposer.
     pub usage: UsageByRole,
 }
 
-/// A Meta-Harness search with Directional Harness Evolution's executor; its budget is the total
-/// of `settings.proposal_budgets`.
+/// The default of [`MetaHarnessSearch::max_unscored_in_a_row`] (the paper gives none).
+pub const DEFAULT_MAX_UNSCORED_IN_A_ROW: usize = 10;
+
+/// A Meta-Harness search with Directional Harness Evolution's executor. Its budget, the total
+/// of `settings.proposal_budgets`, counts scored candidates, each scored with one rollout per
+/// scoring task, so the budget is a number of search rollouts: a proposal that scores nothing
+/// (refused by validation, a duplicate of a scored candidate, or a slot the proposer left
+/// empty) spends no rollout and no budget. The search stops early when
+/// `max_unscored_in_a_row` proposals in a row scored nothing.
 pub struct MetaHarnessSearch {
-    /// The settings (the total of `proposal_budgets` is the search budget).
+    /// The settings (the total of `proposal_budgets` is the number of candidates to score).
     pub settings: EvolveSettings,
+    /// Proposals in a row that score nothing after which the search stops before its budget
+    /// is spent ([`DEFAULT_MAX_UNSCORED_IN_A_ROW`]; at least 1).
+    pub max_unscored_in_a_row: usize,
     /// The frozen policy in the environment.
     pub executor: Executor,
     /// The proposer.
@@ -563,13 +576,22 @@ impl MetaHarnessSearch {
         candidates.push(c);
         let budget: usize = self.settings.proposal_budgets.iter().sum();
         let mut attempts: Vec<Attempt> = Vec::new();
-        for n in 0..budget {
+        let mut unscored_in_a_row = 0usize;
+        let mut stopped_unscored = false;
+        let mut n = 0usize;
+        while candidates.len() - 1 < budget {
+            if unscored_in_a_row >= self.max_unscored_in_a_row.max(1) {
+                stopped_unscored = true;
+                break;
+            }
+            n += 1;
+            unscored_in_a_row += 1;
             let history = History {
                 candidates: &candidates,
                 harnesses: &harnesses,
                 trajectories: &trajectories,
                 attempts: &attempts,
-                slot: n + 1,
+                slot: n,
                 tools: &tools,
                 env: self.executor.env.name(),
             };
@@ -582,12 +604,14 @@ impl MetaHarnessSearch {
                 empty += 1;
                 continue;
             };
-            let scored = match harnesses.get(&parent_id).cloned() {
+            // The revised candidate, checked: it must exist, pass validation and not repeat a
+            // scored candidate; only then is it scored (and the budget spent).
+            let checked = match harnesses.get(&parent_id).cloned() {
                 None => Err(Rejection {
                     stage: crate::validate::Stage::References,
                     reason: format!("the proposer revised {parent_id}, which is not a candidate"),
                 }),
-                Some(parent) => match validate_child(
+                Some(parent) => validate_child(
                     &parent,
                     &proposal,
                     self.executor.env.as_ref(),
@@ -595,38 +619,41 @@ impl MetaHarnessSearch {
                     seed,
                 )
                 .await?
-                {
-                    Err(rejection) => Err(rejection),
-                    Ok(child) if harnesses.contains_key(&child.id()) => Err(Rejection {
-                        stage: crate::validate::Stage::Duplicate,
-                        reason: format!("candidate {} was already scored", child.id()),
-                    }),
-                    Ok(mut child) => {
-                        child.name = format!("meta-{}", n + 1);
-                        child.description = proposal.brief.clone();
-                        child.lineage.parent = Some(parent_id.clone());
-                        child.lineage.generation = parent.lineage.generation + 1;
-                        child.lineage.notes = vec![proposal.brief.clone()];
-                        let (h, c, runs) =
-                            score(child, Some(parent_id.clone()), proposal.brief.clone()).await?;
-                        let id = h.id();
-                        trajectories.insert(id.clone(), runs);
-                        harnesses.insert(id.clone(), h);
-                        candidates.push(c);
-                        Ok(id)
+                .and_then(|child| {
+                    if harnesses.contains_key(&child.id()) {
+                        Err(Rejection {
+                            stage: crate::validate::Stage::Duplicate,
+                            reason: format!("candidate {} was already scored", child.id()),
+                        })
+                    } else {
+                        Ok((parent, child))
                     }
-                },
+                }),
             };
-            let outcome = match scored {
-                Ok(id) => AttemptOutcome::Scored { id },
+            let outcome = match checked {
                 Err(rejection) => {
                     let reason = rejection.reason.clone();
                     rejected.push(rejection);
                     AttemptOutcome::Rejected { reason }
                 }
+                Ok((parent, mut child)) => {
+                    unscored_in_a_row = 0;
+                    child.name = format!("meta-{n}");
+                    child.description = proposal.brief.clone();
+                    child.lineage.parent = Some(parent_id.clone());
+                    child.lineage.generation = parent.lineage.generation + 1;
+                    child.lineage.notes = vec![proposal.brief.clone()];
+                    let (h, c, runs) =
+                        score(child, Some(parent_id.clone()), proposal.brief.clone()).await?;
+                    let id = h.id();
+                    trajectories.insert(id.clone(), runs);
+                    harnesses.insert(id.clone(), h);
+                    candidates.push(c);
+                    AttemptOutcome::Scored { id }
+                }
             };
             attempts.push(Attempt {
-                slot: n + 1,
+                slot: n,
                 parent: parent_id,
                 brief: proposal.brief,
                 focus,
@@ -646,6 +673,7 @@ impl MetaHarnessSearch {
             attempts,
             rejected,
             empty,
+            stopped_unscored,
             usage: BTreeMap::from([("proposer".to_string(), self.proposer.usage() - start)]),
         })
     }

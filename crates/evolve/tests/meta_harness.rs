@@ -53,6 +53,7 @@ async fn the_search_keeps_one_best_harness_by_training_score() {
     });
     let search = MetaHarnessSearch {
         settings: settings.clone(),
+        max_unscored_in_a_row: 5,
         executor: Executor {
             policy: Arc::new(SharedPolicy(Arc::new(policy))),
             env: Arc::new(env),
@@ -68,10 +69,10 @@ async fn the_search_keeps_one_best_harness_by_training_score() {
     };
     let result = search.run(h0()).await.unwrap();
     let scored = result.candidates.len() - 1;
-    assert_eq!(
-        scored + result.rejected.len() + result.empty,
-        4,
-        "the budget is 2 + 2 proposals"
+    assert!(
+        scored == 4 || result.stopped_unscored,
+        "the budget is 2 + 2 scored candidates: {:#?}",
+        result.attempts
     );
     assert_eq!(result.candidates[0].solved, 3);
     let best = result
@@ -409,6 +410,8 @@ async fn the_llm_proposer_gets_the_whole_history_and_names_the_candidate_it_revi
     settings.limits = None;
     let search = MetaHarnessSearch {
         settings,
+        // The duplicate spends no budget; the search stops after it.
+        max_unscored_in_a_row: 1,
         executor: Executor {
             policy: Arc::new(SharedPolicy(Arc::new(policy))),
             env: Arc::new(env),
@@ -420,6 +423,7 @@ async fn the_llm_proposer_gets_the_whole_history_and_names_the_candidate_it_revi
     };
     let result = search.run(base.clone()).await.unwrap();
     assert_eq!(result.candidates.len(), 2, "{:#?}", result.attempts);
+    assert!(result.stopped_unscored, "one duplicate in a row ends it");
     let child = &result.candidates[1];
     assert!(child.solved > result.candidates[0].solved);
     assert_eq!(result.attempts.len(), 2);
@@ -460,4 +464,129 @@ async fn the_llm_proposer_gets_the_whole_history_and_names_the_candidate_it_revi
     );
     let usage = &result.usage["proposer"];
     assert_eq!((usage.calls, usage.malformed), (3, 1));
+}
+
+/// Proposes a fixed list of rules for `action_guidance` from the base, in order, then nothing;
+/// `None` in the list is a slot left empty.
+struct ScriptedProposer {
+    base: harness_core::HarnessId,
+    rules: Vec<Option<&'static str>>,
+    next: Mutex<usize>,
+}
+
+#[async_trait]
+impl Proposer for ScriptedProposer {
+    fn name(&self) -> &str {
+        "scripted"
+    }
+
+    async fn propose(
+        &self,
+        _history: &History<'_>,
+    ) -> harness_evolve::Result<Option<harness_evolve::meta_harness::MetaProposal>> {
+        let mut next = self.next.lock().unwrap();
+        let rule = self.rules.get(*next).copied().flatten();
+        *next += 1;
+        Ok(rule.map(|rule| harness_evolve::meta_harness::MetaProposal {
+            parent: self.base.clone(),
+            proposal: Proposal {
+                edit: serde_json::from_value(serde_json::json!({
+                    "ops": [{"path": "state.prompt.slots.action_guidance", "value": rule}],
+                    "rationale": rule,
+                }))
+                .unwrap(),
+                brief: rule.to_string(),
+            },
+            focus: vec![rule.to_string()],
+        }))
+    }
+}
+
+/// A search over `rules` with a budget of `budget` scored candidates and the given stop; the
+/// result and the rollouts its executor ran.
+async fn scripted_search(
+    rules: Vec<Option<&'static str>>,
+    budget: usize,
+    max_unscored_in_a_row: usize,
+) -> (harness_evolve::meta_harness::MetaHarnessResult, usize) {
+    let (env, policy, train) = scenario();
+    let base = h0();
+    let mut settings = EvolveSettings::paper();
+    settings.proposal_budgets = vec![budget];
+    settings.train_tasks_per_round = 8;
+    settings.limits = None;
+    let counted = Arc::new(CountingSource {
+        policy: Arc::new(policy),
+        episodes: Default::default(),
+    });
+    let search = MetaHarnessSearch {
+        settings,
+        max_unscored_in_a_row,
+        executor: Executor {
+            policy: counted.clone(),
+            env: Arc::new(env),
+            sampling: SamplingParams::greedy(),
+            concurrency: 1,
+        },
+        proposer: Arc::new(ScriptedProposer {
+            base: base.id(),
+            rules,
+            next: Mutex::new(0),
+        }),
+        train,
+    };
+    let result = search.run(base).await.unwrap();
+    let episodes = counted.episodes.load(std::sync::atomic::Ordering::Relaxed);
+    (result, episodes)
+}
+
+/// One policy for every task, counting the episodes it is asked for.
+struct CountingSource {
+    policy: Arc<dyn harness_core::Policy>,
+    episodes: std::sync::atomic::AtomicUsize,
+}
+
+impl harness_evolve::exec::PolicySource for CountingSource {
+    fn policy_for(&self, _task: &Task) -> harness_evolve::Result<Arc<dyn harness_core::Policy>> {
+        self.episodes
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(self.policy.clone())
+    }
+
+    fn name(&self) -> String {
+        "counting".into()
+    }
+}
+
+#[tokio::test]
+async fn proposals_that_score_nothing_spend_no_budget_and_a_run_of_them_stops_the_search() {
+    // A duplicate, an empty slot and a rejected revision between scored candidates: the budget
+    // counts scored candidates only, so both rules are scored and 8 tasks x 3 harnesses ran.
+    let rules = vec![
+        Some("keep requesting pages"),
+        Some("keep requesting pages"),
+        None,
+        Some("keep one action for the completion call"),
+    ];
+    let (result, episodes) = scripted_search(rules.clone(), 2, 3).await;
+    assert_eq!(result.candidates.len(), 3, "{:#?}", result.attempts);
+    assert_eq!((result.rejected.len(), result.empty), (1, 1));
+    assert!(!result.stopped_unscored);
+    assert_eq!(
+        result.attempts.iter().map(|a| a.slot).collect::<Vec<_>>(),
+        vec![1, 2, 4],
+        "empty slots count in the numbering"
+    );
+    assert_eq!(episodes, 3 * 8, "the base and two scored candidates");
+
+    // Two proposals in a row that score nothing stop a search allowed two.
+    let (result, episodes) = scripted_search(rules.clone(), 2, 2).await;
+    assert_eq!(result.candidates.len(), 2);
+    assert!(result.stopped_unscored);
+    assert_eq!(episodes, 2 * 8);
+
+    // A proposer that never proposes ends the search after the allowed run, not never.
+    let (result, _) = scripted_search(vec![None; 100], 5, 4).await;
+    assert_eq!((result.candidates.len(), result.empty), (1, 4));
+    assert!(result.stopped_unscored);
 }

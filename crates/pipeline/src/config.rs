@@ -385,10 +385,11 @@ pub const PAPER_META_HARNESS_BUDGET_RATIO: f64 = 1.995;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SearchConfig {
-    /// Proposals of a Meta-Harness search, and of WHALE's searches together (`None`: for
-    /// Meta-Harness `meta_harness_budget_ratio` times the search rollouts evolution spent in
-    /// the run folder, in proposals of one rollout per scoring task, or times evolution's
-    /// proposals when its rollouts are not recorded; for WHALE the sum of
+    /// Candidates a Meta-Harness search scores, and WHALE's searches together, each scored
+    /// with one greedy rollout per scoring task; proposals that score nothing do not count
+    /// (`None`: for Meta-Harness `meta_harness_budget_ratio` times the search rollouts
+    /// evolution spent in the run folder, divided by the rollouts a candidate costs, or times
+    /// evolution's proposals when its rollouts are not recorded; for WHALE the sum of
     /// `evolve.proposal_budgets`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proposals: Option<usize>,
@@ -427,6 +428,15 @@ pub struct SearchConfig {
         skip_serializing_if = "is_default_history_trace_chars"
     )]
     pub history_trace_chars: usize,
+    /// Proposals in a row that score nothing (refused, duplicates of a scored candidate, or
+    /// left empty) after which a search stops before its budget is spent. Such proposals run
+    /// no rollouts and spend no budget, which counts scored candidates; this bounds the
+    /// proposer's calls when it runs out of new candidates. The paper gives no number.
+    #[serde(
+        default = "default_max_unscored_in_a_row",
+        skip_serializing_if = "is_default_max_unscored_in_a_row"
+    )]
+    pub max_unscored_in_a_row: usize,
     /// WHALE's alternations of harness search and rejection-sampling fine-tuning; the search
     /// budget and `train.updates` are split evenly over them. The paper gives no count; the
     /// paper preset alternates at its re-anchoring cadence (40 updates, every 10: 4 rounds).
@@ -746,6 +756,14 @@ fn is_default_history_trace_chars(v: &usize) -> bool {
     *v == default_history_trace_chars()
 }
 
+fn default_max_unscored_in_a_row() -> usize {
+    harness_evolve::meta_harness::DEFAULT_MAX_UNSCORED_IN_A_ROW
+}
+
+fn is_default_max_unscored_in_a_row(v: &usize) -> bool {
+    *v == default_max_unscored_in_a_row()
+}
+
 fn default_whale_sft_learning_rate() -> f64 {
     1e-3
 }
@@ -769,6 +787,7 @@ impl SearchConfig {
             history_candidates: default_history_candidates(),
             history_traces: default_history_traces(),
             history_trace_chars: default_history_trace_chars(),
+            max_unscored_in_a_row: default_max_unscored_in_a_row(),
             whale_rounds: 2,
         }
     }
@@ -889,6 +908,7 @@ impl RunConfig {
                 history_candidates: default_history_candidates(),
                 history_traces: default_history_traces(),
                 history_trace_chars: default_history_trace_chars(),
+                max_unscored_in_a_row: default_max_unscored_in_a_row(),
                 whale_rounds: if quick { 2 } else { 4 },
             },
             eval: EvalConfig {
@@ -1215,6 +1235,10 @@ impl RunConfig {
             (
                 "search.history_trace_chars",
                 self.search.history_trace_chars,
+            ),
+            (
+                "search.max_unscored_in_a_row",
+                self.search.max_unscored_in_a_row,
             ),
         ] {
             if value == 0 {
@@ -2064,12 +2088,13 @@ Run configuration (TOML or JSON; any subset; `preset` picks the defaults; flags 
   eval.k                        rollouts per test task (paper: 3)
   eval.ranks                    router ranks of Table 5 (paper: 3)
   eval.harnesses                unseen harnesses every policy is also tested under (RQ6, Figure 4): \"unseen\" (the embedded default's unseen set), \"builtin\" (the environment's hand-written siblings), a pool directory or a harness JSON file; one sharing a mechanism or message with the pool or the warm start's demonstrations is left out (eval/unseen.json)
-  search.proposals              proposals of a Meta-Harness search, and of WHALE's searches together (default: for Meta-Harness search.meta_harness_budget_ratio times evolution's search rollouts, one rollout per scoring task and proposal; for WHALE the sum of evolve.proposal_budgets)
+  search.proposals              candidates a Meta-Harness search scores, and WHALE's searches together; proposals that score nothing do not count (default: for Meta-Harness search.meta_harness_budget_ratio times evolution's search rollouts, one rollout per scoring task and candidate; for WHALE the sum of evolve.proposal_budgets)
   search.meta_harness_budget_ratio  Meta-Harness's default search rollouts over evolution's (paper, Table 10: 8,000 / 4,010 = 1.995)
   search.whale_sft_learning_rate    WHALE's rejection-sampling SFT step size (quick 1e-3, paper preset 1e-6; the paper gives none)
   search.history_candidates     candidates Meta-Harness's proposer reads with their harness and traces, the best-ranked (default 8; every candidate is listed with its score)
   search.history_traces         traces per such candidate, failures first (default 4)
   search.history_trace_chars    characters per trace in the proposer's history (default 1200)
+  search.max_unscored_in_a_row  proposals in a row that score nothing (refused, duplicates, empty) after which a search stops early (default 10; the paper gives none)
   external.harnesses            agent programs joined to the pool as siblings: external harness JSON files ({\"kind\": \"external\", \"command\": [...], ...})
   external.h0                   an agent program as H0 (needs evolve.source = \"builtin\" or a saved pool)
   external.python_sibling       the bundled standard-library Python DBBench agent joins the pool (default: on for env.name = default)

@@ -206,7 +206,7 @@ pub const METHODS: &[MethodSpec] = &[
     },
     MethodSpec {
         name: "mixture_top4",
-        label: "GRPO mixed harness (H0 + Top-4)",
+        label: "GRPO mixed harness (H0 + up to Top-4 siblings)",
         ran: Some("GRPO mixed harness ({mixture}; Top-{siblings} by validation success)"),
         paper_row: "Tables 1 and 9: GRPO Mixed Harness (DSH H0 + Top-4)",
         strategy: StrategyKind::Mixture {

@@ -83,8 +83,11 @@ async fn the_llm_roles_run_against_the_projects_own_server() {
     let analyst: u64 = usage.as_object().unwrap().values().map(tokens).sum();
     assert!(analyst > 0, "evolution sent no LLM request: {usage}");
 
-    // The loop with the LLM profiler and voters (on the built-in siblings, so Top-2 exists).
+    // The loop with the LLM profiler and voters (on the built-in siblings, so Top-2 exists),
+    // and the rule router, which reads validation outcomes and never a profile.
     cfg.set("evolve.source", "\"builtin\"").unwrap();
+    cfg.set("train.methods", "[\"harness_s\", \"rule_router\"]")
+        .unwrap();
     run_main_job(&cfg, &secrets, &Progress::hidden())
         .await
         .unwrap();
@@ -122,6 +125,67 @@ async fn the_llm_roles_run_against_the_projects_own_server() {
         "{stats:?}"
     );
     assert!(stages::voter_summary(&stats).contains("malformed answers rejected"));
+    // The rule router pays for no LLM profile: its re-anchorings profile with the built-in
+    // labellers, and Table 10 charges it the first calibration's rollouts without the LLM
+    // profiler's tokens, which the router with voters is charged.
+    let stage_cost = |dir: std::path::PathBuf| -> Value {
+        serde_json::from_str(&std::fs::read_to_string(dir.join("stage_cost.json")).unwrap())
+            .unwrap()
+    };
+    let calls = |cost: &Value| -> u64 {
+        cost["tokens"].as_object().map_or(0, |t| {
+            t.values().map(|u| u["calls"].as_u64().unwrap()).sum()
+        })
+    };
+    // Which profiler each re-anchoring used, from its calibration file.
+    let profilers = |method: Method| -> Vec<String> {
+        let dir = cfg
+            .out
+            .join("train")
+            .join(method.name())
+            .join("calibrations");
+        let mut files: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|x| x == "json"))
+            .collect();
+        files.sort();
+        files
+            .iter()
+            .map(|f| {
+                let v: Value = serde_json::from_str(&std::fs::read_to_string(f).unwrap()).unwrap();
+                v["profiler"]["profiler"].as_str().unwrap().to_string()
+            })
+            .collect()
+    };
+    let rule_profilers = profilers(Method::RuleRouter);
+    assert!(!rule_profilers.is_empty());
+    assert!(
+        rule_profilers.iter().all(|p| p == "builtin"),
+        "{rule_profilers:?}"
+    );
+    let routed = profilers(Method::HarnessS);
+    assert!(routed.iter().all(|p| p == "llm"), "{routed:?}");
+    let rule = stage_cost(cfg.out.join("train").join(Method::RuleRouter.name()));
+    assert_eq!(calls(&rule), 0, "{rule}");
+    assert!(rule["rollouts"]["calibration"].as_u64() > Some(0), "{rule}");
+    let table = harness_report::table10(&harness_report::read_run(&cfg.out).unwrap());
+    let row = |method: &str| {
+        table
+            .rows
+            .iter()
+            .find(|r| r.method == method)
+            .unwrap_or_else(|| panic!("no Table 10 row for {method}: {table:?}"))
+    };
+    assert_eq!(
+        row(Method::RuleRouter.name()).api_tokens.mean,
+        0.0,
+        "{table:?}"
+    );
+    assert!(
+        row(Method::HarnessS.name()).api_tokens.mean > 0.0,
+        "{table:?}"
+    );
     // Table 3's LLM labeller read every H0 test attempt of both checkpoints: each attempt has
     // LLM labels, or an empty map when the tiny model's answers stayed unusable, and the
     // report shows its table beside the rule labeller's.
@@ -134,7 +198,11 @@ async fn the_llm_roles_run_against_the_projects_own_server() {
         .iter()
         .map(|u| u["method"].as_str().unwrap())
         .collect();
-    assert_eq!(methods, ["initial", "harness_s"], "{usage:?}");
+    assert_eq!(
+        methods,
+        ["initial", "harness_s", "rule_router"],
+        "{usage:?}"
+    );
     assert!(
         usage.iter().all(|u| u["requests"].as_u64() >= Some(2)),
         "{usage:?}"

@@ -280,3 +280,88 @@ async fn the_whole_loop_writes_every_output_and_the_tables_match_the_run_files()
     assert!(report.contains("Rescue diagnostics: GRPO's own signal"));
     assert!(report.contains("Rescue diagnostics: context lock"));
 }
+
+/// `env.execution_limits = "paper"` puts Table 8's limits on every harness the run executes:
+/// H0 and the built-in siblings, evolution's children (which inherit them), the agent
+/// programs that mirror H0, the harness Meta-Harness searches from and keeps, and every
+/// harness a training group ran under (a harness's id covers its limits, so the recorded ids
+/// name harnesses with these limits).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn table_8_limits_reach_every_harness_a_paper_limits_run_executes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = reduced(dir.path());
+    for (path, value) in [
+        ("env.execution_limits", "\"paper\""),
+        ("evolve.proposal_budgets", "[1]"),
+        ("train.methods", "[\"harness_s\", \"meta_harness\"]"),
+        ("train.updates", "1"),
+        ("train.eval_every", "0"),
+        ("train.checkpoint_every", "0"),
+        ("search.proposals", "1"),
+    ] {
+        cfg.set(path, value).unwrap();
+    }
+    let table8 = cfg.env.execution_limits.limits().unwrap();
+    assert_eq!(
+        (table8.max_model_calls, table8.max_env_actions),
+        (32, 30),
+        "Table 8: 32 model calls and 30 environment actions"
+    );
+    let wb = Workbench::new(cfg.clone(), Secrets::default(), Progress::hidden()).unwrap();
+    assert_eq!(wb.base.limits, table8);
+    assert!(!wb.builtin_siblings.is_empty());
+    for h in wb.builtin_siblings.iter().chain(&wb.programs) {
+        assert_eq!(h.limits, table8, "{}", h.name);
+    }
+    drop(wb);
+    run_main_job(&cfg, &Secrets::default(), &Progress::hidden())
+        .await
+        .unwrap();
+
+    let pool = harness_pool::SiblingPool::load(cfg.out.join("evolve/pool")).unwrap();
+    let mut ids = std::collections::BTreeSet::new();
+    for h in pool.members() {
+        assert_eq!(h.limits, table8, "pool member {}", h.name);
+        ids.insert(h.id().to_string());
+    }
+    let h_best: harness_core::Harness = serde_json::from_str(
+        &std::fs::read_to_string(
+            cfg.out
+                .join("train")
+                .join(Method::MetaHarness.name())
+                .join("h_best.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(h_best.limits, table8, "Meta-Harness's H_best");
+    let searched = jsonl(
+        &cfg.out
+            .join("train")
+            .join(Method::MetaHarness.name())
+            .join("search.jsonl"),
+    );
+    assert_eq!(
+        searched[0]["candidates"][0]["id"].as_str(),
+        Some(pool.base_id().to_string().as_str()),
+        "the search starts from the run's H0"
+    );
+    let groups = jsonl(
+        &cfg.out
+            .join("train")
+            .join(Method::HarnessS.name())
+            .join("groups.jsonl"),
+    );
+    let ran: Vec<&str> = groups
+        .iter()
+        .flat_map(|g| g["retained_harnesses"].as_array().unwrap())
+        .map(|h| h.as_str().unwrap())
+        .collect();
+    assert!(!ran.is_empty());
+    for id in ran {
+        assert!(
+            ids.contains(id),
+            "a training group ran {id}, not a pool member"
+        );
+    }
+}

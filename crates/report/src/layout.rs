@@ -585,7 +585,7 @@ pub fn builtin_label(method: &str) -> String {
         "harness_s" => "Harness-S".into(),
         "harness_s_fixed" => "Harness-S (fixed profiles)".into(),
         "mixture_sibling" => "GRPO mixed harness (H0 + best sibling)".into(),
-        "mixture_top4" => "GRPO mixed harness (H0 + Top-4)".into(),
+        "mixture_top4" => "GRPO mixed harness (H0 + up to Top-4 siblings)".into(),
         "dynamic_sampling" => "Dynamic sampling (DAPO filter; not a paper row)".into(),
         "rule_router" => "Rule-router rescue (adaptive re-anchoring)".into(),
         "router_4x2" => "Voter router (Top-4 x 2)".into(),

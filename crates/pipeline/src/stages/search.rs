@@ -5,12 +5,16 @@
 //!   (a proposer that reads the whole search history, every candidate's harness, score and
 //!   sampled traces and every earlier proposal's outcome, revises any candidate; every
 //!   candidate is validated and scored on training tasks) keeps the best candidate by training
-//!   success. Its budget is `search.proposals`, by default `search.meta_harness_budget_ratio`
-//!   (the paper's Table 10 ratio, 8,000 / 4,010 search rollouts) times the search rollouts
-//!   evolution spent in this run folder, in proposals each scored on
-//!   `evolve.train_tasks_per_round` training tasks with greedy rollouts (Table 8's executor),
-//!   one rollout per task; when evolution's stage cost is missing, the ratio times evolution's
-//!   proposals. `search.jsonl` records each round's budget, rollouts and proposals.
+//!   success. Its budget is `search.proposals` scored candidates, by default
+//!   `search.meta_harness_budget_ratio` (the paper's Table 10 ratio, 8,000 / 4,010 search
+//!   rollouts) times the search rollouts evolution spent in this run folder, divided by what a
+//!   candidate costs: one greedy rollout (Table 8's executor) on each of
+//!   `evolve.train_tasks_per_round` training tasks. A proposal that scores nothing (refused,
+//!   a duplicate of a scored candidate, a slot left empty) runs no rollout and spends no
+//!   budget; `search.max_unscored_in_a_row` of them in a row stop the search early. When
+//!   evolution's stage cost is missing, the ratio applies to evolution's proposals.
+//!   `search.jsonl` records each round's budget, rollouts, proposals and whether it stopped
+//!   early.
 //! - **WHALE**: alternating search and rejection-sampling fine-tuning: a harness search with
 //!   the current policy (its proposer revises the current `H_best` from its failures), then the phase's share of `train.updates`, each update sampling
 //!   `train.group_size` rollouts of `train.batch_tasks` training tasks under that search's
@@ -74,7 +78,8 @@ pub struct SearchRecord {
     pub round: usize,
     /// Policy updates applied before the round's search (WHALE; 0 for Meta-Harness).
     pub updates_before: u64,
-    /// Proposals the round's search spent.
+    /// Candidates the round's search could score (its share of the budget); proposals that
+    /// scored nothing did not count.
     pub budget: usize,
     /// The training tasks its candidates were scored on (for WHALE, a slice no SFT phase
     /// trains on).
@@ -94,6 +99,10 @@ pub struct SearchRecord {
     pub rejected: usize,
     /// Slots the proposer left empty.
     pub empty: usize,
+    /// The round stopped before its budget was spent: `search.max_unscored_in_a_row`
+    /// proposals in a row scored nothing (absent in files written before the setting).
+    #[serde(default)]
+    pub stopped_unscored: bool,
     /// The round's H_best: id.
     pub best: String,
     /// Its name.
@@ -249,12 +258,13 @@ pub async fn search(wb: &Workbench, method: Method) -> Result<Trained> {
         let (executor, counter) = counting_executor(wb, policy.clone() as Arc<dyn Policy>);
         let meta = MetaHarnessSearch {
             settings: round_settings.clone(),
+            max_unscored_in_a_row: cfg.search.max_unscored_in_a_row,
             executor,
             proposer: proposer.clone(),
             train: search_tasks.iter().map(|&i| wb.train[i].clone()).collect(),
         };
         bar.set_message(format!(
-            "{}: search round {round}/{rounds} ({budget} proposals)",
+            "{}: search round {round}/{rounds} ({budget} candidates)",
             method.name()
         ));
         let round_started = Instant::now();
@@ -292,6 +302,7 @@ pub async fn search(wb: &Workbench, method: Method) -> Result<Trained> {
                 attempts: result.attempts.clone(),
                 rejected: result.rejected.len(),
                 empty: result.empty,
+                stopped_unscored: result.stopped_unscored,
                 best: best.id().to_string(),
                 best_name: best.name.clone(),
                 best_score: score,
@@ -300,10 +311,18 @@ pub async fn search(wb: &Workbench, method: Method) -> Result<Trained> {
             },
         )?;
         wb.progress.println(format!(
-            "{} round {round}: {} candidates scored, {} rejected; H_best {} solves {:.0}% of {} training tasks",
+            "{} round {round}: {} candidates scored, {} rejected{}; H_best {} solves {:.0}% of {} training tasks",
             method.name(),
             result.candidates.len(),
             result.rejected.len(),
+            if result.stopped_unscored {
+                format!(
+                    ", stopped after {} proposals in a row scored nothing",
+                    cfg.search.max_unscored_in_a_row
+                )
+            } else {
+                String::new()
+            },
             best.name,
             100.0 * score,
             result.candidates.first().map_or(0, |c| c.tasks)
@@ -467,9 +486,9 @@ pub struct EvolutionSpend {
     pub rollouts: Option<u64>,
 }
 
-/// The proposals of `method`'s search (all of WHALE's searches together): `search.proposals`;
-/// else, for Meta-Harness, `search.meta_harness_budget_ratio` times evolution's search
-/// rollouts, in proposals of `rollouts_per_proposal` rollouts each (the paper's Table 10 gives
+/// The candidates `method`'s search scores (all of WHALE's searches together):
+/// `search.proposals`; else, for Meta-Harness, `search.meta_harness_budget_ratio` times
+/// evolution's search rollouts, in candidates of `rollouts_per_proposal` rollouts each (the paper's Table 10 gives
 /// Meta-Harness about twice Harness-S's search rollouts: 8,000 against 4,010), or the ratio
 /// times evolution's proposals when evolution's rollouts are not known; for WHALE, evolution's
 /// proposals.
