@@ -4,7 +4,7 @@
 //! ```sh
 //! cargo run --release --example full_pipeline                         # embedded default, one seed
 //! cargo run --release --example full_pipeline -- --seeds 3            # Table 1's mean and std
-//! cargo run --release --example full_pipeline -- --config run.toml    # every setting from a file
+//! cargo run --release --example full_pipeline -- --config configs/compare.toml  # every setting from a file
 //! cargo run --release --example full_pipeline -- --preset paper --config real.toml
 //! ```
 //!

@@ -307,11 +307,18 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
 }
 
 /// Library sources of every crate (not their tests, examples, benches or binaries: the root
-/// package's `src/main.rs` is the `harness-s` binary).
+/// package's `src/main.rs` is the `harness-s` binary and `src/cli.rs` its command line, a
+/// module only `src/main.rs` declares).
 fn library_sources() -> Vec<PathBuf> {
     let mut files = Vec::new();
     rust_files(&root().join("src"), &mut files);
-    files.retain(|f| f != &root().join("src/main.rs") && !f.starts_with(root().join("src/bin")));
+    let binary = [root().join("src/main.rs"), root().join("src/cli.rs")];
+    let lib = std::fs::read_to_string(root().join("src/lib.rs")).expect("src/lib.rs");
+    assert!(
+        !lib.contains("mod cli"),
+        "src/cli.rs is the binary's command line; the library must not declare it"
+    );
+    files.retain(|f| !binary.contains(f) && !f.starts_with(root().join("src/bin")));
     for entry in std::fs::read_dir(root().join("crates"))
         .expect("crates")
         .flatten()

@@ -425,6 +425,38 @@ pub struct MethodRun {
     pub checkpoints: Vec<PairedCheckpoint>,
     /// `stage_cost.json`, when written.
     pub stage_cost: Option<StageCost>,
+    /// `search.jsonl` (Meta-Harness, WHALE): one line per search round.
+    pub searches: Vec<SearchRound>,
+}
+
+/// One round of a Meta-Harness or WHALE search, the fields of a `search.jsonl` line the report
+/// reads.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SearchRound {
+    /// The round (1-based).
+    pub round: usize,
+    /// Candidates the round could score (its share of the search budget).
+    pub budget: usize,
+    /// Every scored candidate, the round's starting harness first.
+    #[serde(default)]
+    pub candidates: Vec<Value>,
+    /// Proposals refused by validation or duplicating a scored candidate.
+    pub rejected: usize,
+    /// Slots the proposer left empty.
+    pub empty: usize,
+    /// The round stopped before its budget was spent (a run of proposals that scored nothing;
+    /// absent in files written before the setting).
+    #[serde(default)]
+    pub stopped_unscored: bool,
+    /// Episodes the round's search ran.
+    pub rollouts: u64,
+}
+
+impl SearchRound {
+    /// Candidates the round scored (its starting harness not counted).
+    pub fn scored(&self) -> usize {
+        self.candidates.len().saturating_sub(1)
+    }
 }
 
 /// One calibration's paired outcomes (Figure 1c): per sibling, the validation tasks it solves
@@ -565,7 +597,7 @@ impl SeedRun {
 }
 
 /// A whole run: one or more seeds.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Run {
     /// The folder given.
     pub dir: PathBuf,
@@ -858,6 +890,11 @@ fn read_method(dir: &Path) -> Result<MethodRun> {
     run.cost = read_json(&dir.join(COST_FILE), "a harness-rollout Cost")?;
     run.checkpoints = read_checkpoints(&dir.join("calibrations"))?;
     run.stage_cost = read_json(&dir.join(STAGE_COST_FILE), STAGE_COST_WHAT)?;
+    run.searches = without_lines(read_jsonl(
+        &dir.join("search.jsonl"),
+        "a search round {round, budget, candidates, rejected, empty, rollouts}",
+    )?)
+    .unwrap_or_default();
     Ok(run)
 }
 

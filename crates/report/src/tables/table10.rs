@@ -43,11 +43,34 @@ pub struct Table10Row {
     pub proposals: Option<Stat>,
 }
 
+/// What a Meta-Harness or WHALE search spent against its budget, summed over its rounds and
+/// seeds (`search.jsonl`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SearchSpend {
+    /// The method.
+    pub method: String,
+    /// Its label.
+    pub label: String,
+    /// Candidates its searches could score.
+    pub budget: usize,
+    /// Candidates they scored.
+    pub scored: usize,
+    /// Proposals that scored nothing (refused, duplicates, slots left empty).
+    pub unscored: usize,
+    /// Search rounds.
+    pub rounds: usize,
+    /// Rounds that stopped before their budget was spent.
+    pub stopped_early: usize,
+}
+
 /// Table 10 of a run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Table10 {
     /// One row per method with a `stage_cost.json`, in display order.
     pub rows: Vec<Table10Row>,
+    /// The search methods' spend against their budgets.
+    #[serde(default)]
+    pub searches: Vec<SearchSpend>,
     /// Every role with tokens in some row, in name order.
     pub roles: Vec<String>,
     /// Seeds in the run.
@@ -149,8 +172,30 @@ pub fn table10(run: &Run) -> Table10 {
             })
         })
         .collect();
+    let searches = run
+        .methods()
+        .into_iter()
+        .filter_map(|m| {
+            let rounds: Vec<&crate::layout::SearchRound> = run
+                .seeds
+                .iter()
+                .filter_map(|s| s.methods.get(&m))
+                .flat_map(|r| &r.searches)
+                .collect();
+            (!rounds.is_empty()).then(|| SearchSpend {
+                label: run.label(&m),
+                budget: rounds.iter().map(|r| r.budget).sum(),
+                scored: rounds.iter().map(|r| r.scored()).sum(),
+                unscored: rounds.iter().map(|r| r.rejected + r.empty).sum(),
+                rounds: rounds.len(),
+                stopped_early: rounds.iter().filter(|r| r.stopped_unscored).count(),
+                method: m,
+            })
+        })
+        .collect();
     Table10 {
         rows,
+        searches,
         roles: roles.into_iter().collect(),
         seeds: run.seeds.len(),
     }
@@ -216,6 +261,31 @@ impl Table10 {
                 budgets.join("; ")
             ));
         }
+        let spends: Vec<String> = self
+            .searches
+            .iter()
+            .map(|s| {
+                let stopped = if s.stopped_early > 0 {
+                    format!(
+                        "; {} of {} search rounds stopped early, after a run of proposals that scored nothing (search.max_unscored_in_a_row)",
+                        s.stopped_early, s.rounds
+                    )
+                } else {
+                    String::new()
+                };
+                format!(
+                    "{}: {} of a budget of {} candidates scored, {} proposals scored nothing (refused, duplicates or left empty; they run no rollout and spend no budget){stopped}",
+                    s.label, s.scored, s.budget, s.unscored
+                )
+            })
+            .collect();
+        if !spends.is_empty() {
+            notes.push(format!(
+                "Search budgets as spent (search.jsonl, over every round{}): {}.",
+                if n > 1 { " and seed" } else { "" },
+                spends.join("; ")
+            ));
+        }
         if self.rows.is_empty() {
             notes.push("No stage_cost.json under train/<method>/.".into());
         }
@@ -233,4 +303,75 @@ fn capitalise(s: &str) -> String {
     c.next()
         .map(|f| f.to_uppercase().chain(c).collect())
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::{MethodRun, SearchRound, SeedRun};
+
+    fn round(budget: usize, scored: usize, rejected: usize, stopped: bool) -> SearchRound {
+        SearchRound {
+            round: 1,
+            budget,
+            candidates: vec![serde_json::Value::Null; scored + 1],
+            rejected,
+            empty: 0,
+            stopped_unscored: stopped,
+            rollouts: (scored as u64 + 1) * 4,
+        }
+    }
+
+    #[test]
+    fn a_search_that_stopped_early_says_what_it_scored_of_its_budget() {
+        let method = |searches: Vec<SearchRound>| MethodRun {
+            stage_cost: Some(StageCost {
+                stage: "search".into(),
+                proposals: Some(20),
+                ..StageCost::default()
+            }),
+            searches,
+            ..MethodRun::default()
+        };
+        let run = Run {
+            seeds: vec![SeedRun {
+                methods: BTreeMap::from([
+                    (
+                        "meta_harness".to_string(),
+                        method(vec![round(50, 10, 10, true)]),
+                    ),
+                    (
+                        "whale".to_string(),
+                        method(vec![round(2, 2, 0, false), round(1, 1, 3, false)]),
+                    ),
+                    ("grpo".to_string(), method(Vec::new())),
+                ]),
+                ..SeedRun::default()
+            }],
+            ..Run::default()
+        };
+        let t = table10(&run);
+        assert_eq!(t.searches.len(), 2, "{:?}", t.searches);
+        let meta = t
+            .searches
+            .iter()
+            .find(|s| s.method == "meta_harness")
+            .unwrap();
+        assert_eq!(
+            (meta.budget, meta.scored, meta.unscored, meta.stopped_early),
+            (50, 10, 10, 1)
+        );
+        let whale = t.searches.iter().find(|s| s.method == "whale").unwrap();
+        assert_eq!(
+            (whale.budget, whale.scored, whale.unscored, whale.rounds),
+            (3, 3, 3, 2)
+        );
+        let text = t.to_text().notes.join("\n");
+        assert!(
+            text.contains("10 of a budget of 50 candidates scored, 10 proposals scored nothing")
+                && text.contains("1 of 1 search rounds stopped early"),
+            "{text}"
+        );
+        assert!(!text.contains("2 search rounds stopped early"), "{text}");
+    }
 }
