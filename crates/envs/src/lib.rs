@@ -18,3 +18,8 @@ pub mod tau_retail;
 
 pub use error::{Error, Result};
 pub use starter::{STARTER_ENVIRONMENTS, starter_pool};
+
+// The README's examples compile and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

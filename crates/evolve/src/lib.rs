@@ -78,3 +78,8 @@ pub use round::{
 pub use settings::EvolveSettings;
 pub use usage::{RoleUsage, UsageByRole};
 pub use validate::{Rejection, Stage};
+
+// The README's examples compile and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -55,3 +55,8 @@ pub mod proxy;
 pub mod relay;
 
 pub use error::{Error, Result};
+
+// The README's examples compile and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

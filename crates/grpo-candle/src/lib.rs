@@ -89,3 +89,8 @@ pub use sample::prefix_cache::{PrefixCache, PrefixCacheConfig, PrefixCacheStats}
 pub use sample::sampler::{DecodeBatch, Sample, SampleRequest};
 pub use train::sft::{SftConfig, SftTrainer};
 pub use train::teacher::TeacherForcedPolicy;
+
+// The README's examples compile and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

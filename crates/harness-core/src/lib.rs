@@ -90,3 +90,8 @@ pub use trajectory::{
     Counts, Group, GroupOrigin, PolicyTurnRecord, Source, Termination, Trajectory,
     TrajectoryMessage, append_jsonl, pass_and_avg_at_k, read_jsonl,
 };
+
+// The README's examples compile and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -77,3 +77,8 @@ mod tests {
         fn _loader(_: Arc<dyn super::WeightLoader>) {}
     }
 }
+
+// The README's examples compile and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -260,3 +260,8 @@ mod tests {
         assert_ne!(comparable(saved), comparable(current));
     }
 }
+
+// The README's examples compile and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -44,3 +44,8 @@ mod pool;
 
 pub use error::{Error, Result};
 pub use pool::{HARNESS_DIR, POOL_FILE, POOL_FORMAT, PoolFile, SiblingPool};
+
+// The README's examples compile and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

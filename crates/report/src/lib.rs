@@ -384,3 +384,8 @@ pub fn write_report(out: &Path) -> Result<ReportFiles> {
         plots: figures.into_iter().map(|f| f.path).collect(),
     })
 }
+
+// The README's examples compile and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

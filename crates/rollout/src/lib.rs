@@ -69,3 +69,8 @@ pub use metrics::{CalibrationRecord, Cost, EvalRecord, GroupRecord, HarnessUse, 
 pub use select::{RandomSelector, check_rescue_selection};
 pub use sync::{SaveAndReload, WeightSync, sync_with_retry};
 pub use trainer::{RescueTrainer, TrainingSetup, run_training};
+
+// The README's examples compile and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

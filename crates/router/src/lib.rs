@@ -97,3 +97,8 @@ mod tests {
         fn _calibrate(_: Arc<dyn harness_core::Calibrate>) {}
     }
 }
+
+// The README's examples compile and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

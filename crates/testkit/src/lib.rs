@@ -38,3 +38,8 @@ mod scripted_env;
 
 pub use policy::{FnPolicy, ScriptedPolicy, byte_tokens, render_fake_context};
 pub use scripted_env::ScriptedEnv;
+
+// The README's examples compile and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -56,3 +56,8 @@ pub use protocol::{
     AdamParams, Datum, ForwardBackwardInput, ForwardBackwardOutput, LoraConfig, LossFn,
 };
 pub use sync::{SyncTarget, SyncedWeights, TinkerWeightSync};
+
+// The README's examples compile and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -120,3 +120,8 @@ pub use warm::{
     WarmStartProgress, WarmStartReport, WarmStarted, cache_dir_name, demonstrations, harnesses,
     warm_start, warm_start_trained,
 };
+
+// The README's examples compile and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
