@@ -237,8 +237,9 @@ pub struct MetaProposal {
 /// # Design
 /// Meta-Harness's proposer reads earlier implementations, scores and execution traces; here it
 /// gets them as plain data ([`History`]) and returns which candidate it revises and the edit,
-/// which the host validates and scores itself. `Ok(None)` ends nothing: the slot is counted as
-/// spent without a candidate.
+/// which the host validates and scores itself. `Ok(None)` leaves the slot empty: like a refused
+/// or duplicate proposal it runs no rollout and spends no budget, and counts toward
+/// [`MetaHarnessSearch::max_unscored_in_a_row`].
 #[async_trait]
 pub trait Proposer: Send + Sync {
     /// A short name for reports.
@@ -350,10 +351,12 @@ impl Proposer for AnalystEditorProposer {
         if groups.is_empty() {
             return Ok(None);
         }
+        // Every earlier proposal from this candidate is a try, scored or not, so that a refused
+        // or duplicate revision moves on to the next cause group instead of being repeated.
         let tries = history
-            .candidates
+            .attempts
             .iter()
-            .filter(|c| c.parent.as_ref() == Some(&best.id))
+            .filter(|a| a.parent == best.id)
             .count();
         edit_along(
             self.editor.as_ref(),

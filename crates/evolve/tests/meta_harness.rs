@@ -70,7 +70,7 @@ async fn the_search_keeps_one_best_harness_by_training_score() {
     let result = search.run(h0()).await.unwrap();
     let scored = result.candidates.len() - 1;
     assert!(
-        scored == 4 || result.stopped_unscored,
+        scored == 4 || (scored < 4 && result.stopped_unscored),
         "the budget is 2 + 2 scored candidates: {:#?}",
         result.attempts
     );
@@ -491,7 +491,12 @@ impl Proposer for ScriptedProposer {
             parent: self.base.clone(),
             proposal: Proposal {
                 edit: serde_json::from_value(serde_json::json!({
-                    "ops": [{"path": "state.prompt.slots.action_guidance", "value": rule}],
+                    // A rule starting with `!` edits a component no harness has: refused.
+                    "ops": [{"path": if rule.starts_with('!') {
+                        "state.no_such_component"
+                    } else {
+                        "state.prompt.slots.action_guidance"
+                    }, "value": rule}],
                     "rationale": rule,
                 }))
                 .unwrap(),
@@ -560,21 +565,28 @@ impl harness_evolve::exec::PolicySource for CountingSource {
 
 #[tokio::test]
 async fn proposals_that_score_nothing_spend_no_budget_and_a_run_of_them_stops_the_search() {
-    // A duplicate, an empty slot and a rejected revision between scored candidates: the budget
+    // A duplicate, an empty slot and a refused revision between scored candidates: the budget
     // counts scored candidates only, so both rules are scored and 8 tasks x 3 harnesses ran.
     let rules = vec![
         Some("keep requesting pages"),
         Some("keep requesting pages"),
         None,
+        Some("!refused"),
         Some("keep one action for the completion call"),
     ];
-    let (result, episodes) = scripted_search(rules.clone(), 2, 3).await;
+    let (result, episodes) = scripted_search(rules.clone(), 2, 4).await;
     assert_eq!(result.candidates.len(), 3, "{:#?}", result.attempts);
-    assert_eq!((result.rejected.len(), result.empty), (1, 1));
+    assert_eq!((result.rejected.len(), result.empty), (2, 1));
+    assert!(
+        result.rejected[0].reason.contains("already scored")
+            && !result.rejected[1].reason.contains("already scored"),
+        "{:?}",
+        result.rejected
+    );
     assert!(!result.stopped_unscored);
     assert_eq!(
         result.attempts.iter().map(|a| a.slot).collect::<Vec<_>>(),
-        vec![1, 2, 4],
+        vec![1, 2, 4, 5],
         "empty slots count in the numbering"
     );
     assert_eq!(episodes, 3 * 8, "the base and two scored candidates");

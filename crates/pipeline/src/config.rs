@@ -1154,6 +1154,21 @@ impl RunConfig {
                 ),
             );
         }
+        // WHALE searches whale_rounds + 1 times and splits search.proposals over the searches:
+        // each needs at least one candidate.
+        if let Some(p) = self.search.proposals
+            && whale
+            && p < self.search.whale_rounds + 1
+        {
+            return bad(
+                "search.proposals",
+                format!(
+                    "WHALE runs search.whale_rounds + 1 = {} searches and splits the budget over them; expected at least {} candidates, found {p}",
+                    self.search.whale_rounds + 1,
+                    self.search.whale_rounds + 1
+                ),
+            );
+        }
         for (i, h) in self.eval.harnesses.iter().enumerate() {
             if h == "unseen" && self.env.name != "default" {
                 return bad(

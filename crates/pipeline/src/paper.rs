@@ -151,6 +151,23 @@ pub fn paper_differences(cfg: &RunConfig) -> Vec<PaperDifference> {
         "the paper gives no SFT step size for WHALE",
     );
     push(
+        "search.max_unscored_in_a_row",
+        cfg.search.max_unscored_in_a_row.to_string(),
+        "not given",
+        "the paper does not say when a search whose proposer repeats itself stops; here a run of proposals that score nothing (refused, duplicates, empty) ends it before its budget is spent",
+    );
+    push(
+        "search.history_candidates",
+        format!(
+            "{} candidates, {} traces each, {} characters per trace",
+            cfg.search.history_candidates,
+            cfg.search.history_traces,
+            cfg.search.history_trace_chars
+        ),
+        "not bounded (the proposer reads every candidate from files)",
+        "a proposer prompt is bounded: the best-ranked candidates with a sample of their traces (search.history_candidates, search.history_traces, search.history_trace_chars); every candidate is listed with its score",
+    );
+    push(
         "evolve.train_tasks_per_round",
         cfg.evolve.train_tasks_per_round.to_string(),
         "not given (sampled from the training set, Table 8)",
@@ -173,7 +190,7 @@ pub fn paper_differences(cfg: &RunConfig) -> Vec<PaperDifference> {
         push(
             "search.meta_harness_budget_ratio",
             match cfg.search.proposals {
-                Some(p) => format!("{p} proposals (search.proposals)"),
+                Some(p) => format!("{p} scored candidates (search.proposals)"),
                 None => format!("{:.3}", cfg.search.meta_harness_budget_ratio),
             },
             &format!("{PAPER_META_HARNESS_BUDGET_RATIO:.3} (Table 10: 8,000 / 4,010)"),
@@ -308,6 +325,7 @@ mod tests {
             "roles.voters",
             "search.whale_rounds",
             "search.whale_sft_learning_rate",
+            "search.max_unscored_in_a_row",
         ] {
             let row = d.iter().find(|r| r.field == open).unwrap();
             assert!(row.paper.starts_with("not given"), "{row}");

@@ -50,6 +50,8 @@ fn reduced(dir: &Path) -> RunConfig {
         ("evolve.proposal_budgets", "[3]"),
         ("evolve.train_tasks_per_round", "4"),
         ("search.whale_rounds", "2"),
+        // WHALE's own SFT step size, unlike the policy's learning rate.
+        ("search.whale_sft_learning_rate", "0.0025"),
     ] {
         cfg.set(path, value).unwrap();
     }
@@ -316,6 +318,11 @@ async fn every_method_trains_from_one_checkpoint_and_has_its_row_in_every_table(
                     "{m}: rejection sampling draws plain GRPO's rollouts"
                 );
                 assert_eq!(sampled, n("training"), "{m}");
+                // Every step ran at WHALE's own SFT learning rate (a constant schedule).
+                assert_ne!(cfg.policy.learning_rate, cfg.search.whale_sft_learning_rate);
+                for u in sft.iter().filter(|u| u["skipped"] == false) {
+                    assert_eq!(u["lr"].as_f64(), Some(0.0025), "{m}: {u}");
+                }
                 let best_ids: Vec<&Value> = rounds.iter().map(|r| &r["best"]).collect();
                 // The searches score on a held-out slice that no SFT update samples from.
                 let scored: std::collections::BTreeSet<&str> = rounds

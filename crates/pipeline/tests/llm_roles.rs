@@ -165,6 +165,7 @@ async fn the_llm_roles_run_against_the_projects_own_server() {
         "{rule_profilers:?}"
     );
     let routed = profilers(Method::HarnessS);
+    assert!(!routed.is_empty());
     assert!(routed.iter().all(|p| p == "llm"), "{routed:?}");
     let rule = stage_cost(cfg.out.join("train").join(Method::RuleRouter.name()));
     assert_eq!(calls(&rule), 0, "{rule}");

@@ -22,8 +22,10 @@
 //!   `search.whale_sft_learning_rate`) on the successful ones; `search.whale_rounds` such
 //!   phases, then a last
 //!   search with the final policy, whose `H_best` the policy is evaluated under ("the selected
-//!   policy and its fixed H_best"). The search budget (`search.proposals`, by default
-//!   evolution's) is split evenly over the searches, each starting from the previous `H_best`.
+//!   policy and its fixed H_best"). The search budget (`search.proposals` scored candidates,
+//!   by default as many as evolution's proposals) is split evenly over the searches, each
+//!   starting from the previous `H_best`; as for Meta-Harness, a proposal that scores nothing
+//!   spends no budget and `search.max_unscored_in_a_row` of them stop a search.
 //!   The searches score candidates on a held-out slice of the training split (the first
 //!   `evolve.train_tasks_per_round` tasks of WHALE's shuffled order), and the SFT phases train
 //!   on the other tasks only, so no candidate is judged on tasks the policy was just tuned on.
@@ -148,6 +150,10 @@ pub struct SftRecord {
     pub loss: f64,
     /// Policy tokens trained on.
     pub tokens: usize,
+    /// The step size of the update (`search.whale_sft_learning_rate` on its schedule); absent
+    /// when no step was taken, and in files written before the field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lr: Option<f64>,
     /// No successful rollout: no step was taken.
     pub skipped: bool,
     /// The rollouts the step trained on: the successful ones, and only those.
@@ -233,7 +239,8 @@ pub async fn search(wb: &Workbench, method: Method) -> Result<Trained> {
             field: "evolve.train_tasks_per_round".into(),
             message,
         })?;
-    // A proposal costs one greedy rollout on each task a candidate is scored on.
+    // A scored candidate costs one greedy rollout on each task it is scored on (each round also
+    // scores its starting harness, outside the budget).
     let per_proposal = cfg.evolve.train_tasks_per_round.min(search_tasks.len());
     let total_budget = search_budget(cfg, method, evolution, per_proposal);
     let mut next_task = 0usize;
@@ -369,6 +376,7 @@ pub async fn search(wb: &Workbench, method: Method) -> Result<Trained> {
                     successes: successes.len(),
                     loss: m.map_or(0.0, |m| m.loss),
                     tokens: m.map_or(0, |m| m.tokens),
+                    lr: m.filter(|m| !m.skipped).map(|m| m.lr),
                     skipped: m.is_none_or(|m| m.skipped),
                     trained_on: successes
                         .iter()

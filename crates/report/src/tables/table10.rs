@@ -37,8 +37,9 @@ pub struct Table10Row {
     pub api_tokens: Stat,
     /// The shared stages counted in the row.
     pub shared: Vec<String>,
-    /// The harness search's budget in proposals over seeds (evolution's for a method that
-    /// uses the pool, its own search's for Meta-Harness and WHALE); `None` without a search.
+    /// Harness-search proposals over seeds: evolution's budget for a method that uses the
+    /// pool, every proposal its own searches made (scored or not) for Meta-Harness and WHALE;
+    /// `None` without a search.
     #[serde(default)]
     pub proposals: Option<Stat>,
 }
@@ -257,7 +258,7 @@ impl Table10 {
             .collect();
         if !budgets.is_empty() {
             notes.push(format!(
-                "Search proposals (evolution's budget for a method that uses the pool; the proposals its own searches spent, scored, rejected or left empty, for Meta-Harness and WHALE; the paper gives Meta-Harness about twice Harness-S's search rollouts, Table 10: 8,000 against 4,010): {}.",
+                "Search proposals (evolution's budget for a method that uses the pool; every proposal its own searches made, scored, refused or left empty, for Meta-Harness and WHALE; the paper gives Meta-Harness about twice Harness-S's search rollouts, Table 10: 8,000 against 4,010): {}.",
                 budgets.join("; ")
             ));
         }
