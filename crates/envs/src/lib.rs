@@ -7,12 +7,21 @@
 //! the benchmark's), and passes the conformance suite of `harness-testkit`. Environments never call a model. [`starter_pool`] gives each one's base
 //! harness with its built-in siblings as a frozen `harness-pool` pool.
 
+// The repository-repair world's sandbox (user namespaces, `prctl`, `close_range`, seccomp,
+// bubblewrap), which the agent-program runner also uses, is Linux-only: on another target the
+// build stops here with that reason instead of in the system calls.
+#[cfg(not(target_os = "linux"))]
+compile_error!(
+    "harness-envs builds on Linux only: the repository-repair world's sandbox and the agent-program runner use Linux namespaces, prctl, close_range and seccomp (bubblewrap). The data model (harness-core), the trainer (grpo-candle) and the router build elsewhere."
+);
+
 pub mod appworld;
 pub mod dbbench;
 pub mod error;
 pub mod labels;
 mod sibling;
 pub mod starter;
+#[cfg(target_os = "linux")]
 pub mod swe;
 pub mod tau_retail;
 
