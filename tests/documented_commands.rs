@@ -80,16 +80,26 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
-/// Cut a shell comment: a `#` at the start of a word, outside quotes.
-fn uncomment(line: &str) -> &str {
+/// Each character of `text` with whether it stands outside quotes (a quote character itself
+/// counts as inside), as the shell reads them.
+fn unquoted(text: &str) -> impl Iterator<Item = (usize, char, bool)> + '_ {
     let (mut single, mut double) = (false, false);
-    let mut previous = ' ';
-    for (i, c) in line.char_indices() {
+    text.char_indices().map(move |(i, c)| {
         match c {
             '\'' if !double => single = !single,
             '"' if !single => double = !double,
-            '#' if !single && !double && previous.is_whitespace() => return &line[..i],
-            _ => {}
+            _ => return (i, c, !single && !double),
+        }
+        (i, c, false)
+    })
+}
+
+/// Cut a shell comment: a `#` at the start of a word, outside quotes.
+fn uncomment(line: &str) -> &str {
+    let mut previous = ' ';
+    for (i, c, outside) in unquoted(line) {
+        if c == '#' && outside && previous.is_whitespace() {
+            return &line[..i];
         }
         previous = c;
     }
@@ -135,19 +145,13 @@ fn open_quote(text: &str) -> bool {
 
 /// `line` split at the shell's command separators outside quotes (`&&`, `||`, `;`, `|`, `&`).
 fn split_commands(line: &str) -> Vec<String> {
-    let (mut single, mut double) = (false, false);
     let mut parts = vec![String::new()];
-    for c in line.chars() {
-        match c {
-            '\'' if !double => single = !single,
-            '"' if !single => double = !double,
-            ';' | '|' | '&' if !single && !double => {
-                if !parts.last().unwrap().trim().is_empty() {
-                    parts.push(String::new());
-                }
-                continue;
+    for (_, c, outside) in unquoted(line) {
+        if outside && matches!(c, ';' | '|' | '&') {
+            if !parts.last().unwrap().trim().is_empty() {
+                parts.push(String::new());
             }
-            _ => {}
+            continue;
         }
         parts.last_mut().unwrap().push(c);
     }
@@ -376,7 +380,6 @@ fn check(
     let program = words[0].as_str();
     // Repository files the command names exist.
     for w in words.iter().flat_map(|w| w.split('=')) {
-        let w = w.trim_start_matches("$(").trim_end_matches(')');
         if ["configs/", "crates/", "scripts/", "docs/"]
             .iter()
             .any(|p| w.starts_with(p))
