@@ -13,3 +13,8 @@
 
 pub use harness_core as core;
 pub use harness_pipeline as pipeline;
+
+// The README's example compiles and runs as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -24,9 +24,9 @@ fn main() -> anyhow::Result<()> {
             let path = args
                 .get(i + 1)
                 .ok_or_else(|| anyhow::anyhow!("--tokenizer needs a tokenizer.json path"))?;
-            grpo_candle::tokenizer::load_tokenizer(std::path::Path::new(path))?
+            grpo_candle::model::tokenizer::load_tokenizer(std::path::Path::new(path))?
         }
-        None => grpo_candle::tokenizer::tiny_tokenizer(400)?,
+        None => grpo_candle::model::tokenizer::tiny_tokenizer(400)?,
     };
     let vocab_size = tokenizer.get_vocab_size(true);
     let mut state = JsonState::new();

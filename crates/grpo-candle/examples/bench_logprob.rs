@@ -7,7 +7,7 @@
 //! ```
 //!
 //! `naive` is matmul + `log_softmax` + gather (the `[tokens, vocab]` logits and their softmax
-//! exist); `chunked` is [`grpo_candle::logprob::token_logprobs`]. Prints one JSON line with the
+//! exist); `chunked` is [`grpo_candle::ops::logprob::token_logprobs`]. Prints one JSON line with the
 //! resident memory after the inputs exist (`base_rss_bytes`), the peak (`peak_rss_bytes`) and
 //! their difference (`extra_bytes`); the gradients of `hidden` and `weight` are part of both.
 
@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use candle_core::{D, Device, Tensor, Var};
-use grpo_candle::logprob::{LogProbConfig, token_logprobs};
+use grpo_candle::ops::logprob::{LogProbConfig, token_logprobs};
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;

@@ -29,7 +29,7 @@ use std::time::Instant;
 use std::collections::BTreeMap;
 
 use candle_core::{DType, Device};
-use grpo_candle::sampler::{Sample, SampleRequest, generate_cached};
+use grpo_candle::sample::sampler::{Sample, SampleRequest, generate_cached};
 use grpo_candle::{PrefixCache, PrefixCacheConfig, Qwen, QwenConfig};
 use harness_core::{OutputFormat, SamplingParams};
 
@@ -249,7 +249,7 @@ fn main() -> anyhow::Result<()> {
         obs: arg(&args, "--obs", 120)?,
     };
     let model = Qwen::new_random(&cfg, 0, DType::F32, &Device::Cpu)?;
-    let tok = grpo_candle::tokenizer::tiny_tokenizer(0)?;
+    let tok = grpo_candle::model::tokenizer::tiny_tokenizer(0)?;
 
     let (plain, cached, episodes) = match flag(&args, "--trajectories")? {
         None => {

@@ -14,7 +14,7 @@
 use std::time::Instant;
 
 use candle_core::{DType, Device};
-use grpo_candle::sampler::{SampleRequest, generate};
+use grpo_candle::sample::sampler::{SampleRequest, generate};
 use grpo_candle::{PolicyModel, Qwen, QwenConfig};
 use harness_core::{OutputFormat, SamplingParams};
 
@@ -62,7 +62,7 @@ fn main() -> anyhow::Result<()> {
         None => (
             cfg.clone(),
             Qwen::new_random(&cfg, 0, DType::F32, &device)?,
-            grpo_candle::tokenizer::tiny_tokenizer(0)?,
+            grpo_candle::model::tokenizer::tiny_tokenizer(0)?,
         ),
     };
 

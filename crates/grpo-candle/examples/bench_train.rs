@@ -25,8 +25,8 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use candle_core::{DType, Device};
-use grpo_candle::logprob::LogProbConfig;
-use grpo_candle::trainer::{
+use grpo_candle::ops::logprob::LogProbConfig;
+use grpo_candle::train::trainer::{
     DecayKind, RolloutRecord, Schedule, TaskRollouts, Trainer, TrainerConfig, TurnTokens,
 };
 use grpo_candle::{PolicyModel, Qwen, QwenConfig};

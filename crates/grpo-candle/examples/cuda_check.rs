@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor, Var};
-use grpo_candle::logprob::{LogProbConfig, TokenLogProbs, token_logprobs};
+use grpo_candle::ops::logprob::{LogProbConfig, TokenLogProbs, token_logprobs};
 use rand::{Rng, SeedableRng};
 
 fn random(shape: (usize, usize), scale: f64, rng: &mut rand_chacha::ChaCha8Rng) -> Result<Tensor> {

@@ -34,7 +34,7 @@ fn main() -> anyhow::Result<()> {
     } else {
         load_hub(model, &device)?
     };
-    let ids = grpo_candle::tokenizer::encode(&pm.tokenizer, text)?;
+    let ids = grpo_candle::model::tokenizer::encode(&pm.tokenizer, text)?;
     if ids.len() < 2 {
         println!("[]");
         return Ok(());
@@ -60,7 +60,7 @@ fn main() -> anyhow::Result<()> {
 #[cfg(feature = "hub")]
 fn load_hub(model: &str, device: &Device) -> anyhow::Result<PolicyModel> {
     use anyhow::Context;
-    let offline = grpo_candle::loading::offline_from_env(std::env::var("HF_HUB_OFFLINE"));
+    let offline = grpo_candle::model::loading::offline_from_env(std::env::var("HF_HUB_OFFLINE"));
     let files = grpo_candle::ModelFiles::from_hub_blocking(model, None, offline)
         .with_context(|| format!("`{model}` is not a folder; tried it as a hub repository"))?;
     Ok(PolicyModel::load(&files, DType::F32, device)?)

@@ -9,28 +9,29 @@
 //! # Map
 //! Four layers, each importing only those below it (checked by the workspace's
 //! `tests/architecture.rs`); [`error`] sits under all of them.
-//! - [`ops`]: tensor kernels with their own backward. [`fused`]: the training forward's CPU ops
+//! - [`ops`]: tensor kernels with their own backward. [`fused`](ops::fused): the training forward's CPU ops
 //!   (RMSNorm, rotary embedding, SwiGLU, softmax, causal attention with memory linear in the
-//!   sequence length); [`logprob`]: the chunked lm_head → log-prob op (CUDA kernels with the
+//!   sequence length); [`logprob`](ops::logprob): the chunked lm_head → log-prob op (CUDA kernels with the
 //!   `cuda` feature); [`ops::reference`]: the plain implementations they are tested against;
 //!   [`ops::rowdot`]: a decoding step's weight products as dot products of rows.
 //! - [`model`]: the stateless decoder ([`Qwen`]; Qwen2, Qwen3, Llama and Mistral share it),
-//!   trainable end to end, with an explicit [`KvCache`] for sampling; [`config`] reads HF
-//!   `config.json`; [`checkpoint`]: [`PolicyModel`] = model + tokenizer + chat template + stop
-//!   tokens, loaded from a folder or, with the `hub` feature, the hub ([`loading`]), created
-//!   fresh and tiny from a seed, saved in HF format; [`gguf`] imports llama.cpp's GGUF files
-//!   (dequantised) as HF folders; [`lora`] merges a remote learner's PEFT LoRA adapter into a
-//!   snapshot of the initial weights ([`PeftAdapter`], [`BaseWeights`]); [`chat_template`]: Qwen ChatML rendering; [`tokenizer`]:
+//!   trainable end to end, with an explicit [`KvCache`] for sampling; [`config`](model::config) reads HF
+//!   `config.json`; [`checkpoint`](model::checkpoint): [`PolicyModel`] = model + tokenizer + chat template + stop
+//!   tokens, loaded from a folder or, with the `hub` feature, the hub ([`loading`](model::loading)), created
+//!   fresh and tiny from a seed, saved in HF format; [`gguf`](model::gguf) imports llama.cpp's GGUF files
+//!   (dequantised) as HF folders; [`lora`](model::lora) merges a remote learner's PEFT LoRA adapter into a
+//!   snapshot of the initial weights ([`PeftAdapter`], [`BaseWeights`]); [`chat_template`](model::chat_template): Qwen ChatML rendering; [`tokenizer`](model::tokenizer):
 //!   `tokenizer.json` helpers and the built-in byte-level BPE.
-//! - [`sample`]: [`sampler`], batched KV-cached decoding with per-token log-probs, with its
-//!   [`prefix_cache`] and JSON-constrained rows ([`sample::json`]); [`policy`]:
+//! - [`sample`]: [`sampler`](sample::sampler), batched KV-cached decoding with per-token log-probs, with its
+//!   [`prefix_cache`](sample::prefix_cache) and JSON-constrained rows ([`sample::json`]); [`policy`](sample::policy):
 //!   [`CandlePolicy`], harness-core's `Policy`.
-//! - [`train`]: [`objective`], [`trainer`]: the GRPO loss and the trainer; [`teacher`], [`sft`]:
+//! - [`train`]: [`objective`](train::objective), [`trainer`](train::trainer): the GRPO loss and the trainer; [`teacher`](train::teacher), [`sft`](train::sft):
 //!   the warm start, a reference solver's turns recorded in the policy's own tokens and
-//!   supervised updates on them; [`learner`]: harness-core's `Learner` on the trainer.
+//!   supervised updates on them; [`learner`](train::learner): harness-core's `Learner` on the trainer.
 //!
-//! The modules are also re-exported at the top (`grpo_candle::trainer`, `grpo_candle::config`,
-//! ...), as they were before the layers.
+//! Each module has one path, under its layer (`grpo_candle::train::trainer`,
+//! `grpo_candle::model::config`, ...); the types most users need are also at the top
+//! ([`CandlePolicy`], [`PolicyModel`], [`Qwen`], ...).
 //!
 //! # Log-prob conventions
 //! [`CandlePolicy`] reports in `PolicyTurn::logprobs` the log-probability of each sampled token
@@ -38,9 +39,9 @@
 //! renormalised): that is `q` of the paper's Eq. 16. The trainer's `pi_old` is the model at its
 //! configured temperature over the full vocabulary, so the detached weight
 //! `clip(pi_old / q, 0, 2)` is an importance weight only when rollouts are sampled at that
-//! temperature without top-k or top-p; [`Trainer::step`](trainer::Trainer::step) checks the
+//! temperature without top-k or top-p; [`Trainer::step`](train::trainer::Trainer::step) checks the
 //! settings every trajectory records and refuses others. Greedy turns have `q = 1` (log-prob 0).
-//! The raw model log-probs are available from the [`sampler`] ([`Sample::raw_logprobs`]).
+//! The raw model log-probs are available from the [`sampler`](sample::sampler) ([`Sample::raw_logprobs`]).
 //!
 //! # Example
 //! ```
@@ -69,12 +70,6 @@ pub mod model;
 pub mod ops;
 pub mod sample;
 pub mod train;
-
-// The flat module paths of before the layers.
-pub use model::{chat_template, checkpoint, config, gguf, loading, lora, tokenizer};
-pub use ops::{fused, logprob};
-pub use sample::{policy, prefix_cache, sampler};
-pub use train::{learner, objective, sft, teacher, trainer};
 
 pub use error::{Error, Result};
 pub use model::chat_template::ChatTemplate;

@@ -4,8 +4,8 @@
 //! `tiny_policy` example.
 
 use grpo_candle::ChatTemplate;
-use grpo_candle::chat_template::CHATML_JINJA;
-use grpo_candle::tokenizer::{encode, tiny_tokenizer};
+use grpo_candle::model::chat_template::CHATML_JINJA;
+use grpo_candle::model::tokenizer::{encode, tiny_tokenizer};
 use harness_core::{ChatMessage, ToolSpec};
 use serde_json::Value;
 

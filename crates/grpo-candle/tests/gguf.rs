@@ -8,8 +8,9 @@ use std::path::Path;
 use candle_core::quantized::gguf_file::{self, Value as Gv};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor};
-use grpo_candle::gguf::permute_rotary_rows;
-use grpo_candle::{Arch, ChatTemplate, PolicyModel, Qwen, QwenConfig, import_gguf, tokenizer};
+use grpo_candle::model::gguf::permute_rotary_rows;
+use grpo_candle::model::tokenizer;
+use grpo_candle::{Arch, ChatTemplate, PolicyModel, Qwen, QwenConfig, import_gguf};
 use serde_json::Value;
 
 fn tiny_config(arch: Arch) -> QwenConfig {
@@ -153,7 +154,7 @@ fn write_gguf(
         ("tokenizer.ggml.add_bos_token".into(), Gv::Bool(false)),
         (
             "tokenizer.chat_template".into(),
-            Gv::String(grpo_candle::chat_template::CHATML_JINJA.into()),
+            Gv::String(grpo_candle::model::chat_template::CHATML_JINJA.into()),
         ),
     ];
     tweak(&mut meta);

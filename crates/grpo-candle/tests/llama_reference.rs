@@ -34,7 +34,7 @@ fn check(name: &str, arch: Arch) {
     assert_eq!(pm.model.config().arch, arch);
 
     let text = reference["text"].as_str().unwrap();
-    let ids = grpo_candle::tokenizer::encode(&pm.tokenizer, text).unwrap();
+    let ids = grpo_candle::model::tokenizer::encode(&pm.tokenizer, text).unwrap();
     let want_ids: Vec<u32> = numbers(&reference["token_ids"])
         .into_iter()
         .map(|v| v as u32)

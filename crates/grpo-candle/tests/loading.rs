@@ -159,7 +159,7 @@ fn hub_env_child() {
     if std::env::var("GRPO_CANDLE_HUB_CHILD").is_err() {
         return;
     }
-    let offline = grpo_candle::loading::offline_from_env(std::env::var("HF_HUB_OFFLINE"));
+    let offline = grpo_candle::model::loading::offline_from_env(std::env::var("HF_HUB_OFFLINE"));
     assert!(offline);
     let files = ModelFiles::from_hub_blocking("env-org/tiny", None, offline).unwrap();
     PolicyModel::load(&files, DType::F32, &Device::Cpu).unwrap();

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use candle_core::{DType, Device, Tensor};
-use grpo_candle::lora::{ADAPTER_CONFIG, ADAPTER_WEIGHTS};
+use grpo_candle::model::lora::{ADAPTER_CONFIG, ADAPTER_WEIGHTS};
 use grpo_candle::{BaseWeights, CandlePolicy, PeftAdapter, PolicyModel, PolicyOptions, TinySpec};
 use harness_core::{ChatMessage, Policy, PolicyRequest, SamplingParams};
 use serde_json::{Value, json};
@@ -157,7 +157,7 @@ fn all_weights(policy: &CandlePolicy) -> Vec<(String, Vec<f32>)> {
 }
 
 fn text_ids(policy: &CandlePolicy) -> Vec<u32> {
-    grpo_candle::tokenizer::encode(policy.tokenizer(), "Hello world, merge the adapter now.")
+    grpo_candle::model::tokenizer::encode(policy.tokenizer(), "Hello world, merge the adapter now.")
         .unwrap()
 }
 

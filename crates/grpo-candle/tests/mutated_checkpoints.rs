@@ -8,9 +8,10 @@
 use std::path::Path;
 
 use candle_core::{DType, Device};
-use grpo_candle::logprob::LogProbConfig;
-use grpo_candle::trainer::{Trainer, TrainerConfig};
-use grpo_candle::{PolicyModel, TinySpec, tokenizer};
+use grpo_candle::model::tokenizer;
+use grpo_candle::ops::logprob::LogProbConfig;
+use grpo_candle::train::trainer::{Trainer, TrainerConfig};
+use grpo_candle::{PolicyModel, TinySpec};
 use harness_testkit::mutate::{self, Mutant, Outcome, TrackingAlloc};
 use serde_json::{Value, json};
 

@@ -25,7 +25,7 @@ fn check(name: &str, arch: Arch) {
 
     // Same tokenization as transformers.
     let text = reference["text"].as_str().unwrap();
-    let ids = grpo_candle::tokenizer::encode(&pm.tokenizer, text).unwrap();
+    let ids = grpo_candle::model::tokenizer::encode(&pm.tokenizer, text).unwrap();
     let want_ids: Vec<u32> = reference["token_ids"]
         .as_array()
         .unwrap()

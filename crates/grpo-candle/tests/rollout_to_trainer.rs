@@ -4,7 +4,7 @@
 //! tokens the policy generated are scored.
 
 use candle_core::{DType, Device};
-use grpo_candle::trainer::{Trainer, TrainerConfig};
+use grpo_candle::train::trainer::{Trainer, TrainerConfig};
 use grpo_candle::{CandlePolicy, PolicyModel, PolicyOptions, TinySpec};
 use harness_core::{
     EpisodeOptions, FinishReason, Group, GroupOrigin, Harness, SamplingParams, Termination,

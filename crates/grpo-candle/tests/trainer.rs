@@ -3,8 +3,8 @@
 use std::path::Path;
 
 use candle_core::{DType, Device, Tensor};
-use grpo_candle::logprob::LogProbConfig;
-use grpo_candle::trainer::{
+use grpo_candle::ops::logprob::LogProbConfig;
+use grpo_candle::train::trainer::{
     DecayKind, RolloutRecord, Schedule, TaskRollouts, TrainableLm, Trainer, TrainerConfig,
     TurnTokens,
 };

@@ -4,10 +4,10 @@
 use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor};
-use grpo_candle::sft::{SftConfig, SftSequence, SftTrainer, sft_sequences};
-use grpo_candle::teacher::score_continuation;
-use grpo_candle::tokenizer::{self, IM_END};
-use grpo_candle::trainer::{DecayKind, Schedule};
+use grpo_candle::model::tokenizer::{self, IM_END};
+use grpo_candle::train::sft::{SftConfig, SftSequence, SftTrainer, sft_sequences};
+use grpo_candle::train::teacher::score_continuation;
+use grpo_candle::train::trainer::{DecayKind, Schedule};
 use grpo_candle::{CandlePolicy, PolicyModel, PolicyOptions, TeacherForcedPolicy, TinySpec};
 use harness_core::{
     EpisodeOptions, FinishReason, Harness, Policy, PolicyRequest, Role, SamplingParams, Source,

@@ -48,6 +48,10 @@ pub struct CalibrationSummary {
 
 /// Re-anchors a selector's evidence on the current, frozen policy.
 ///
+/// # Example
+/// `examples/custom_router.rs` in the repository implements a calibrator that measures every harness on the validation tasks, with the selector that reads it
+/// (`cargo run --release --example custom_router`; `tests/extension_examples.rs` runs it).
+///
 /// # Design
 /// The calibrator shares the policy with the loop (in process, the same weights; remotely, the
 /// same engine after a weight sync), so a call measures exactly the policy that will roll out

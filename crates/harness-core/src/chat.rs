@@ -82,7 +82,7 @@ pub struct ChatRequest {
     pub max_tokens: usize,
     /// Seed for providers that honour one.
     pub seed: Option<u64>,
-    /// The answer's shape: [`OutputFormat::JsonObject`] for roles that answer in JSON (sent as
+    /// The answer's shape: [`OutputFormat::JsonObject`](crate::policy::OutputFormat::JsonObject) for roles that answer in JSON (sent as
     /// `response_format`; providers without constrained decoding may ignore it, so answers are
     /// validated all the same).
     #[serde(default)]
@@ -122,6 +122,10 @@ pub struct ChatResponse {
 }
 
 /// A text-in, text-out language model for the pipeline's LLM roles.
+///
+/// # Example
+/// `examples/custom_chat_model.rs` in the repository implements a model served by a local program, answering the router's LLM voter
+/// (`cargo run --release --example custom_chat_model`; `tests/extension_examples.rs` runs it).
 ///
 /// # Design
 /// The roles need nothing but text: they never train, so token ids and log-probs stay out of

@@ -147,6 +147,10 @@ impl Outcome {
 
 /// A family of tasks with tools and a verifier.
 ///
+/// # Example
+/// `examples/custom_environment.rs` in the repository implements an environment of its own, checked with harness-testkit's conformance suite
+/// (`cargo run --release --example custom_environment`; `tests/extension_examples.rs` runs it).
+///
 /// # Design
 /// `reset` returns an independent [`EnvSession`] per episode, so one environment value serves
 /// many concurrent episodes without sharing mutable state; sessions own their database, file

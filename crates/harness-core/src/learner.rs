@@ -47,6 +47,10 @@ pub struct UpdateReport {
 
 /// Turns retained groups into a policy update.
 ///
+/// # Example
+/// `examples/custom_learner.rs` in the repository implements a group-relative policy-gradient learner, trained in the rescue loop
+/// (`cargo run --release --example custom_learner`; `tests/extension_examples.rs` runs it).
+///
 /// # Design
 /// The learner owns the trainable state: weights, optimizer moments, step counter and RNG.
 /// Checkpointing goes through it, so a crash-safe run can save and restore everything the next

@@ -178,6 +178,10 @@ impl PolicyTurn {
 
 /// A model that produces the next turn of an episode.
 ///
+/// # Example
+/// `examples/custom_policy.rs` in the repository implements a policy with a sampling distribution of its own, its turns' tokens and log-probs as a trainer needs them
+/// (`cargo run --release --example custom_policy`; `tests/extension_examples.rs` runs it).
+///
 /// # Design
 /// The policy renders the messages itself (chat template, tokenizer), so it reports the exact
 /// prompt tokens it used: the trainer recomputes probabilities in that generating context, and

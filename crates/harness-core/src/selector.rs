@@ -35,6 +35,10 @@ pub struct SelectionRequest {
 }
 
 /// Chooses harnesses for a task.
+///
+/// # Example
+/// `examples/custom_router.rs` in the repository implements a selector that ranks siblings by validation evidence per kind of task, with the calibrator that gathers it
+/// (`cargo run --release --example custom_router`; `tests/extension_examples.rs` runs it).
 #[async_trait]
 pub trait HarnessSelector: Send + Sync {
     /// A short name for logs.

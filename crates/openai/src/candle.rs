@@ -15,9 +15,10 @@ use crate::engine::{StreamedToken, TokenSink, choice_seed};
 use crate::{PromptEncoder, TokenGenerator, TokenOutput, TokenRequest, WeightLoader};
 use async_trait::async_trait;
 use candle_core::DType;
-use grpo_candle::prefix_cache::{PrefixCache, PrefixCacheConfig, PrefixCacheStats};
-use grpo_candle::sampler::{self, DecodeBatch, Sample, SampleRequest};
-use grpo_candle::{PolicyModel, tokenizer};
+use grpo_candle::PolicyModel;
+use grpo_candle::model::tokenizer;
+use grpo_candle::sample::prefix_cache::{PrefixCache, PrefixCacheConfig, PrefixCacheStats};
+use grpo_candle::sample::sampler::{self, DecodeBatch, Sample, SampleRequest};
 use harness_core::{ChatMessage, ToolSpec};
 
 fn core(e: grpo_candle::Error) -> harness_core::Error {

@@ -217,7 +217,7 @@ impl fmt::Debug for Transport {
 /// Makes rustls' `ring` provider the process's TLS crypto provider, unless the program installed
 /// one already (that one is then kept). Every `reqwest::Client` needs one: the workspace builds
 /// reqwest without its default provider (aws-lc-rs, a C library built from source), so a
-/// program that builds a `reqwest::Client` of its own calls this first; [`Transport`] does.
+/// program that builds a `reqwest::Client` of its own calls this first; the crate's own transport does.
 pub fn install_tls_provider() {
     // An error means a provider is installed already, which is what is wanted.
     let _ = rustls::crypto::ring::default_provider().install_default();

@@ -126,7 +126,7 @@ async fn multi_turn_contexts_reuse_generated_tokens_like_the_candle_policy() {
     let mut turns = 0;
     let eot = model
         .tokenizer
-        .token_to_id(grpo_candle::tokenizer::END_OF_TEXT)
+        .token_to_id(grpo_candle::model::tokenizer::END_OF_TEXT)
         .unwrap();
     let mut previous: Option<Vec<u32>> = None;
     for step in 0..3 {

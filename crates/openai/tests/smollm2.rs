@@ -117,7 +117,7 @@ async fn serves_smollm2_chat_and_completions_with_token_ids_and_logprobs() {
     .await;
     let choice = &value["choices"][0];
     let want: Vec<u32> = greedy[..n].iter().map(|&t| t as u32).collect();
-    let text = grpo_candle::tokenizer::decode(&model.tokenizer, &want, true).unwrap();
+    let text = grpo_candle::model::tokenizer::decode(&model.tokenizer, &want, true).unwrap();
     assert_eq!(choice["message"]["content"], text.as_str());
     let content = choice["logprobs"]["content"].as_array().unwrap();
     assert_eq!(content.len(), n);

@@ -422,7 +422,7 @@ fn probe_tokens(wb: &Workbench, local: &CandlePolicy) -> Result<Vec<u32>> {
         .unwrap_or_else(|| "hello".into());
     let messages = vec![harness_core::ChatMessage::user(instruction)];
     let text = local.template().render(&messages, &[], true);
-    let mut ids = grpo_candle::tokenizer::encode(local.tokenizer(), &text)
+    let mut ids = grpo_candle::model::tokenizer::encode(local.tokenizer(), &text)
         .map_err(|e| Error::stage("train", e))?;
     ids.truncate(PROBE_TOKENS);
     Ok(ids)
@@ -472,7 +472,7 @@ pub fn check_resume(wb: &Workbench, run_dir: &Path) -> Result<()> {
     };
     let learner_dir = dir.join(harness_rollout::checkpoint::LEARNER_DIR);
     let tinker_file = learner_dir.join(harness_tinker::LEARNER_FILE);
-    let candle_file = learner_dir.join(grpo_candle::learner::LEARNER_FILE);
+    let candle_file = learner_dir.join(grpo_candle::train::learner::LEARNER_FILE);
     let refuse = |message: String| Err(Error::input("train", &learner_dir, message));
     match wb.cfg.learner {
         LearnerKind::Candle if tinker_file.is_file() => refuse(

@@ -7,7 +7,7 @@
 //! (`harness-rollout`) and the router (`harness-router`) read them. The paper fixes the pool
 //! during training: a [frozen](SiblingPool::freeze) pool refuses additions.
 //!
-//! Members are addressed by their content-hash [`HarnessId`] and keep the order in which they
+//! Members are addressed by their content-hash [`HarnessId`](harness_core::HarnessId) and keep the order in which they
 //! were added, base first. On disk a pool is a directory:
 //!
 //! ```text

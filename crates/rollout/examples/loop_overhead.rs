@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use async_trait::async_trait;
 use candle_core::{DType, Device};
-use grpo_candle::sampler::{SampleRequest, generate};
+use grpo_candle::sample::sampler::{SampleRequest, generate};
 use grpo_candle::{CandlePolicy, PolicyModel, PolicyOptions, TinySpec};
 use harness_core::{
     EnvSession, Environment, Group, Harness, Learner, Observation, Outcome, OutputFormat,

@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use candle_core::{DType, Device};
 use common::CoinEnv;
-use grpo_candle::learner::CandleLearner;
-use grpo_candle::trainer::{TrainableLm, TrainerConfig};
+use grpo_candle::train::learner::CandleLearner;
+use grpo_candle::train::trainer::{TrainableLm, TrainerConfig};
 use grpo_candle::{CandlePolicy, PolicyModel, PolicyOptions, TinySpec};
 use harness_core::{Harness, Split, Task};
 use harness_pool::SiblingPool;

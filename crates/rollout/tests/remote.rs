@@ -15,8 +15,8 @@ use std::time::Duration;
 use candle_core::{DType, Device};
 use common::CoinEnv;
 use futures::FutureExt;
-use grpo_candle::learner::CandleLearner;
-use grpo_candle::trainer::TrainerConfig;
+use grpo_candle::train::learner::CandleLearner;
+use grpo_candle::train::trainer::TrainerConfig;
 use grpo_candle::{CandlePolicy, PolicyModel, PolicyOptions, TinySpec};
 use harness_core::{ChatMessage, Harness, Policy, PolicyRequest, SamplingParams, Split, Task};
 use harness_openai::{

@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 pub const PAGE_SIZE: usize = 3;
 
 /// An environment with a paginated listing. Its tools:
-/// `list_items{page}` (pages of [`PAGE_SIZE`] items, flagged as paginated), `echo{text}`,
+/// `list_items{page}` (pages of `PAGE_SIZE` (3) items, flagged as paginated), `echo{text}`,
 /// `fail{}` (always an error), `docs{}` (a lookup) and `submit{answer}` (ends the episode).
 /// The verifier accepts the task's `metadata.answer`, submitted or given as the final answer.
 #[derive(Debug, Clone)]

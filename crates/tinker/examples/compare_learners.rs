@@ -28,8 +28,8 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use candle_core::{DType, Device};
 use clap::Parser;
-use grpo_candle::learner::CandleLearner;
-use grpo_candle::trainer::TrainerConfig;
+use grpo_candle::train::learner::CandleLearner;
+use grpo_candle::train::trainer::TrainerConfig;
 use grpo_candle::{CandlePolicy, PolicyModel, PolicyOptions};
 use harness_core::{Learner, UpdateReport};
 use harness_tinker::{

@@ -10,7 +10,7 @@ use common::{
     AdapterSpec, Fake, FakeOptions, Fault, Reduction, adapter_archive, fake_logprob, group,
     lora_a_value, lora_b_value, read_safetensors,
 };
-use grpo_candle::objective::{GrpoConfig, TokenTerms, group_advantages, grpo_loss};
+use grpo_candle::train::objective::{GrpoConfig, TokenTerms, group_advantages, grpo_loss};
 use harness_core::{Group, Learner, RescueObjective, TokenScoring};
 use harness_rollout::{SyncRetry, WeightSync, sync_with_retry};
 use harness_tinker::{

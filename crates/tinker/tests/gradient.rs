@@ -4,7 +4,7 @@
 //! tasks without scored tokens.
 
 use candle_core::{Device, Tensor, Var};
-use grpo_candle::objective::{GrpoConfig, TokenTerms, grpo_loss};
+use grpo_candle::train::objective::{GrpoConfig, TokenTerms, grpo_loss};
 use harness_core::{
     FinishReason, Group, GroupOrigin, Outcome, PolicyTurnRecord, Split, Task, Termination,
     Trajectory, TurnSampling,
@@ -143,7 +143,7 @@ proptest! {
 fn advantages_and_task_shares_match_grpo_candle() {
     let rewards = [1.0f32, 0.0, 0.0, 1.0, 1.0];
     let ours = harness_tinker::group_advantages(&rewards, 1e-6);
-    let theirs = grpo_candle::objective::group_advantages(&rewards, 1e-6);
+    let theirs = grpo_candle::train::objective::group_advantages(&rewards, 1e-6);
     for (a, b) in ours.iter().zip(&theirs) {
         assert!((a - f64::from(*b)).abs() < 1e-6);
     }

@@ -204,7 +204,7 @@ pub fn editor_repairs(base: &Harness) -> Vec<Harness> {
 }
 
 /// One-rule siblings of `base`, each carrying a prompt rule the built-in editor writes for a
-/// planted family's cause ([`crate::organism::RULE_REPAIRS`]: `commit-when-changed` for the
+/// planted family's cause (`RULE_REPAIRS`: `commit-when-changed` for the
 /// change family, `check-schema-first` for quoting): the repairing siblings of
 /// [`Organism::PromptRules`](crate::Organism::PromptRules).
 pub fn rule_siblings(base: &Harness) -> Vec<Harness> {

@@ -1,7 +1,7 @@
 //! A small byte-level BPE tokenizer fitted to the environment's text, so that tool-call syntax,
 //! SQL keywords, table and column names and common values are a few tokens each.
 
-use grpo_candle::tokenizer::{ADDED_TOKENS, SPECIAL_TOKENS};
+use grpo_candle::model::tokenizer::{ADDED_TOKENS, SPECIAL_TOKENS};
 use tokenizers::models::TrainerWrapper;
 use tokenizers::models::bpe::{BPE, BpeTrainerBuilder};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use candle_core::{DType, Device};
-use grpo_candle::sft::{SftConfig, SftTrainer, sft_sequences};
-use grpo_candle::trainer::{DecayKind, Schedule};
+use grpo_candle::train::sft::{SftConfig, SftTrainer, sft_sequences};
+use grpo_candle::train::trainer::{DecayKind, Schedule};
 use grpo_candle::{CandlePolicy, ChatTemplate, PolicyModel, PolicyOptions, TeacherForcedPolicy};
 use harness_core::{ChatMessage, Environment, FinishReason, Harness, Policy};
 use harness_envs::dbbench::{DbBench, GeneratorConfig};

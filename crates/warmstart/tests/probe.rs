@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use grpo_candle::sft::{SftConfig, SftTrainer, sft_sequences};
+use grpo_candle::train::sft::{SftConfig, SftTrainer, sft_sequences};
 use grpo_candle::{CandlePolicy, PolicyOptions, TeacherForcedPolicy};
 use harness_core::{Environment, EpisodeOptions, Split, run_episode_with};
 use harness_envs::dbbench::{DbBench, GeneratorConfig};

@@ -245,7 +245,7 @@ impl SweSession {
         }
     }
 
-    /// Judge the final state: see [`Workdir::verify`].
+    /// Judge the final state: the work folder's verification against the instance's tests.
     pub fn verify_sync(&mut self) -> Result<Outcome> {
         self.work.verify(self.submitted)
     }

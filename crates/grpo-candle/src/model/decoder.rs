@@ -1233,7 +1233,7 @@ impl Qwen {
 
     /// Logits at the last position of each row: `[B, vocab]` in f32, for sampling (up to 16 rows
     /// on the CPU the product is built outside the autograd graph). On the CPU in f32, for up
-    /// to [`INVARIANT_LOGIT_ROWS`] rows, a row's logits do not depend on the other rows (the
+    /// to `INVARIANT_LOGIT_ROWS` rows, a row's logits do not depend on the other rows (the
     /// product runs as dot products of rows; beyond, on gemm).
     pub fn last_logits(&self, hidden: &Tensor) -> Result<Tensor> {
         let (_, t, _) = hidden.dims3()?;

@@ -20,7 +20,7 @@
 //! # Example
 //! ```
 //! use candle_core::{DType, Device};
-//! use grpo_candle::sft::{SftConfig, SftTrainer, SftSequence};
+//! use grpo_candle::train::sft::{SftConfig, SftTrainer, SftSequence};
 //! use grpo_candle::{PolicyModel, TinySpec};
 //!
 //! let spec = TinySpec { num_merges: 16, hidden_size: 32, intermediate_size: 32, head_dim: 8, ..TinySpec::default() };

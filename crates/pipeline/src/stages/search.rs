@@ -44,8 +44,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use futures::StreamExt;
-use grpo_candle::sft::{SftConfig, SftTrainer, sft_sequences};
-use grpo_candle::trainer::{DecayKind, Schedule};
+use grpo_candle::train::sft::{SftConfig, SftTrainer, sft_sequences};
+use grpo_candle::train::trainer::{DecayKind, Schedule};
 use harness_core::{
     EpisodeOptions, Harness, Policy, SamplingParams, Task, Trajectory, call_seed, run_episode_with,
 };

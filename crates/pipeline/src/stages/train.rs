@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use grpo_candle::CandlePolicy;
-use grpo_candle::learner::CandleLearner;
-use grpo_candle::trainer::{Schedule, TrainerConfig};
+use grpo_candle::train::learner::CandleLearner;
+use grpo_candle::train::trainer::{Schedule, TrainerConfig};
 use harness_core::{Calibrate, HarnessSelector, Learner, Policy, SamplingParams};
 use harness_pool::SiblingPool;
 use harness_rollout::{
