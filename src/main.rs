@@ -34,7 +34,7 @@ fn main() -> Result<()> {
     // Before any thread starts and any key is read: other processes of this user (a test of
     // the repository-repair world run without its sandbox, say) can then neither attach to
     // this process nor read its /proc entries, and so not its environment with the API keys.
-    if let Err(e) = harness_envs::swe::sandbox::set_non_dumpable() {
+    if let Err(e) = harness_sandbox::set_non_dumpable() {
         eprintln!("warning: cannot mark the process non-dumpable: {e}");
     }
     run()

@@ -43,7 +43,7 @@
 //!
 //! # The sandbox
 //! With [`RunnerSettings::sandbox`] set (made by [`program_sandbox`]), the program runs inside
-//! harness-envs' sandbox of policy-caused commands (`harness_envs::swe::sandbox`): bubblewrap
+//! the sandbox of policy-caused commands (`harness_sandbox`): bubblewrap
 //! namespaces, resource limits and, when the runner is root, a user of its own. It then sees
 //! the system read-only, a private `/tmp`, a fresh working folder of its own (its current
 //! folder, removed after the episode), and, read-only, each command argument that names an
@@ -75,7 +75,7 @@ use harness_core::{
     EnvSession, Environment, Harness, HarnessId, Limits, Location, Outcome, Policy, ProgramSpec,
     SamplingParams, Split, Task, Termination, Trajectory,
 };
-use harness_envs::swe::sandbox::{Sandbox, SandboxConfig, UidLease};
+use harness_sandbox::{Sandbox, SandboxConfig, UidLease};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::io::AsyncReadExt;

@@ -17,7 +17,6 @@ use harness_core::{
     ToolCall, ToolSpec,
 };
 use harness_envs::dbbench::{self, DbBench, GeneratorConfig};
-use harness_envs::swe::sandbox::{Sandbox, SandboxConfig};
 use harness_external::envserver::client::RemoteEnv;
 use harness_external::envserver::fresh_token;
 use harness_external::envserver::server::{EnvServer, EnvServerConfig, EnvServerHandle};
@@ -26,6 +25,7 @@ use harness_external::program::{
     RunnerSettings, program_sandbox,
 };
 use harness_external::proxy::{ProxyConfig, ProxyHandle, RecordingProxy};
+use harness_sandbox::{Sandbox, SandboxConfig};
 use harness_testkit::FnPolicy;
 use serde_json::{Value, json};
 

@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 
 use harness_core::{Split, Task, Termination};
 use harness_envs::dbbench::{self, DbBench, GeneratorConfig};
-use harness_envs::swe::sandbox::{Sandbox, SandboxConfig};
 use harness_external::envserver::client::RemoteEnv;
 use harness_external::envserver::server::{EnvServer, EnvServerConfig, EnvServerHandle};
 use harness_external::program::{
@@ -20,6 +19,7 @@ use harness_external::program::{
     program_sandbox,
 };
 use harness_external::proxy::{ProxyConfig, ProxyHandle, RecordingProxy};
+use harness_sandbox::{Sandbox, SandboxConfig};
 use harness_testkit::{FnPolicy, byte_tokens};
 
 /// `python3`, or `None` to skip. Under CI (`CI=true`) it must be there.

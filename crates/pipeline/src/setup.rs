@@ -547,10 +547,10 @@ fn program_runner(
             Some("none (external.sandbox = \"off\")".to_string()),
         ));
     }
-    let config = swe::sandbox::SandboxConfig {
+    let config = swe::SandboxConfig {
         // An agent episode's program is one process tree for its whole episode.
         cpu_seconds: cfg.external.timeout_s.ceil() as u64 + 60,
-        ..swe::sandbox::SandboxConfig::default()
+        ..swe::SandboxConfig::default()
     };
     match harness_external::program::program_sandbox(&config, &cfg.external.python) {
         Ok(sandbox) => {

@@ -41,6 +41,7 @@
 mod error;
 mod lineage;
 mod pool;
+pub mod sibling;
 
 pub use error::{Error, Result};
 pub use pool::{HARNESS_DIR, POOL_FILE, POOL_FORMAT, PoolFile, SiblingPool};

@@ -1,4 +1,4 @@
-//! The error type of harness-envs.
+//! The error type of harness-dbbench.
 //!
 //! `Err` means infrastructure failed or user-supplied data is unusable (a task file that does not
 //! parse, a database that cannot be created). Misbehaviour of the model inside an episode (bad SQL,
@@ -65,7 +65,7 @@ impl From<Error> for harness_core::Error {
         match error {
             Error::Io { path, source } => harness_core::Error::Io { path, source },
             other => harness_core::Error::Environment {
-                env: "envs".to_string(),
+                env: "dbbench".to_string(),
                 message: other.to_string(),
             },
         }

@@ -1,10 +1,11 @@
-//! Building blocks of the built-in siblings: one hook added to an environment's base harness.
+//! Building blocks of hand-written siblings: one hook added to a base harness (the built-in
+//! environments' siblings are made this way).
 
 use harness_core::{Harness, HookAction, HookEvent, HookSpec};
 use serde_json::Value;
 
 /// `base` with one more hook, named and described, descended from `base` (generation 1).
-pub(crate) fn one_hook_sibling(
+pub fn one_hook_sibling(
     base: &Harness,
     name: &str,
     description: &str,
@@ -22,7 +23,7 @@ pub(crate) fn one_hook_sibling(
 }
 
 /// A hook spec from its parts; `parameters` is a JSON object.
-pub(crate) fn hook(
+pub fn hook_spec(
     action: HookAction,
     event: HookEvent,
     condition: &str,

@@ -42,7 +42,7 @@
 //!
 //! ```
 //! use harness_core::{Environment, Split, run_episode};
-//! use harness_envs::appworld::{AppWorld, OraclePolicy, base_harness};
+//! use harness_appworld::{AppWorld, OraclePolicy, base_harness};
 //!
 //! let env = AppWorld::new();
 //! let task = env.tasks(Split::Validation)?.remove(0);
@@ -55,6 +55,7 @@
 pub mod apps;
 pub mod date;
 pub mod generate;
+pub mod labels;
 mod oracle;
 pub mod templates;
 pub mod world;
@@ -624,3 +625,8 @@ pub fn table7_siblings() -> Vec<Harness> {
     );
     vec![s6, s7, s8]
 }
+
+// The README's examples compile and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

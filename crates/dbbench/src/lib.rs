@@ -78,7 +78,9 @@
 pub mod answer;
 pub mod data;
 pub mod db;
+pub mod error;
 pub mod generate;
+pub mod labels;
 pub mod oracle;
 mod sql;
 pub mod text_format;
@@ -87,17 +89,18 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::sibling::{hook, one_hook_sibling};
 use async_trait::async_trait;
 use harness_core::{
     ActionParser, EnvSession, Environment, Harness, HookAction, HookEvent, HookSpec, Observation,
     Outcome, ParsedAction, Split, Task, ToolCall, ToolCallParser, ToolKind, ToolSpec, cut_text,
 };
+use harness_pool::sibling::{hook_spec as hook, one_hook_sibling};
 use serde_json::{Value, json};
 
 pub use answer::{answers_match, normalize, parse_answer_list};
 pub use data::{DbTable, DbTask, QuestionType, load_jsonl, parse_jsonl};
 pub use db::{Database, DbLimits};
+pub use error::{Error, Result};
 pub use generate::{GeneratorConfig, generate_tasks};
 pub use oracle::{OraclePolicy, oracle_turns};
 pub use text_format::{DbBenchTextParser, TEXT_FORMAT};
@@ -106,8 +109,6 @@ pub use text_format::{DbBenchTextParser, TEXT_FORMAT};
 /// call is a failed round instead of the end of the episode (AgentBench's function-calling
 /// DBBench answers such a turn with an error and goes on).
 pub const TOOL_FORMAT: &str = "dbbench_tool_call";
-
-use crate::error::{Error, Result};
 
 /// The environment's name (tasks' `env`).
 pub const ENV_NAME: &str = "dbbench";
@@ -626,3 +627,8 @@ mod tests {
         assert!(committed_answers(&json!({})).is_err());
     }
 }
+
+// The README's examples compile and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -82,7 +82,7 @@
 //! tests.
 //!
 //! ```no_run
-//! use harness_envs::swe::{self, SweEnv};
+//! use harness_swe::{self as swe, SweEnv};
 //! use harness_core::{Environment, Split, run_episode};
 //!
 //! # async fn demo() -> harness_core::Result<()> {
@@ -99,8 +99,9 @@ pub mod diff;
 pub mod exec;
 mod instance;
 pub mod judge;
+pub mod labels;
 mod oracle;
-pub mod sandbox;
+use harness_sandbox as sandbox;
 mod session;
 pub mod tamper;
 
@@ -109,11 +110,11 @@ use std::path::Path;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use crate::sibling::{hook, one_hook_sibling};
 use async_trait::async_trait;
 use harness_core::{
     EnvSession, Environment, Error, Harness, HookAction, HookEvent, HookSpec, Result, Split, Task,
 };
+use harness_pool::sibling::{hook_spec as hook, one_hook_sibling};
 use serde_json::json;
 
 pub use builtin::{PAIR_SEED, builtin_instances, discover_test_ids};
@@ -733,3 +734,8 @@ pub fn siblings() -> Vec<Harness> {
         ),
     ]
 }
+
+// The README's examples compile and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

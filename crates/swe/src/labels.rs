@@ -1,0 +1,88 @@
+//! The behaviour labeller of the repository-repair world ([`harness_core::TrajectoryLabeller`]): reproduction and verification.
+//!
+//! The router's built-in profiler compares a sibling's trajectory with H0's on the same task
+//! through these labels (paper Eq. 8 and Table 7), and the same labels can produce the paper's
+//! behaviour table. The labeller adds its environment's features to the generic ones of
+//! [`GenericLabeller`].
+
+use harness_core::{
+    BehaviourFeature, GenericLabeller, Step, Trajectory, TrajectoryLabeller, TrajectoryLabels,
+    steps,
+};
+
+use crate as swe;
+
+fn with_generic(mut specific: Vec<BehaviourFeature>) -> Vec<BehaviourFeature> {
+    specific.extend(GenericLabeller::generic_features());
+    specific
+}
+
+fn flag(b: bool) -> f64 {
+    if b { 1.0 } else { 0.0 }
+}
+
+fn insert(labels: &mut TrajectoryLabels, name: &str, value: f64) {
+    labels.insert(name.to_string(), value);
+}
+
+/// The repository world: reading, searching, editing and running the tests.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SweLabeller;
+
+impl TrajectoryLabeller for SweLabeller {
+    fn env(&self) -> &str {
+        swe::ENV_NAME
+    }
+
+    fn features(&self) -> Vec<BehaviourFeature> {
+        with_generic(vec![
+            BehaviourFeature::count("files_viewed", "files viewed"),
+            BehaviourFeature::count("searches", "repository searches"),
+            BehaviourFeature::count("edits", "file edits"),
+            BehaviourFeature::count("test_runs", "test runs"),
+            BehaviourFeature::flag(
+                "tests_before_first_edit",
+                "runs the tests before its first edit (reproduces the failure)",
+            ),
+            BehaviourFeature::flag(
+                "tests_after_last_edit",
+                "runs the tests after its last edit (checks the assertions)",
+            ),
+        ])
+    }
+
+    fn label(&self, trajectory: &Trajectory) -> TrajectoryLabels {
+        use swe::tools;
+        let steps = steps(trajectory);
+        let mut labels = GenericLabeller::generic_labels(trajectory);
+        let count = |name: &str| steps.iter().filter(|s| s.call.name == name).count() as f64;
+        let is_edit = |s: &Step| s.call.name == tools::REPLACE || s.call.name == tools::CREATE;
+        let first_edit = steps.iter().position(is_edit);
+        let last_edit = steps.iter().rposition(is_edit);
+        let test_at: Vec<usize> = steps
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.call.name == tools::RUN_TESTS)
+            .map(|(i, _)| i)
+            .collect();
+        insert(&mut labels, "files_viewed", count(tools::VIEW));
+        insert(&mut labels, "searches", count(tools::SEARCH));
+        insert(
+            &mut labels,
+            "edits",
+            steps.iter().filter(|s| is_edit(s)).count() as f64,
+        );
+        insert(&mut labels, "test_runs", test_at.len() as f64);
+        insert(
+            &mut labels,
+            "tests_before_first_edit",
+            flag(first_edit.is_some_and(|e| test_at.iter().any(|t| *t < e))),
+        );
+        insert(
+            &mut labels,
+            "tests_after_last_edit",
+            flag(last_edit.is_some_and(|e| test_at.iter().any(|t| *t > e))),
+        );
+        labels
+    }
+}
