@@ -56,7 +56,8 @@ async fn a_custom_policy_samples_reproducibly_and_is_scored() {
         .expect("the example runs");
     // The prior puts about one episode in five on the right answer.
     assert!(avg > 0.0 && avg < 0.6, "Avg@3 {avg}");
-    assert!(pass >= avg);
+    // Some task is solved on one attempt of three and failed on another.
+    assert!(pass > avg, "Pass@3 {pass}, Avg@3 {avg}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
