@@ -7,6 +7,7 @@
 
 use std::collections::BTreeSet;
 
+use harness_core::labels::{flag_value, set_label};
 use harness_core::{
     BehaviourFeature, GenericLabeller, Step, Trajectory, TrajectoryLabeller, TrajectoryLabels,
     steps,
@@ -14,19 +15,6 @@ use harness_core::{
 use serde_json::Value;
 
 use crate as appworld;
-
-fn with_generic(mut specific: Vec<BehaviourFeature>) -> Vec<BehaviourFeature> {
-    specific.extend(GenericLabeller::generic_features());
-    specific
-}
-
-fn flag(b: bool) -> f64 {
-    if b { 1.0 } else { 0.0 }
-}
-
-fn insert(labels: &mut TrajectoryLabels, name: &str, value: f64) {
-    labels.insert(name.to_string(), value);
-}
 
 /// The app world: pagination, documentation lookups, read-backs and `complete_task`.
 #[derive(Debug, Clone, Copy, Default)]
@@ -55,7 +43,7 @@ impl TrajectoryLabeller for AppWorldLabeller {
     }
 
     fn features(&self) -> Vec<BehaviourFeature> {
-        with_generic(vec![
+        GenericLabeller::with_generic_features(vec![
             BehaviourFeature::count("pages_fetched", "listing pages fetched"),
             BehaviourFeature::count("later_pages", "pages beyond the first fetched"),
             BehaviourFeature::count("folders_searched", "mail folders searched"),
@@ -121,20 +109,20 @@ impl TrajectoryLabeller for AppWorldLabeller {
                 read_after_write = false;
             }
         }
-        insert(&mut labels, "pages_fetched", pages);
-        insert(&mut labels, "later_pages", later_pages);
-        insert(&mut labels, "folders_searched", folders.len() as f64);
-        insert(&mut labels, "docs_before_first_use", docs_first);
-        insert(&mut labels, "writes", writes);
-        insert(
+        set_label(&mut labels, "pages_fetched", pages);
+        set_label(&mut labels, "later_pages", later_pages);
+        set_label(&mut labels, "folders_searched", folders.len() as f64);
+        set_label(&mut labels, "docs_before_first_use", docs_first);
+        set_label(&mut labels, "writes", writes);
+        set_label(
             &mut labels,
             "readback_after_write",
-            flag(last_write.is_some() && read_after_write),
+            flag_value(last_write.is_some() && read_after_write),
         );
-        insert(
+        set_label(
             &mut labels,
             "completes_task",
-            flag(
+            flag_value(
                 steps
                     .iter()
                     .any(|s| s.call.name == appworld::tool::COMPLETE_TASK),

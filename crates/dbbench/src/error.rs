@@ -6,10 +6,10 @@
 
 use std::path::PathBuf;
 
-/// Result alias used across harness-envs.
+/// Result alias of harness-dbbench.
 pub type Result<T> = std::result::Result<T, Error>;
 
-/// Everything that can go wrong in harness-envs.
+/// Everything that can go wrong in harness-dbbench.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -30,17 +30,6 @@ pub enum Error {
         /// The 1-based line number.
         line: usize,
         /// The JSON path of the offending field (empty for the whole record).
-        field: String,
-        /// What was found and what was expected.
-        message: String,
-    },
-    /// A JSON data file (a database, a task list, a split file) does not have the expected
-    /// shape.
-    #[error("{}: field `{field}`: {message}", path.display())]
-    Format {
-        /// The file.
-        path: PathBuf,
-        /// The JSON path of the offending field (empty for the whole file).
         field: String,
         /// What was found and what was expected.
         message: String,

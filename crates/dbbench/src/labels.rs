@@ -7,6 +7,7 @@
 
 use std::collections::BTreeSet;
 
+use harness_core::labels::{flag_value, set_label};
 use harness_core::{
     BehaviourFeature, GenericLabeller, Step, Trajectory, TrajectoryLabeller, TrajectoryLabels,
     steps,
@@ -14,19 +15,6 @@ use harness_core::{
 use serde::{Deserialize, Serialize};
 
 use crate as dbbench;
-
-fn with_generic(mut specific: Vec<BehaviourFeature>) -> Vec<BehaviourFeature> {
-    specific.extend(GenericLabeller::generic_features());
-    specific
-}
-
-fn flag(b: bool) -> f64 {
-    if b { 1.0 } else { 0.0 }
-}
-
-fn insert(labels: &mut TrajectoryLabels, name: &str, value: f64) {
-    labels.insert(name.to_string(), value);
-}
 
 /// DBBench: schema lookups, read-backs after changes and the committed answer.
 #[derive(Debug, Clone, Copy, Default)]
@@ -58,7 +46,7 @@ impl TrajectoryLabeller for DbBenchLabeller {
     }
 
     fn features(&self) -> Vec<BehaviourFeature> {
-        with_generic(vec![
+        GenericLabeller::with_generic_features(vec![
             BehaviourFeature::count("sql_queries", "SQL statements run"),
             BehaviourFeature::count("schema_lookups", "schema lookups"),
             BehaviourFeature::count("modifications", "table changes"),
@@ -97,14 +85,18 @@ impl TrajectoryLabeller for DbBenchLabeller {
                 _ => {}
             }
         }
-        insert(&mut labels, "sql_queries", queries);
-        insert(&mut labels, "schema_lookups", lookups);
-        insert(&mut labels, "modifications", changes);
-        insert(&mut labels, "readback_after_write", flag(read_after_change));
-        insert(
+        set_label(&mut labels, "sql_queries", queries);
+        set_label(&mut labels, "schema_lookups", lookups);
+        set_label(&mut labels, "modifications", changes);
+        set_label(
+            &mut labels,
+            "readback_after_write",
+            flag_value(read_after_change),
+        );
+        set_label(
             &mut labels,
             "commits_answer",
-            flag(steps.iter().any(|s| s.call.name == dbbench::COMMIT_TOOL)),
+            flag_value(steps.iter().any(|s| s.call.name == dbbench::COMMIT_TOOL)),
         );
         labels
     }

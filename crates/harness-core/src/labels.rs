@@ -83,7 +83,24 @@ pub trait TrajectoryLabeller: Send + Sync {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct GenericLabeller;
 
+/// A flag feature's value: 1 for `true`, 0 for `false`.
+pub fn flag_value(b: bool) -> f64 {
+    if b { 1.0 } else { 0.0 }
+}
+
+/// Set feature `name` of `labels` to `value`.
+pub fn set_label(labels: &mut TrajectoryLabels, name: &str, value: f64) {
+    labels.insert(name.to_string(), value);
+}
+
 impl GenericLabeller {
+    /// `specific` followed by the generic features: the feature list of an environment's
+    /// labeller, which includes the generic ones.
+    pub fn with_generic_features(mut specific: Vec<BehaviourFeature>) -> Vec<BehaviourFeature> {
+        specific.extend(Self::generic_features());
+        specific
+    }
+
     /// The generic features.
     pub fn generic_features() -> Vec<BehaviourFeature> {
         vec![
@@ -98,7 +115,7 @@ impl GenericLabeller {
     /// The generic labels of a trajectory.
     pub fn generic_labels(trajectory: &Trajectory) -> TrajectoryLabels {
         let c = &trajectory.counts;
-        let flag = |b: bool| if b { 1.0 } else { 0.0 };
+        let flag = flag_value;
         TrajectoryLabels::from([
             ("env_actions".to_string(), f64::from(c.env_actions)),
             ("tool_errors".to_string(), f64::from(c.tool_errors)),

@@ -291,7 +291,7 @@ const VERDICT_RUNNER: &str = include_str!("verdict_runner.py");
 /// code, so code that knows this protocol (or unittest's internals) can forge it: the verifier
 /// uses it only for instances without call specs, and only when
 /// `SweConfig::allow_in_process_verdict` allows it; otherwise the call judge decides
-/// ([`super::judge`]). `crates/envs/tests/swe_judge.rs` shows routes that beat it.
+/// ([`super::judge`]). `crates/swe/tests/swe_judge.rs` shows routes that beat it.
 ///
 /// A runner process that never imports repository code forks one test process per id; only
 /// that process loads the repository. It sends each test's outcome on the report channel (its

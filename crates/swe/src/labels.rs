@@ -5,25 +5,13 @@
 //! behaviour table. The labeller adds its environment's features to the generic ones of
 //! [`GenericLabeller`].
 
+use harness_core::labels::{flag_value, set_label};
 use harness_core::{
     BehaviourFeature, GenericLabeller, Step, Trajectory, TrajectoryLabeller, TrajectoryLabels,
     steps,
 };
 
 use crate as swe;
-
-fn with_generic(mut specific: Vec<BehaviourFeature>) -> Vec<BehaviourFeature> {
-    specific.extend(GenericLabeller::generic_features());
-    specific
-}
-
-fn flag(b: bool) -> f64 {
-    if b { 1.0 } else { 0.0 }
-}
-
-fn insert(labels: &mut TrajectoryLabels, name: &str, value: f64) {
-    labels.insert(name.to_string(), value);
-}
 
 /// The repository world: reading, searching, editing and running the tests.
 #[derive(Debug, Clone, Copy, Default)]
@@ -35,7 +23,7 @@ impl TrajectoryLabeller for SweLabeller {
     }
 
     fn features(&self) -> Vec<BehaviourFeature> {
-        with_generic(vec![
+        GenericLabeller::with_generic_features(vec![
             BehaviourFeature::count("files_viewed", "files viewed"),
             BehaviourFeature::count("searches", "repository searches"),
             BehaviourFeature::count("edits", "file edits"),
@@ -65,23 +53,23 @@ impl TrajectoryLabeller for SweLabeller {
             .filter(|(_, s)| s.call.name == tools::RUN_TESTS)
             .map(|(i, _)| i)
             .collect();
-        insert(&mut labels, "files_viewed", count(tools::VIEW));
-        insert(&mut labels, "searches", count(tools::SEARCH));
-        insert(
+        set_label(&mut labels, "files_viewed", count(tools::VIEW));
+        set_label(&mut labels, "searches", count(tools::SEARCH));
+        set_label(
             &mut labels,
             "edits",
             steps.iter().filter(|s| is_edit(s)).count() as f64,
         );
-        insert(&mut labels, "test_runs", test_at.len() as f64);
-        insert(
+        set_label(&mut labels, "test_runs", test_at.len() as f64);
+        set_label(
             &mut labels,
             "tests_before_first_edit",
-            flag(first_edit.is_some_and(|e| test_at.iter().any(|t| *t < e))),
+            flag_value(first_edit.is_some_and(|e| test_at.iter().any(|t| *t < e))),
         );
-        insert(
+        set_label(
             &mut labels,
             "tests_after_last_edit",
-            flag(last_edit.is_some_and(|e| test_at.iter().any(|t| *t > e))),
+            flag_value(last_edit.is_some_and(|e| test_at.iter().any(|t| *t > e))),
         );
         labels
     }

@@ -1,15 +1,15 @@
 //! The error type of harness-tau-retail.
 //!
-//! `Err` means infrastructure failed or user-supplied data is unusable (a task file that does not
-//! parse, a database that cannot be created). Misbehaviour of the model inside an episode (bad SQL,
-//! unknown tools, malformed arguments) is an error *observation*, never an `Err`.
+//! `Err` means infrastructure failed or user-supplied data is unusable (a task file or a database
+//! that does not parse). Misbehaviour of the model inside an episode (unknown tools, malformed
+//! arguments, a write the policy forbids) is an error *observation*, never an `Err`.
 
 use std::path::PathBuf;
 
-/// Result alias used across harness-envs.
+/// Result alias of harness-tau-retail.
 pub type Result<T> = std::result::Result<T, Error>;
 
-/// Everything that can go wrong in harness-envs.
+/// Everything that can go wrong in harness-tau-retail.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -21,18 +21,6 @@ pub enum Error {
         /// The underlying I/O error.
         #[source]
         source: std::io::Error,
-    },
-    /// A data file has a malformed record.
-    #[error("{}:{line}: field `{field}`: {message}", path.display())]
-    Data {
-        /// The file.
-        path: PathBuf,
-        /// The 1-based line number.
-        line: usize,
-        /// The JSON path of the offending field (empty for the whole record).
-        field: String,
-        /// What was found and what was expected.
-        message: String,
     },
     /// A JSON data file (a database, a task list, a split file) does not have the expected
     /// shape.

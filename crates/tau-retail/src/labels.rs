@@ -3,20 +3,13 @@
 //! analysis counts (changing the database before looking the customer or the order up, or
 //! without the customer's yes right before the change).
 
+use harness_core::labels::{flag_value, set_label};
 use harness_core::{
     BehaviourFeature, GenericLabeller, Step, Trajectory, TrajectoryLabeller, TrajectoryLabels,
     steps,
 };
 
 use crate as tau_retail;
-
-fn flag(b: bool) -> f64 {
-    if b { 1.0 } else { 0.0 }
-}
-
-fn insert(labels: &mut TrajectoryLabels, name: &str, value: f64) {
-    labels.insert(name.to_string(), value);
-}
 
 /// The retail world: lookups before writes, confirmation before writes, policy violations.
 #[derive(Debug, Clone, Copy, Default)]
@@ -92,38 +85,38 @@ impl TrajectoryLabeller for TauRetailLabeller {
             }
         }
         let count = |f: &dyn Fn(&Step) -> bool| steps.iter().filter(|s| f(s)).count() as f64;
-        insert(
+        set_label(
             &mut labels,
             "lookups",
             count(&|s| tools::is_read(&s.call.name)),
         );
-        insert(&mut labels, "writes", count(&is_write));
-        insert(
+        set_label(&mut labels, "writes", count(&is_write));
+        set_label(
             &mut labels,
             "messages_to_customer",
             count(&|s| s.call.name == tau_retail::RESPOND_TOOL),
         );
-        insert(
+        set_label(
             &mut labels,
             "authenticated_before_first_write",
-            flag(before_first_write(&|s| {
+            flag_value(before_first_write(&|s| {
                 tools::AUTH_TOOLS.contains(&s.call.name.as_str()) && succeeded(s)
             })),
         );
-        insert(
+        set_label(
             &mut labels,
             "lookup_before_first_write",
-            flag(before_first_write(&|s| {
+            flag_value(before_first_write(&|s| {
                 (s.call.name == name::GET_ORDER_DETAILS || s.call.name == name::GET_USER_DETAILS)
                     && succeeded(s)
             })),
         );
-        insert(&mut labels, "confirmed_writes", confirmed);
-        insert(&mut labels, "policy_violations", violations);
-        insert(
+        set_label(&mut labels, "confirmed_writes", confirmed);
+        set_label(&mut labels, "policy_violations", violations);
+        set_label(
             &mut labels,
             "transferred",
-            flag(
+            flag_value(
                 steps
                     .iter()
                     .any(|s| s.call.name == name::TRANSFER_TO_HUMAN_AGENTS && succeeded(s)),

@@ -9,8 +9,8 @@ use harness_core::{
     ActionParser, EnvSession, Environment, Harness, ParsedAction, Policy, Split, Task, ToolCall,
     run_episode,
 };
-use harness_envs::dbbench::{
-    self, COMMIT_TOOL, DbBench, DbBenchTextParser, DbLimits, DbSession, GeneratorConfig,
+use harness_dbbench::{
+    self as dbbench, COMMIT_TOOL, DbBench, DbBenchTextParser, DbLimits, DbSession, GeneratorConfig,
     MAX_ROUNDS, OBSERVATION_CHARS, QuestionType, SQL_TOOL, base_harness, text_harness,
 };
 use harness_testkit::ScriptedPolicy;

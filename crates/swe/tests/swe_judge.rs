@@ -10,7 +10,7 @@
 //! judge.
 
 use harness_core::{ToolCall, run_episode};
-use harness_envs::swe::{self, SweConfig, SweEnv, SweInstance, tamper, tools};
+use harness_swe::{self as swe, SweConfig, SweEnv, SweInstance, tamper, tools};
 use harness_testkit::ScriptedPolicy;
 use serde_json::{Value, json};
 

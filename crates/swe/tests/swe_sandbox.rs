@@ -14,8 +14,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use harness_core::{Environment as _, Split, ToolCall};
-use harness_envs::swe::{SandboxConfig, SweConfig, SweEnv, SweInstance, SweSession, exec, tools};
 use harness_sandbox as sandbox;
+use harness_swe::{SandboxConfig, SweConfig, SweEnv, SweInstance, SweSession, exec, tools};
 use serde_json::json;
 
 const INSTANCE: &str = "textkit__truncate-exact-width";

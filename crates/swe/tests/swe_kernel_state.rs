@@ -20,8 +20,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use harness_core::ToolCall;
-use harness_envs::swe::{SandboxConfig, SweConfig, SweEnv, SweInstance, diff, exec, tools};
 use harness_sandbox::Sandbox;
+use harness_swe::{SandboxConfig, SweConfig, SweEnv, SweInstance, diff, exec, tools};
 use serde_json::json;
 
 const INSTANCE: &str = "textkit__truncate-exact-width";

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use harness_core::{
     EnvSession, Environment, Observation, Policy, Split, Task, ToolCall, run_episode,
 };
-use harness_envs::swe::{self, SweConfig, SweEnv, SweSession, tools};
+use harness_swe::{self as swe, SweConfig, SweEnv, SweSession, tools};
 use harness_testkit::ScriptedPolicy;
 use harness_testkit::conformance::{ConformanceConfig, check_environment};
 use proptest::prelude::*;

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use harness_core::Split;
-use harness_envs::dbbench::{self, DbBench, DbLimits, DbSession};
+use harness_dbbench::{self as dbbench, DbBench, DbLimits, DbSession};
 
 const PEOPLE: &str = r#"{"description": "How many people?", "label": ["4"], "type": ["other"], "table": {"table_name": "People List", "table_info": {"columns": [{"name": "Name"}, {"name": "Goals"}], "rows": [["Anna", "17"], ["Bob", "42"], ["José Müller", "3"], ["O'Neil", "84"]]}}}"#;
 

@@ -5,13 +5,13 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
+use harness_appworld::apps::APIS;
+use harness_appworld::{
+    AppWorld, AppWorldConfig, OraclePolicy, base_harness, table7_siblings, tool, tool_specs,
+};
 use harness_core::{
     Environment, FinishReason, Harness, HookAction, HookEvent, HookSpec, Policy, PolicyRequest,
     PolicyTurn, Role, Source, Split, Task, Termination, ToolCall, Trajectory, run_episode,
-};
-use harness_envs::appworld::apps::APIS;
-use harness_envs::appworld::{
-    AppWorld, AppWorldConfig, OraclePolicy, base_harness, table7_siblings, tool, tool_specs,
 };
 use harness_testkit::FnPolicy;
 use harness_testkit::conformance::{ConformanceConfig, check_environment};

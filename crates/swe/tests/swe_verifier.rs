@@ -10,7 +10,7 @@
 use std::time::{Duration, Instant};
 
 use harness_core::{EnvSession, Split, Task, ToolCall, run_episode};
-use harness_envs::swe::{self, SweEnv, SweInstance, SweSession, TestStatus, exec, tools};
+use harness_swe::{self as swe, SweEnv, SweInstance, SweSession, TestStatus, exec, tools};
 use harness_testkit::ScriptedPolicy;
 use serde_json::{Value, json};
 

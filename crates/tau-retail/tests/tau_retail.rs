@@ -8,12 +8,12 @@ use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
 use harness_core::{Environment, Policy, Role, Split, Task, ToolCall, Trajectory, run_episode};
-use harness_envs::tau_retail::tasks::GoldAction;
-use harness_envs::tau_retail::tools::{self, name};
-use harness_envs::tau_retail::user::{confirmation_request, first_person};
-use harness_envs::tau_retail::{
-    self, Conversation, OraclePolicy, RESPOND_TOOL, RetailTask, ScriptedUser, TauRetail, Turn,
-    oracle_turns,
+use harness_tau_retail::tasks::GoldAction;
+use harness_tau_retail::tools::{self, name};
+use harness_tau_retail::user::{confirmation_request, first_person};
+use harness_tau_retail::{
+    self as tau_retail, Conversation, OraclePolicy, RESPOND_TOOL, RetailTask, ScriptedUser,
+    TauRetail, Turn, oracle_turns,
 };
 use harness_testkit::conformance::{ConformanceConfig, check_environment};
 use harness_testkit::data::{TAU2_RETAIL_DATA, external_data};
