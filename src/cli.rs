@@ -69,6 +69,15 @@ pub enum Command {
         /// Write the report from the finished cell-seeds without running any.
         #[arg(long)]
         report_only: bool,
+        /// The sweep's root instead of the file's `out` (where cells are run, skipped and
+        /// read; e.g. a folder written by --export).
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
+        /// Copy the finished cell-seeds' report inputs, gzip-compressed, to DIR (the same
+        /// layout, about 100 kB per cell-seed) without running any; `--report-only --out DIR`
+        /// then writes the same report from the copy.
+        #[arg(long, value_name = "DIR", conflicts_with = "report_only")]
+        export: Option<PathBuf>,
         /// No progress bars.
         #[arg(long)]
         quiet: bool,

@@ -77,10 +77,27 @@ async fn run() -> Result<()> {
         Command::Sweep {
             file,
             report_only,
+            out,
+            export,
             quiet,
         } => {
-            use harness_pipeline::sweep::{SweepConfig, run_sweep, write_sweep_report};
-            let sweep = SweepConfig::load(&file)?;
+            use harness_pipeline::sweep::{
+                SweepConfig, export_sweep, run_sweep, write_sweep_report,
+            };
+            let mut sweep = SweepConfig::load(&file)?;
+            if let Some(out) = out {
+                sweep.out = out;
+            }
+            if let Some(dest) = export {
+                let dirs = export_sweep(&sweep, &file, &dest)?;
+                println!(
+                    "exported {} finished cell-seeds from {} to {}",
+                    dirs.len(),
+                    sweep.out.display(),
+                    dest.display()
+                );
+                return Ok(());
+            }
             if report_only {
                 for f in write_sweep_report(&sweep, &file, &[])? {
                     println!("wrote {}", f.display());

@@ -522,6 +522,33 @@ pub fn read_cells(
     Ok((out, records))
 }
 
+/// Copy every finished cell-seed of `sweep` to `dest` (same layout), keeping only what the
+/// report reads, each file gzip-compressed ([`harness_report::layout::export_seed`]), and the cell's
+/// record: a compact copy (about 100 kB per cell-seed instead of tens of MB) from which
+/// `harness-s sweep --report-only --out <dest>` writes the same report. Returns the cell-seed
+/// folders written, in grid order.
+pub fn export_sweep(sweep: &SweepConfig, file: &Path, dest: &Path) -> Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    for cell in sweep.cells(file)? {
+        let src = &cell.config.out;
+        if finished(src)?.is_none() {
+            continue;
+        }
+        let rel = src.strip_prefix(&sweep.out).unwrap_or(src);
+        let target = dest.join(rel);
+        if target.exists() {
+            std::fs::remove_dir_all(&target)
+                .map_err(|e| Error::input("sweep", &target, format!("cannot replace: {e}")))?;
+        }
+        harness_report::layout::export_seed(src, &target).map_err(|e| Error::stage("sweep", e))?;
+        let record = target.join(CELL_FILE);
+        std::fs::copy(src.join(CELL_FILE), &record)
+            .map_err(|e| Error::input("sweep", &record, format!("cannot write: {e}")))?;
+        out.push(target);
+    }
+    Ok(out)
+}
+
 /// Write `sweep.md`, `sweep.json` and the plot under the sweep's root from its cells' files.
 pub fn write_sweep_report(
     sweep: &SweepConfig,

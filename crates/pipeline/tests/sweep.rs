@@ -1,12 +1,14 @@
 //! A reduced sweep (the prompt-rules organism under the paper's and the masked rescue
 //! objective, one seed, two updates): both cells run, a second call skips them, and the
-//! report's interval of Harness-S against GRPO is recomputed here from the run files.
+//! report's interval of Harness-S against GRPO is recomputed here from the run files; the
+//! compact export writes the same report.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use harness_pipeline::sweep::{
-    CELL_FILE, JSON_FILE, PLOT_FILE, REPORT_FILE, SweepConfig, run_sweep,
+    CELL_FILE, JSON_FILE, PLOT_FILE, REPORT_FILE, SweepConfig, export_sweep, run_sweep,
+    write_sweep_report,
 };
 use harness_pipeline::{Progress, Secrets};
 use harness_report::stats::{BootstrapSettings, paired_bootstrap};
@@ -147,4 +149,63 @@ set = {{ "policy.warm_start.organism" = "prompt_rules", "policy.warm_start.unpro
         .await
         .unwrap();
     assert_eq!((again.ran.len(), again.skipped), (0, 2));
+
+    // The compact export: only compressed report inputs and the cell records, from which the
+    // same report is written.
+    let export = dir.path().join("export");
+    let dirs = export_sweep(&sweep, &file, &export).unwrap();
+    assert_eq!(
+        dirs,
+        vec![
+            export.join("rules/generating/seed-5"),
+            export.join("rules/masked/seed-5")
+        ]
+    );
+    let mut files = Vec::new();
+    let mut stack = vec![export.clone()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            if e.path().is_dir() {
+                stack.push(e.path());
+            } else {
+                files.push(e.path());
+            }
+        }
+    }
+    assert!(files.iter().any(|f| f.ends_with("eval/test.jsonl.gz")));
+    assert!(
+        files
+            .iter()
+            .any(|f| f.ends_with("calibrations/calibration-0000.json.gz"))
+    );
+    for f in &files {
+        let name = f.file_name().unwrap().to_string_lossy();
+        assert!(
+            name.ends_with(".gz") || name == CELL_FILE,
+            "{}",
+            f.display()
+        );
+        assert!(
+            !name.contains("trajectories") && !name.contains("safetensors"),
+            "{name}"
+        );
+    }
+    let mut from_export = sweep.clone();
+    from_export.out = export.clone();
+    write_sweep_report(&from_export, &file, &[]).unwrap();
+    let strip = |path: &Path| -> Value {
+        let mut v: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        for c in v["cells"].as_array_mut().unwrap() {
+            c["dir"] = Value::Null;
+            c["borrowed_from"] = Value::Null;
+        }
+        v
+    };
+    assert_eq!(strip(&export.join(JSON_FILE)), strip(&root.join(JSON_FILE)));
+    let md = std::fs::read_to_string(export.join(REPORT_FILE)).unwrap();
+    let original = std::fs::read_to_string(root.join(REPORT_FILE)).unwrap();
+    assert_eq!(
+        md.replace(&export.display().to_string(), "ROOT"),
+        original.replace(&root.display().to_string(), "ROOT")
+    );
 }

@@ -52,6 +52,10 @@ pub const CALIBRATION_DIR: &str = "calibration";
 pub const EPISODES_FILE: &str = "eval/episodes.jsonl";
 /// The agent programs (external harnesses) of the pool a seed trained on, names by id.
 pub const PROGRAMS_FILE: &str = "programs.json";
+/// A method's calibrations during training, inside `train/<method>/`.
+pub const METHOD_CALIBRATIONS_DIR: &str = "calibrations";
+/// A method's harness-search rounds, inside `train/<method>/`.
+pub const SEARCH_FILE: &str = "search.jsonl";
 
 /// One H0 test attempt.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -736,12 +740,112 @@ impl Run {
     }
 }
 
+/// The suffix of a compressed report input ([`export_seed`]): `eval/test.jsonl` may be stored
+/// as `eval/test.jsonl.gz`, read when the plain file is absent.
+pub const GZ_SUFFIX: &str = ".gz";
+
+fn gz_path(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(GZ_SUFFIX);
+    PathBuf::from(name)
+}
+
+/// The text of `path`, or of `path.gz` (gzip) when `path` is absent; `None` when neither is.
 fn read_text(path: &Path) -> Result<Option<String>> {
     match std::fs::read_to_string(path) {
-        Ok(t) => Ok(Some(t)),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(Error::io(path, e)),
+        Ok(t) => return Ok(Some(t)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(Error::io(path, e)),
     }
+    let gz = gz_path(path);
+    let file = match std::fs::File::open(&gz) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::io(&gz, e)),
+    };
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(file), &mut text)
+        .map_err(|e| Error::io(&gz, e))?;
+    Ok(Some(text))
+}
+
+/// The files of a seed's folder that [`read_seed`] reads (relative to `dir`, plain names
+/// even where the folder holds them compressed), in a fixed order: what a report of the seed
+/// needs, without checkpoints, weights, trajectories or rendered reports.
+pub fn report_inputs(dir: &Path) -> Result<Vec<PathBuf>> {
+    let exists = |rel: &Path| dir.join(rel).is_file() || gz_path(&dir.join(rel)).is_file();
+    let mut out: Vec<PathBuf> = Vec::new();
+    let mut add = |rel: PathBuf| {
+        if exists(&rel) {
+            out.push(rel);
+        }
+    };
+    add(RUN_FILE.into());
+    add(PROGRAMS_FILE.into());
+    for file in [
+        TEST_FILE,
+        RANK_FILE,
+        BEHAVIOUR_FILE,
+        ROUTING_FILE,
+        CROSS_FILE,
+        TRANSFER_FILE,
+        DIAGNOSTICS_FILE,
+        EPISODES_FILE,
+    ] {
+        add(file.into());
+    }
+    for name in [DIVERSITY_FILE, ROUNDS_FILE, STAGE_COST_FILE] {
+        add(Path::new(EVOLVE_DIR).join(name));
+    }
+    add(Path::new(CALIBRATION_DIR).join(STAGE_COST_FILE));
+    for (_, file) in checkpoint_files(&dir.join(CALIBRATION_DIR)) {
+        add(Path::new(CALIBRATION_DIR).join(file));
+    }
+    let train = dir.join(TRAIN_DIR);
+    if train.is_dir() {
+        for m in subdirs(&train)? {
+            let rel = Path::new(TRAIN_DIR).join(m.file_name().unwrap_or_default());
+            for name in [
+                METRICS_FILE,
+                GROUPS_FILE,
+                COST_FILE,
+                STAGE_COST_FILE,
+                SEARCH_FILE,
+            ] {
+                add(rel.join(name));
+            }
+            for (_, file) in checkpoint_files(&m.join(METHOD_CALIBRATIONS_DIR)) {
+                add(rel.join(METHOD_CALIBRATIONS_DIR).join(file));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Write the [`report_inputs`] of the seed folder `src` under `dst`, each gzip-compressed
+/// (`<name>.gz`, byte-identical for identical inputs), and return the files written. A report
+/// read from `dst` equals one read from `src` apart from folder names.
+pub fn export_seed(src: &Path, dst: &Path) -> Result<Vec<PathBuf>> {
+    use std::io::Write;
+    let mut written = Vec::new();
+    for rel in report_inputs(src)? {
+        let Some(text) = read_text(&src.join(&rel))? else {
+            continue;
+        };
+        let target = gz_path(&dst.join(&rel));
+        if let Some(parent) = target.parent() {
+            std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
+        }
+        let file = std::fs::File::create(&target).map_err(|e| Error::io(&target, e))?;
+        let mut enc = flate2::GzBuilder::new()
+            .mtime(0)
+            .write(file, flate2::Compression::best());
+        enc.write_all(text.as_bytes())
+            .and_then(|()| enc.finish().map(drop))
+            .map_err(|e| Error::io(&target, e))?;
+        written.push(target);
+    }
+    Ok(written)
 }
 
 /// Deserialize `value` as `T`, naming the JSON field at fault.
@@ -888,10 +992,10 @@ fn read_method(dir: &Path) -> Result<MethodRun> {
     )?)
     .unwrap_or_default();
     run.cost = read_json(&dir.join(COST_FILE), "a harness-rollout Cost")?;
-    run.checkpoints = read_checkpoints(&dir.join("calibrations"))?;
+    run.checkpoints = read_checkpoints(&dir.join(METHOD_CALIBRATIONS_DIR))?;
     run.stage_cost = read_json(&dir.join(STAGE_COST_FILE), STAGE_COST_WHAT)?;
     run.searches = without_lines(read_jsonl(
-        &dir.join("search.jsonl"),
+        &dir.join(SEARCH_FILE),
         "a search round {round, budget, candidates, rejected, empty, rollouts}",
     )?)
     .unwrap_or_default();
@@ -901,30 +1005,39 @@ fn read_method(dir: &Path) -> Result<MethodRun> {
 /// The paired views of every `calibration-<index>.json` in `dir`, in index order (empty when
 /// the folder is absent).
 pub fn read_checkpoints(dir: &Path) -> Result<Vec<PairedCheckpoint>> {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return Ok(Vec::new());
-    };
-    let mut files: Vec<(u32, PathBuf)> = entries
-        .flatten()
-        .filter_map(|e| {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let index = name
-                .strip_prefix("calibration-")?
-                .strip_suffix(".json")?
-                .parse()
-                .ok()?;
-            Some((index, e.path()))
-        })
-        .collect();
-    files.sort();
-    files
+    checkpoint_files(dir)
         .into_iter()
-        .map(|(_, path)| {
-            let cal = harness_router::Calibration::load(&path)
+        .map(|(_, name)| {
+            let path = dir.join(name);
+            let text = read_text(&path)?.unwrap_or_default();
+            let cal = harness_router::Calibration::from_json(&text)
                 .map_err(|e| Error::parse(&path, 1, format!("expected a calibration: {e}")))?;
             Ok(PairedCheckpoint::of(&cal))
         })
         .collect()
+}
+
+/// The `calibration-<index>.json` files of `dir` (plain or `.gz`), by index, as plain names.
+fn checkpoint_files(dir: &Path) -> Vec<(u32, String)> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut files: Vec<(u32, String)> = entries
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let plain = name.strip_suffix(GZ_SUFFIX).unwrap_or(&name).to_string();
+            let index = plain
+                .strip_prefix("calibration-")?
+                .strip_suffix(".json")?
+                .parse()
+                .ok()?;
+            Some((index, plain))
+        })
+        .collect();
+    files.sort();
+    files.dedup();
+    files
 }
 
 fn subdirs(dir: &Path) -> Result<Vec<PathBuf>> {
