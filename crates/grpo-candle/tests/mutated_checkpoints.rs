@@ -12,7 +12,7 @@ use grpo_candle::model::tokenizer;
 use grpo_candle::ops::logprob::LogProbConfig;
 use grpo_candle::train::trainer::{Trainer, TrainerConfig};
 use grpo_candle::{PolicyModel, TinySpec};
-use harness_testkit::mutate::{self, Mutant, Outcome, TrackingAlloc};
+use harness_testkit::mutate::{self, Mutant, MutantOutcome, TrackingAlloc};
 use serde_json::{Value, json};
 
 #[global_allocator]
@@ -70,7 +70,7 @@ fn run(dir: &Path, file: &Path, valid: &[u8], mutants: &[Mutant]) -> usize {
         assert!(bytes != valid, "{what}: not a mutant");
         std::fs::write(file, bytes).unwrap();
         let budget = BUDGET + 8 * (on_disk + bytes.len());
-        if let Outcome::Refused(_) = mutate::check(what, file, budget, || load_and_use(dir)) {
+        if let MutantOutcome::Refused(_) = mutate::check(what, file, budget, || load_and_use(dir)) {
             refused += 1;
         }
     }
@@ -195,8 +195,8 @@ fn mutated_safetensors_are_errors_never_panics() {
     .unwrap();
     let what = "offsets summing to 2^64 - 8";
     match mutate::check(what, &file, BUDGET, || load_and_use(dir.path())) {
-        Outcome::Refused(e) => assert!(e.contains("model.safetensors"), "{e}"),
-        Outcome::Loaded => panic!("{what}: loaded"),
+        MutantOutcome::Refused(e) => assert!(e.contains("model.safetensors"), "{e}"),
+        MutantOutcome::Loaded => panic!("{what}: loaded"),
     }
     let refused = run(dir.path(), &file, &valid, &mutants);
     assert!(
@@ -384,7 +384,7 @@ fn mutated_trainer_state_is_an_error_never_a_panic() {
             std::fs::write(&file, bytes).unwrap();
             total += 1;
             let budget = BUDGET + 8 * (valid.len() + bytes.len());
-            if let Outcome::Refused(_) = mutate::check(what, &file, budget, resume) {
+            if let MutantOutcome::Refused(_) = mutate::check(what, &file, budget, resume) {
                 refused += 1;
             }
         }

@@ -84,7 +84,7 @@ fn mutated_harness_files_are_errors_never_panics() {
     };
     let mut refused = 0;
     for Mutant { what, bytes } in &mutants {
-        if let mutate::Outcome::Refused(_) = load(what, bytes) {
+        if let mutate::MutantOutcome::Refused(_) = load(what, bytes) {
             refused += 1;
         }
     }
@@ -111,10 +111,10 @@ fn mutated_harness_files_are_errors_never_panics() {
         ] {
             let what = format!("{field} = {pattern}");
             match load(&what, VALID.replace(valid, pattern).as_bytes()) {
-                mutate::Outcome::Refused(e) => {
+                mutate::MutantOutcome::Refused(e) => {
                     assert!(e.contains(field) && e.contains("size limit"), "{what}: {e}")
                 }
-                mutate::Outcome::Loaded => panic!("{what}: loaded"),
+                mutate::MutantOutcome::Loaded => panic!("{what}: loaded"),
             }
         }
     }

@@ -14,7 +14,7 @@ use crate::error::{Error, Result, StageExt};
 use crate::setup::Progress;
 
 /// The embedded default's environment, compact H0 and warm-started checkpoint.
-pub struct Organism {
+pub struct OrganismSetup {
     /// The environment the warm start was made for.
     pub env: Arc<dyn Environment>,
     /// The compact H0.
@@ -44,7 +44,7 @@ pub fn settings(cfg: &RunConfig) -> Result<WarmStartSettings> {
 }
 
 /// Warm-start (or load from the cache) the embedded default for `cfg`'s seed.
-pub fn warm_start(cfg: &RunConfig, progress: &Progress) -> Result<Organism> {
+pub fn warm_start(cfg: &RunConfig, progress: &Progress) -> Result<OrganismSetup> {
     let settings = settings(cfg)?;
     let bar = progress.bar(
         settings.sft_steps as u64,
@@ -97,7 +97,7 @@ pub fn warm_start(cfg: &RunConfig, progress: &Progress) -> Result<Organism> {
             started.checkpoint.display()
         ));
     }
-    Ok(Organism {
+    Ok(OrganismSetup {
         env: started.environment(),
         base: started.base.clone(),
         siblings: started.siblings.clone(),

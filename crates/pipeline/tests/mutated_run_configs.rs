@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use harness_pipeline::RunConfig;
-use harness_testkit::mutate::{self, Mutant, Outcome, TrackingAlloc};
+use harness_testkit::mutate::{self, Mutant, MutantOutcome, TrackingAlloc};
 
 #[global_allocator]
 static ALLOC: TrackingAlloc = TrackingAlloc;
@@ -93,9 +93,9 @@ fn run(file: &Path, valid: &[u8], mutants: &[Mutant]) -> usize {
         std::fs::write(file, bytes).unwrap();
         let budget = BUDGET + PER_BYTE * bytes.len();
         match mutate::check(what, file, budget, || load(file)) {
-            Outcome::Refused(_) => refused += 1,
+            MutantOutcome::Refused(_) => refused += 1,
             // Depth bombs are refused by the parsers' recursion limits.
-            Outcome::Loaded => assert!(!what.contains("deep"), "{what}: loaded"),
+            MutantOutcome::Loaded => assert!(!what.contains("deep"), "{what}: loaded"),
         }
     }
     refused

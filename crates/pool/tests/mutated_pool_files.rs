@@ -6,7 +6,7 @@ use std::path::Path;
 
 use harness_core::Harness;
 use harness_pool::{HARNESS_DIR, POOL_FILE, SiblingPool};
-use harness_testkit::mutate::{self, Mutant, Outcome, TrackingAlloc};
+use harness_testkit::mutate::{self, Mutant, MutantOutcome, TrackingAlloc};
 
 #[global_allocator]
 static ALLOC: TrackingAlloc = TrackingAlloc;
@@ -80,7 +80,7 @@ fn mutated_pool_files_are_errors_never_panics() {
             std::fs::write(file, bytes).unwrap();
             total += 1;
             let what = format!("{}: {what}", file.display());
-            if let Outcome::Refused(_) =
+            if let MutantOutcome::Refused(_) =
                 mutate::check(&what, file, BUDGET + 64 * bytes.len(), || {
                     SiblingPool::load(dir.path())
                 })

@@ -350,7 +350,7 @@ pub enum EvalMode {
 
 /// One task of a test evaluation.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct TaskOutcome {
+pub struct TestTaskOutcome {
     /// The task's id.
     pub task: String,
     /// The harness its attempts ran under.
@@ -385,7 +385,7 @@ pub struct TestEval {
     pub seconds: f64,
     /// Per task.
     #[serde(default)]
-    pub per_task: Vec<TaskOutcome>,
+    pub per_task: Vec<TestTaskOutcome>,
 }
 
 /// Whether a Rank-r evaluation came before or after training.

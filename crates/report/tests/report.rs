@@ -158,7 +158,7 @@ fn test_eval(method: &str, mode: EvalMode, pass: f64, avg: f64) -> TestEval {
         avg_at_k: avg,
         rollouts: 60,
         seconds: 12.5,
-        per_task: vec![harness_report::layout::TaskOutcome {
+        per_task: vec![harness_report::layout::TestTaskOutcome {
             task: "dbbench-test-3".into(),
             harness: HarnessId("h0".into()),
             successes: 1,

@@ -219,7 +219,7 @@ pub fn text_mutants(bytes: &[u8], seed: u64) -> Vec<Mutant> {
 
 /// A loader's result on one mutant, reduced to what [`check`] asserts.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
+pub enum MutantOutcome {
     /// The mutant loaded (it was still valid).
     Loaded,
     /// The loader refused it with this message.
@@ -237,7 +237,7 @@ pub fn check<T, E: Display>(
     file: &Path,
     budget: usize,
     load: impl FnOnce() -> Result<T, E>,
-) -> Outcome {
+) -> MutantOutcome {
     assert!(
         TrackingAlloc::installed(),
         "install harness_testkit::mutate::TrackingAlloc as the test binary's #[global_allocator]"
@@ -255,14 +255,14 @@ pub fn check<T, E: Display>(
     LIMIT.with(|l| l.set(previous));
     let grew = PEAK.with(Cell::get) - base;
     let outcome = match result {
-        Ok(Ok(())) => Outcome::Loaded,
+        Ok(Ok(())) => MutantOutcome::Loaded,
         Ok(Err(message)) => {
             let shown = file.display().to_string();
             assert!(
                 message.contains(&shown),
                 "{what}: the error does not name {shown}: {message}"
             );
-            Outcome::Refused(message)
+            MutantOutcome::Refused(message)
         }
         Err(panic) => {
             let why = panic
