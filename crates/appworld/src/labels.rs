@@ -7,7 +7,7 @@
 
 use std::collections::BTreeSet;
 
-use harness_core::labels::{flag_value, set_label};
+use harness_core::labels::flag_value;
 use harness_core::{
     BehaviourFeature, GenericLabeller, Step, Trajectory, TrajectoryLabeller, TrajectoryLabels,
     steps,
@@ -109,19 +109,17 @@ impl TrajectoryLabeller for AppWorldLabeller {
                 read_after_write = false;
             }
         }
-        set_label(&mut labels, "pages_fetched", pages);
-        set_label(&mut labels, "later_pages", later_pages);
-        set_label(&mut labels, "folders_searched", folders.len() as f64);
-        set_label(&mut labels, "docs_before_first_use", docs_first);
-        set_label(&mut labels, "writes", writes);
-        set_label(
-            &mut labels,
-            "readback_after_write",
+        labels.insert("pages_fetched".into(), pages);
+        labels.insert("later_pages".into(), later_pages);
+        labels.insert("folders_searched".into(), folders.len() as f64);
+        labels.insert("docs_before_first_use".into(), docs_first);
+        labels.insert("writes".into(), writes);
+        labels.insert(
+            "readback_after_write".into(),
             flag_value(last_write.is_some() && read_after_write),
         );
-        set_label(
-            &mut labels,
-            "completes_task",
+        labels.insert(
+            "completes_task".into(),
             flag_value(
                 steps
                     .iter()

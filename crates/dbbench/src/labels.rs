@@ -7,7 +7,7 @@
 
 use std::collections::BTreeSet;
 
-use harness_core::labels::{flag_value, set_label};
+use harness_core::labels::flag_value;
 use harness_core::{
     BehaviourFeature, GenericLabeller, Step, Trajectory, TrajectoryLabeller, TrajectoryLabels,
     steps,
@@ -85,17 +85,12 @@ impl TrajectoryLabeller for DbBenchLabeller {
                 _ => {}
             }
         }
-        set_label(&mut labels, "sql_queries", queries);
-        set_label(&mut labels, "schema_lookups", lookups);
-        set_label(&mut labels, "modifications", changes);
-        set_label(
-            &mut labels,
-            "readback_after_write",
-            flag_value(read_after_change),
-        );
-        set_label(
-            &mut labels,
-            "commits_answer",
+        labels.insert("sql_queries".into(), queries);
+        labels.insert("schema_lookups".into(), lookups);
+        labels.insert("modifications".into(), changes);
+        labels.insert("readback_after_write".into(), flag_value(read_after_change));
+        labels.insert(
+            "commits_answer".into(),
             flag_value(steps.iter().any(|s| s.call.name == dbbench::COMMIT_TOOL)),
         );
         labels

@@ -88,11 +88,6 @@ pub fn flag_value(b: bool) -> f64 {
     if b { 1.0 } else { 0.0 }
 }
 
-/// Set feature `name` of `labels` to `value`.
-pub fn set_label(labels: &mut TrajectoryLabels, name: &str, value: f64) {
-    labels.insert(name.to_string(), value);
-}
-
 impl GenericLabeller {
     /// `specific` followed by the generic features: the feature list of an environment's
     /// labeller, which includes the generic ones.

@@ -142,6 +142,13 @@ pub struct CellRecord {
     pub config: Value,
 }
 
+/// A cell-seed's folder under the sweep root `root`.
+fn cell_dir(root: &Path, organism: &str, objective: RescueObjective, seed: u64) -> PathBuf {
+    root.join(organism)
+        .join(objective.label())
+        .join(format!("seed-{seed}"))
+}
+
 /// Whether `method`'s training depends on the rescue objective (it rescues with siblings).
 fn objective_sensitive(method: Method) -> bool {
     matches!(
@@ -304,11 +311,7 @@ impl SweepConfig {
                     // `policy.warm_start.seed`), as the main job's seeds do.
                     cfg.seed = self.seeds[0];
                     let mut cfg = cfg.with_seed(seed);
-                    cfg.out = self
-                        .out
-                        .join(&organism.name)
-                        .join(objective.label())
-                        .join(format!("seed-{seed}"));
+                    cfg.out = cell_dir(&self.out, &organism.name, objective, seed);
                     cfg.train.methods = methods.clone();
                     cfg.train.rescue_objective = objective;
                     let checked = cfg.validate(None).and_then(|()| {
@@ -528,22 +531,28 @@ pub fn read_cells(
 /// `harness-s sweep --report-only --out <dest>` writes the same report. Returns the cell-seed
 /// folders written, in grid order.
 pub fn export_sweep(sweep: &SweepConfig, file: &Path, dest: &Path) -> Result<Vec<PathBuf>> {
+    let io = |path: &Path, what: &str, e: std::io::Error| {
+        Error::input("sweep", path, format!("cannot {what}: {e}"))
+    };
     let mut out = Vec::new();
     for cell in sweep.cells(file)? {
         let src = &cell.config.out;
         if finished(src)?.is_none() {
             continue;
         }
-        let rel = src.strip_prefix(&sweep.out).unwrap_or(src);
-        let target = dest.join(rel);
-        if target.exists() {
-            std::fs::remove_dir_all(&target)
-                .map_err(|e| Error::input("sweep", &target, format!("cannot replace: {e}")))?;
+        let target = cell_dir(dest, &cell.organism, cell.objective, cell.seed);
+        // Written beside the target first, so that a failure leaves an earlier copy whole.
+        let staging = target.with_extension("partial");
+        if staging.exists() {
+            std::fs::remove_dir_all(&staging).map_err(|e| io(&staging, "remove", e))?;
         }
-        harness_report::layout::export_seed(src, &target).map_err(|e| Error::stage("sweep", e))?;
-        let record = target.join(CELL_FILE);
-        std::fs::copy(src.join(CELL_FILE), &record)
-            .map_err(|e| Error::input("sweep", &record, format!("cannot write: {e}")))?;
+        harness_report::layout::export_seed(src, &staging).map_err(|e| Error::stage("sweep", e))?;
+        std::fs::copy(src.join(CELL_FILE), staging.join(CELL_FILE))
+            .map_err(|e| io(&staging.join(CELL_FILE), "write", e))?;
+        if target.exists() {
+            std::fs::remove_dir_all(&target).map_err(|e| io(&target, "replace", e))?;
+        }
+        std::fs::rename(&staging, &target).map_err(|e| io(&target, "write", e))?;
         out.push(target);
     }
     Ok(out)

@@ -161,6 +161,7 @@ set = {{ "policy.warm_start.organism" = "prompt_rules", "policy.warm_start.unpro
             export.join("rules/masked/seed-5")
         ]
     );
+    assert!(!export.join("rules/generating/seed-5.partial").exists());
     let mut files = Vec::new();
     let mut stack = vec![export.clone()];
     while let Some(d) = stack.pop() {

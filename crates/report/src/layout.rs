@@ -750,88 +750,68 @@ fn gz_path(path: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
+thread_local! {
+    /// While [`seed_inputs`] reads a seed: every file [`read_text`] returned, with its text.
+    static READ_LOG: std::cell::RefCell<Option<Vec<(PathBuf, String)>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
 /// The text of `path`, or of `path.gz` (gzip) when `path` is absent; `None` when neither is.
 fn read_text(path: &Path) -> Result<Option<String>> {
-    match std::fs::read_to_string(path) {
-        Ok(t) => return Ok(Some(t)),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let gz = gz_path(path);
+            let file = match std::fs::File::open(&gz) {
+                Ok(f) => f,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+                Err(e) => return Err(Error::io(&gz, e)),
+            };
+            let mut text = String::new();
+            std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(file), &mut text)
+                .map_err(|e| Error::io(&gz, e))?;
+            text
+        }
         Err(e) => return Err(Error::io(path, e)),
-    }
-    let gz = gz_path(path);
-    let file = match std::fs::File::open(&gz) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(Error::io(&gz, e)),
     };
-    let mut text = String::new();
-    std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(file), &mut text)
-        .map_err(|e| Error::io(&gz, e))?;
+    READ_LOG.with(|log| {
+        if let Some(files) = log.borrow_mut().as_mut() {
+            files.push((path.to_path_buf(), text.clone()));
+        }
+    });
     Ok(Some(text))
 }
 
-/// The files of a seed's folder that [`read_seed`] reads (relative to `dir`, plain names
-/// even where the folder holds them compressed), in a fixed order: what a report of the seed
-/// needs, without checkpoints, weights, trajectories or rendered reports.
-pub fn report_inputs(dir: &Path) -> Result<Vec<PathBuf>> {
-    let exists = |rel: &Path| dir.join(rel).is_file() || gz_path(&dir.join(rel)).is_file();
-    let mut out: Vec<PathBuf> = Vec::new();
-    let mut add = |rel: PathBuf| {
-        if exists(&rel) {
-            out.push(rel);
-        }
-    };
-    add(RUN_FILE.into());
-    add(PROGRAMS_FILE.into());
-    for file in [
-        TEST_FILE,
-        RANK_FILE,
-        BEHAVIOUR_FILE,
-        ROUTING_FILE,
-        CROSS_FILE,
-        TRANSFER_FILE,
-        DIAGNOSTICS_FILE,
-        EPISODES_FILE,
-    ] {
-        add(file.into());
-    }
-    for name in [DIVERSITY_FILE, ROUNDS_FILE, STAGE_COST_FILE] {
-        add(Path::new(EVOLVE_DIR).join(name));
-    }
-    add(Path::new(CALIBRATION_DIR).join(STAGE_COST_FILE));
-    for (_, file) in checkpoint_files(&dir.join(CALIBRATION_DIR)) {
-        add(Path::new(CALIBRATION_DIR).join(file));
-    }
-    let train = dir.join(TRAIN_DIR);
-    if train.is_dir() {
-        for m in subdirs(&train)? {
-            let rel = Path::new(TRAIN_DIR).join(m.file_name().unwrap_or_default());
-            for name in [
-                METRICS_FILE,
-                GROUPS_FILE,
-                COST_FILE,
-                STAGE_COST_FILE,
-                SEARCH_FILE,
-            ] {
-                add(rel.join(name));
-            }
-            for (_, file) in checkpoint_files(&m.join(METHOD_CALIBRATIONS_DIR)) {
-                add(rel.join(METHOD_CALIBRATIONS_DIR).join(file));
-            }
+/// The files [`read_seed`] reads in the seed folder `dir`, each with its text, by their plain
+/// names relative to `dir` (also where the folder holds them compressed), in reading order:
+/// what a report of the seed needs, and nothing else (no checkpoint, weights, trajectories or
+/// rendered report). Fails where `read_seed` does.
+pub fn seed_inputs(dir: &Path) -> Result<Vec<(PathBuf, String)>> {
+    READ_LOG.with(|log| *log.borrow_mut() = Some(Vec::new()));
+    let read = read_seed(dir);
+    let files = READ_LOG
+        .with(|log| log.borrow_mut().take())
+        .unwrap_or_default();
+    read?;
+    let mut out: Vec<(PathBuf, String)> = Vec::new();
+    for (path, text) in files {
+        // read_seed reads only inside `dir`; a file read twice is written once.
+        if let Ok(rel) = path.strip_prefix(dir)
+            && !out.iter().any(|(seen, _)| seen == rel)
+        {
+            out.push((rel.to_path_buf(), text));
         }
     }
     Ok(out)
 }
 
-/// Write the [`report_inputs`] of the seed folder `src` under `dst`, each gzip-compressed
+/// Write the [`seed_inputs`] of the seed folder `src` under `dst`, each gzip-compressed
 /// (`<name>.gz`, byte-identical for identical inputs), and return the files written. A report
 /// read from `dst` equals one read from `src` apart from folder names.
 pub fn export_seed(src: &Path, dst: &Path) -> Result<Vec<PathBuf>> {
     use std::io::Write;
     let mut written = Vec::new();
-    for rel in report_inputs(src)? {
-        let Some(text) = read_text(&src.join(&rel))? else {
-            continue;
-        };
+    for (rel, text) in seed_inputs(src)? {
         let target = gz_path(&dst.join(&rel));
         if let Some(parent) = target.parent() {
             std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;

@@ -5,7 +5,7 @@
 //! behaviour table. The labeller adds its environment's features to the generic ones of
 //! [`GenericLabeller`].
 
-use harness_core::labels::{flag_value, set_label};
+use harness_core::labels::flag_value;
 use harness_core::{
     BehaviourFeature, GenericLabeller, Step, Trajectory, TrajectoryLabeller, TrajectoryLabels,
     steps,
@@ -53,22 +53,19 @@ impl TrajectoryLabeller for SweLabeller {
             .filter(|(_, s)| s.call.name == tools::RUN_TESTS)
             .map(|(i, _)| i)
             .collect();
-        set_label(&mut labels, "files_viewed", count(tools::VIEW));
-        set_label(&mut labels, "searches", count(tools::SEARCH));
-        set_label(
-            &mut labels,
-            "edits",
+        labels.insert("files_viewed".into(), count(tools::VIEW));
+        labels.insert("searches".into(), count(tools::SEARCH));
+        labels.insert(
+            "edits".into(),
             steps.iter().filter(|s| is_edit(s)).count() as f64,
         );
-        set_label(&mut labels, "test_runs", test_at.len() as f64);
-        set_label(
-            &mut labels,
-            "tests_before_first_edit",
+        labels.insert("test_runs".into(), test_at.len() as f64);
+        labels.insert(
+            "tests_before_first_edit".into(),
             flag_value(first_edit.is_some_and(|e| test_at.iter().any(|t| *t < e))),
         );
-        set_label(
-            &mut labels,
-            "tests_after_last_edit",
+        labels.insert(
+            "tests_after_last_edit".into(),
             flag_value(last_edit.is_some_and(|e| test_at.iter().any(|t| *t > e))),
         );
         labels

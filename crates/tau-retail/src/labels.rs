@@ -3,7 +3,7 @@
 //! analysis counts (changing the database before looking the customer or the order up, or
 //! without the customer's yes right before the change).
 
-use harness_core::labels::{flag_value, set_label};
+use harness_core::labels::flag_value;
 use harness_core::{
     BehaviourFeature, GenericLabeller, Step, Trajectory, TrajectoryLabeller, TrajectoryLabels,
     steps,
@@ -85,37 +85,29 @@ impl TrajectoryLabeller for TauRetailLabeller {
             }
         }
         let count = |f: &dyn Fn(&Step) -> bool| steps.iter().filter(|s| f(s)).count() as f64;
-        set_label(
-            &mut labels,
-            "lookups",
-            count(&|s| tools::is_read(&s.call.name)),
-        );
-        set_label(&mut labels, "writes", count(&is_write));
-        set_label(
-            &mut labels,
-            "messages_to_customer",
+        labels.insert("lookups".into(), count(&|s| tools::is_read(&s.call.name)));
+        labels.insert("writes".into(), count(&is_write));
+        labels.insert(
+            "messages_to_customer".into(),
             count(&|s| s.call.name == tau_retail::RESPOND_TOOL),
         );
-        set_label(
-            &mut labels,
-            "authenticated_before_first_write",
+        labels.insert(
+            "authenticated_before_first_write".into(),
             flag_value(before_first_write(&|s| {
                 tools::AUTH_TOOLS.contains(&s.call.name.as_str()) && succeeded(s)
             })),
         );
-        set_label(
-            &mut labels,
-            "lookup_before_first_write",
+        labels.insert(
+            "lookup_before_first_write".into(),
             flag_value(before_first_write(&|s| {
                 (s.call.name == name::GET_ORDER_DETAILS || s.call.name == name::GET_USER_DETAILS)
                     && succeeded(s)
             })),
         );
-        set_label(&mut labels, "confirmed_writes", confirmed);
-        set_label(&mut labels, "policy_violations", violations);
-        set_label(
-            &mut labels,
-            "transferred",
+        labels.insert("confirmed_writes".into(), confirmed);
+        labels.insert("policy_violations".into(), violations);
+        labels.insert(
+            "transferred".into(),
             flag_value(
                 steps
                     .iter()
