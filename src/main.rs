@@ -27,6 +27,7 @@ use harness_pipeline::{Method, Workbench, stages};
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod cli;
+mod sweep_jobs;
 
 use cli::{Cli, Command, Common, method, serve_key};
 
@@ -79,10 +80,12 @@ async fn run() -> Result<()> {
             report_only,
             out,
             export,
+            jobs,
+            cell,
             quiet,
         } => {
             use harness_pipeline::sweep::{
-                SweepConfig, export_sweep, run_sweep, write_sweep_report,
+                CellOutcome, SweepConfig, export_sweep, run_cell, run_sweep, write_sweep_report,
             };
             let mut sweep = SweepConfig::load(&file)?;
             if let Some(out) = out {
@@ -109,6 +112,37 @@ async fn run() -> Result<()> {
                 quiet,
                 ..Common::default()
             };
+            if let Some(i) = cell {
+                let index = i as usize - 1;
+                let outcome = run_cell(
+                    &sweep,
+                    &file,
+                    index,
+                    &common.secrets(&first),
+                    &common.progress(),
+                )
+                .await?;
+                match outcome {
+                    CellOutcome::Skipped => println!("sweep: cell-seed {i} had finished"),
+                    CellOutcome::Ran(s) => println!("sweep: cell-seed {i} finished in {s:.0}s"),
+                    CellOutcome::Failed(e) => anyhow::bail!("cell-seed {i} failed: {e}"),
+                }
+                return Ok(());
+            }
+            if jobs > 1 {
+                let failed = sweep_jobs::run(&file, &sweep, usize::from(jobs))?;
+                for f in write_sweep_report(&sweep, &file, &failed)? {
+                    println!("wrote {}", f.display());
+                }
+                if !failed.is_empty() {
+                    let lines: Vec<String> = failed
+                        .iter()
+                        .map(|(o, ob, s, e)| format!("{o} / {ob} / seed {s}: {e}"))
+                        .collect();
+                    anyhow::bail!("some cell-seeds failed:\n{}", lines.join("\n"));
+                }
+                return Ok(());
+            }
             let outcome =
                 run_sweep(&sweep, &file, &common.secrets(&first), &common.progress()).await?;
             println!(

@@ -326,16 +326,30 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
 }
 
 /// Library sources of every crate (not their tests, examples, benches or binaries: the root
-/// package's `src/main.rs` is the `harness-s` binary and `src/cli.rs` its command line, a
-/// module only `src/main.rs` declares).
+/// package's `src/main.rs` is the `harness-s` binary, and the modules only it declares, such
+/// as `src/cli.rs`, its command line, are the binary's too).
 fn library_sources() -> Vec<PathBuf> {
     let mut files = Vec::new();
     rust_files(&root().join("src"), &mut files);
-    let binary = [root().join("src/main.rs"), root().join("src/cli.rs")];
+    let main = std::fs::read_to_string(root().join("src/main.rs")).expect("src/main.rs");
     let lib = std::fs::read_to_string(root().join("src/lib.rs")).expect("src/lib.rs");
+    let mut binary = vec![root().join("src/main.rs")];
+    for line in main.lines() {
+        if let Some(name) = line
+            .trim()
+            .strip_prefix("mod ")
+            .and_then(|rest| rest.strip_suffix(';'))
+        {
+            assert!(
+                !lib.contains(&format!("mod {name};")),
+                "src/{name}.rs is the binary's; the library must not declare it"
+            );
+            binary.push(root().join(format!("src/{name}.rs")));
+        }
+    }
     assert!(
-        !lib.contains("mod cli"),
-        "src/cli.rs is the binary's command line; the library must not declare it"
+        binary.contains(&root().join("src/cli.rs")),
+        "src/main.rs declares its command line, `mod cli;`"
     );
     files.retain(|f| !binary.contains(f) && !f.starts_with(root().join("src/bin")));
     for entry in std::fs::read_dir(root().join("crates"))

@@ -1,5 +1,6 @@
 //! The `harness-s` command line: every subcommand's `--help`, a directory of bad run
-//! configurations each refused with its message, and `train --resume` after a kill.
+//! configurations each refused with its message, `train --resume` after a kill, and a sweep's
+//! cell-seeds in child processes (`sweep --jobs`).
 
 #[allow(dead_code)]
 mod common;
@@ -249,5 +250,116 @@ fn serve_reads_its_api_key_only_from_an_api_key_variable() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{args:?} was accepted");
         assert!(err.contains(expected), "{args:?}: {err}");
+    }
+}
+
+/// A two-cell sweep file (the prompt-rules organism under the paper's and the masked rescue
+/// objective, one seed, two updates) with its root at `root`.
+fn reduced_sweep(dir: &Path, root: &Path) -> PathBuf {
+    let text = format!(
+        r#"out = {root:?}
+seeds = [5]
+methods = ["grpo", "harness_s"]
+objectives = ["generating", "masked"]
+
+[set]
+"policy.warm_start_preset" = "tiny"
+"policy.cache_dir" = {cache:?}
+"evolve.source" = "builtin"
+"external.python_sibling" = false
+"env.train_tasks" = 16
+"env.validation_tasks" = 4
+"env.test_tasks" = 6
+"calibration.every" = 1
+"train.updates" = 2
+"train.group_size" = 2
+"train.batch_tasks" = 2
+"train.eval_every" = 1
+"train.eval_k" = 1
+"eval.k" = 2
+"eval.ranks" = 2
+"rollout.concurrency" = 8
+
+[[organism]]
+name = "rules"
+set = {{ "policy.warm_start.organism" = "prompt_rules", "policy.warm_start.unprompted_good_rate" = 0.0 }}
+"#,
+        root = root.display().to_string(),
+        cache = dir.join("cache").display().to_string(),
+    );
+    let path = dir.join(format!(
+        "{}.toml",
+        root.file_name().unwrap().to_string_lossy()
+    ));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// The test evaluations of a cell-seed folder without their timings.
+fn evaluations(cell: &Path) -> Vec<serde_json::Value> {
+    let mut lines = jsonl(&cell.join("eval/test.jsonl"));
+    for l in &mut lines {
+        l["seconds"] = serde_json::Value::Null;
+    }
+    lines
+}
+
+#[test]
+fn sweep_jobs_run_cells_in_child_processes_with_the_results_of_one_process() {
+    let dir = fresh_dir("cli-sweep-jobs");
+    let parallel = dir.join("jobs");
+    let file = reduced_sweep(&dir, &parallel);
+    let out = harness_s()
+        .args(["sweep", file.to_str().unwrap(), "--jobs", "2", "--quiet"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("2 cell-seeds in 2 jobs at a time, 0 failed"),
+        "{text}"
+    );
+    assert!(parallel.join("sweep.md").is_file() && parallel.join("sweep.json").is_file());
+
+    // One cell-seed by position: it has finished, so nothing runs; a position past the grid
+    // is refused.
+    let again = harness_s()
+        .args(["sweep", file.to_str().unwrap(), "--cell", "2", "--quiet"])
+        .output()
+        .unwrap();
+    assert!(again.status.success());
+    assert!(String::from_utf8_lossy(&again.stdout).contains("cell-seed 2 had finished"));
+    let past = harness_s()
+        .args(["sweep", file.to_str().unwrap(), "--cell", "3", "--quiet"])
+        .output()
+        .unwrap();
+    assert!(!past.status.success());
+    assert!(
+        String::from_utf8_lossy(&past.stderr).contains("there is no cell-seed 3 in a grid of 2")
+    );
+
+    // The same grid in one process, one cell-seed after another, evaluates the same episodes.
+    let serial = dir.join("serial");
+    let serial_file = reduced_sweep(&dir, &serial);
+    let out = harness_s()
+        .args(["sweep", serial_file.to_str().unwrap(), "--quiet"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for cell in ["rules/generating/seed-5", "rules/masked/seed-5"] {
+        let (a, b) = (
+            evaluations(&parallel.join(cell)),
+            evaluations(&serial.join(cell)),
+        );
+        assert!(!a.is_empty());
+        assert_eq!(a, b, "{cell}");
     }
 }

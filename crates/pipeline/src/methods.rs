@@ -18,6 +18,7 @@ use std::fmt;
 
 use harness_core::{Harness, HarnessId};
 use harness_pool::SiblingPool;
+use harness_report::EvalMode;
 use harness_rollout::config::PAPER_GROUP_SIZE;
 use harness_rollout::{Allocation, MixtureEntry, Strategy};
 use harness_router::ReanchorMode;
@@ -115,31 +116,6 @@ impl SelectorKind {
         match self {
             SelectorKind::Rule { reanchor } | SelectorKind::Voters { reanchor } => Some(reanchor),
             SelectorKind::None | SelectorKind::Random => None,
-        }
-    }
-}
-
-/// How a method's policy is evaluated on the test tasks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EvalMode {
-    /// Every test task under H0.
-    H0,
-    /// Each test task under the router's Rank-1 harness (Eq. 12, the full pool with H0): with
-    /// the method's final re-anchored calibration for a method that trains, with the first
-    /// calibration for one that updates no weights.
-    Rank1,
-    /// Every test task under the one harness the method's search selected (`H_best` of
-    /// Meta-Harness and WHALE, `train/<method>/h_best.json`).
-    HBest,
-}
-
-impl EvalMode {
-    /// The `mode` of `eval/test.jsonl`.
-    pub fn name(self) -> &'static str {
-        match self {
-            EvalMode::H0 => "h0",
-            EvalMode::Rank1 => "rank1",
-            EvalMode::HBest => "hbest",
         }
     }
 }

@@ -370,8 +370,88 @@ pub struct SweepOutcome {
     pub files: Vec<PathBuf>,
 }
 
-/// Run every cell-seed of `sweep` that has not finished, then write the report. `file` names
-/// the sweep file in errors.
+/// What became of one cell-seed in [`run_cell`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum CellOutcome {
+    /// It had finished before: not run again.
+    Skipped,
+    /// It ran now and finished in these seconds.
+    Ran(f64),
+    /// It ran now and failed with this error.
+    Failed(String),
+}
+
+/// Run the cell-seed at `index` of `sweep`'s grid (0-based, in [`SweepConfig::cells`]'s
+/// order) unless it has finished; writes its `sweep-cell.json` when it finishes, no report.
+/// A finished folder of another configuration is an error, not an outcome. Cell-seeds share
+/// nothing but the warm-start cache (whose folders appear atomically), so separate processes
+/// may run different indices of one sweep at once (`harness-s sweep --jobs`).
+pub async fn run_cell(
+    sweep: &SweepConfig,
+    file: &Path,
+    index: usize,
+    secrets: &Secrets,
+    progress: &Progress,
+) -> Result<CellOutcome> {
+    let cells = sweep.cells(file)?;
+    let total = cells.len();
+    let cell = cells.get(index).ok_or_else(|| {
+        Error::input(
+            "sweep",
+            file,
+            format!("there is no cell-seed {} in a grid of {total}", index + 1),
+        )
+    })?;
+    let dir = &cell.config.out;
+    let expected = serde_json::to_value(&cell.config).unwrap_or(Value::Null);
+    if let Some(record) = finished(dir)? {
+        if crate::comparable(record.config.clone()) != crate::comparable(expected.clone()) {
+            return Err(Error::input(
+                "sweep",
+                dir.join(CELL_FILE),
+                "this folder holds a finished run of another configuration: move it away or give the sweep another `out`",
+            ));
+        }
+        return Ok(CellOutcome::Skipped);
+    }
+    progress.println(format!(
+        "sweep {}/{total}: {} / {} / seed {} -> {}",
+        index + 1,
+        cell.organism,
+        cell.objective.label(),
+        cell.seed,
+        dir.display()
+    ));
+    let started = Instant::now();
+    match crate::run_main_job(&cell.config, secrets, progress).await {
+        Ok(_) => {
+            let record = CellRecord {
+                organism: cell.organism.clone(),
+                objective: cell.objective.label().into(),
+                seed: cell.seed,
+                seconds: started.elapsed().as_secs_f64(),
+                config: expected,
+            };
+            let path = dir.join(CELL_FILE);
+            let text = serde_json::to_string_pretty(&record).unwrap_or_default();
+            harness_core::fsutil::write_atomic(&path, text.as_bytes())
+                .map_err(|e| Error::input("sweep", &path, format!("cannot write: {e}")))?;
+            progress.println(format!(
+                "sweep {}/{total}: finished in {:.0}s",
+                index + 1,
+                record.seconds
+            ));
+            Ok(CellOutcome::Ran(record.seconds))
+        }
+        Err(e) => {
+            progress.println(format!("sweep {}/{total}: failed: {e}", index + 1));
+            Ok(CellOutcome::Failed(e.to_string()))
+        }
+    }
+}
+
+/// Run every cell-seed of `sweep` that has not finished, one after another, then write the
+/// report. `file` names the sweep file in errors.
 pub async fn run_sweep(
     sweep: &SweepConfig,
     file: &Path,
@@ -379,7 +459,6 @@ pub async fn run_sweep(
     progress: &Progress,
 ) -> Result<SweepOutcome> {
     let cells = sweep.cells(file)?;
-    let total = cells.len();
     let mut outcome = SweepOutcome {
         ran: Vec::new(),
         skipped: 0,
@@ -387,61 +466,18 @@ pub async fn run_sweep(
         files: Vec::new(),
     };
     for (i, cell) in cells.iter().enumerate() {
-        let dir = &cell.config.out;
-        let expected = serde_json::to_value(&cell.config).unwrap_or(Value::Null);
-        if let Some(record) = finished(dir)? {
-            if crate::comparable(record.config.clone()) != crate::comparable(expected.clone()) {
-                return Err(Error::input(
-                    "sweep",
-                    dir.join(CELL_FILE),
-                    "this folder holds a finished run of another configuration: move it away or give the sweep another `out`",
-                ));
+        let objective = cell.objective.label().to_string();
+        match run_cell(sweep, file, i, secrets, progress).await? {
+            CellOutcome::Skipped => outcome.skipped += 1,
+            CellOutcome::Ran(seconds) => {
+                outcome
+                    .ran
+                    .push((cell.organism.clone(), objective, cell.seed, seconds))
             }
-            outcome.skipped += 1;
-            continue;
-        }
-        progress.println(format!(
-            "sweep {}/{total}: {} / {} / seed {} -> {}",
-            i + 1,
-            cell.organism,
-            cell.objective.label(),
-            cell.seed,
-            dir.display()
-        ));
-        let started = Instant::now();
-        match crate::run_main_job(&cell.config, secrets, progress).await {
-            Ok(_) => {
-                let record = CellRecord {
-                    organism: cell.organism.clone(),
-                    objective: cell.objective.label().into(),
-                    seed: cell.seed,
-                    seconds: started.elapsed().as_secs_f64(),
-                    config: expected,
-                };
-                let path = dir.join(CELL_FILE);
-                let text = serde_json::to_string_pretty(&record).unwrap_or_default();
-                harness_core::fsutil::write_atomic(&path, text.as_bytes())
-                    .map_err(|e| Error::input("sweep", &path, format!("cannot write: {e}")))?;
-                progress.println(format!(
-                    "sweep {}/{total}: finished in {:.0}s",
-                    i + 1,
-                    record.seconds
-                ));
-                outcome.ran.push((
-                    cell.organism.clone(),
-                    record.objective,
-                    cell.seed,
-                    record.seconds,
-                ));
-            }
-            Err(e) => {
-                progress.println(format!("sweep {}/{total}: failed: {e}", i + 1));
-                outcome.failed.push((
-                    cell.organism.clone(),
-                    cell.objective.label().into(),
-                    cell.seed,
-                    e.to_string(),
-                ));
+            CellOutcome::Failed(e) => {
+                outcome
+                    .failed
+                    .push((cell.organism.clone(), objective, cell.seed, e))
             }
         }
     }

@@ -7,9 +7,10 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use harness_pipeline::methods::{EvalMode, METHODS, mixture_split};
+use harness_pipeline::methods::{METHODS, mixture_split};
 use harness_pipeline::{Method, Progress, RunConfig, Secrets, Workbench, run_main_job};
 use harness_pool::SiblingPool;
+use harness_report::EvalMode;
 use serde_json::Value;
 
 fn jsonl(path: &Path) -> Vec<Value> {

@@ -348,6 +348,26 @@ pub enum EvalMode {
     Unseen,
 }
 
+impl EvalMode {
+    /// Every mode.
+    pub const ALL: [EvalMode; 4] = [
+        EvalMode::H0,
+        EvalMode::Rank1,
+        EvalMode::HBest,
+        EvalMode::Unseen,
+    ];
+
+    /// The `mode` field of `eval/test.jsonl` (and of the other evaluation files).
+    pub fn name(self) -> &'static str {
+        match self {
+            EvalMode::H0 => "h0",
+            EvalMode::Rank1 => "rank1",
+            EvalMode::HBest => "hbest",
+            EvalMode::Unseen => "unseen",
+        }
+    }
+}
+
 /// One task of a test evaluation.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TestTaskOutcome {
@@ -1255,6 +1275,16 @@ mod tests {
     #[derive(Debug, serde::Deserialize, PartialEq)]
     struct Line {
         n: u32,
+    }
+
+    #[test]
+    fn eval_mode_names_are_their_file_values() {
+        for mode in EvalMode::ALL {
+            let json = serde_json::to_value(mode).unwrap();
+            assert_eq!(json, mode.name(), "{mode:?}");
+            let back: EvalMode = serde_json::from_value(json).unwrap();
+            assert_eq!(back, mode);
+        }
     }
 
     fn write(text: &str) -> (tempfile::TempDir, std::path::PathBuf) {

@@ -95,3 +95,74 @@ impl HarnessSelector for RandomSelector {
         Ok(sample_distinct(&candidates, request.k, request.seed))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use harness_core::{Harness, Split, Task};
+
+    use super::*;
+
+    fn pool() -> SiblingPool {
+        SiblingPool::starter(
+            Harness::new("H0", "Answer."),
+            ["a", "b", "c", "d"].map(|n| Harness::new(n, format!("Answer, {n}."))),
+            serde_json::Value::Null,
+        )
+        .unwrap()
+    }
+
+    fn request(k: usize, mode: SelectionMode, seed: u64) -> SelectionRequest {
+        SelectionRequest {
+            task: Task::new("t", "env", Split::Train, "Do it.", 0),
+            k,
+            mode,
+            seed,
+        }
+    }
+
+    #[tokio::test]
+    async fn random_selector_is_seeded_and_respects_the_mode() {
+        let pool = pool();
+        let random = RandomSelector::new(&pool);
+        let first = random
+            .select(&request(4, SelectionMode::Rescue, 1))
+            .await
+            .unwrap();
+        assert_eq!(
+            first,
+            random
+                .select(&request(4, SelectionMode::Rescue, 1))
+                .await
+                .unwrap()
+        );
+        assert!(!first.contains(pool.base_id()));
+        assert_eq!(first.iter().collect::<BTreeSet<_>>().len(), 4);
+        let mut orders = BTreeSet::new();
+        for seed in 0..16 {
+            orders.insert(
+                random
+                    .select(&request(2, SelectionMode::Rescue, seed))
+                    .await
+                    .unwrap(),
+            );
+        }
+        assert!(
+            orders.len() > 1,
+            "different seeds draw different selections"
+        );
+        // More than the eligible members: all of them, once each.
+        let rescue = random
+            .select(&request(9, SelectionMode::Rescue, 1))
+            .await
+            .unwrap();
+        assert_eq!(rescue.iter().collect::<BTreeSet<_>>().len(), 4);
+        let all = random
+            .select(&request(5, SelectionMode::Inference, 1))
+            .await
+            .unwrap();
+        assert!(all.contains(pool.base_id()));
+        assert_eq!(all.len(), 5);
+    }
+}

@@ -1,16 +1,13 @@
-//! The paper's routing baselines (Table 2, "Rescue allocation variants"): Random Harness samples
-//! pool members; Rule Router ranks them by success on similar validation tasks, without
-//! profiles. The third baseline, Top-8 with fixed profiles, is the [`crate::AdaptiveRouter`]
-//! with a calibrator in [`crate::ReanchorMode::Fixed`].
+//! The paper's routing baselines (Table 2, "Rescue allocation variants"): Rule Router ranks
+//! pool members by success on similar validation tasks, without profiles. Top-8 with fixed
+//! profiles is the [`crate::AdaptiveRouter`] with a calibrator in
+//! [`crate::ReanchorMode::Fixed`]. Random Harness, which needs no evidence, is harness-rollout's
+//! `RandomSelector`.
 
 use std::cmp::Ordering;
 
 use async_trait::async_trait;
-use harness_core::{HarnessId, HarnessSelector, SelectionMode, SelectionRequest};
-use harness_pool::SiblingPool;
-use rand::SeedableRng;
-use rand::seq::SliceRandom;
-use rand_chacha::ChaCha8Rng;
+use harness_core::{HarnessId, HarnessSelector, SelectionRequest};
 
 use crate::error::Error;
 use crate::router::EvidenceCell;
@@ -20,59 +17,6 @@ fn eligible_error(k: usize, n: usize) -> harness_core::Error {
         "asked for {k} distinct harnesses but only {n} candidates are eligible"
     ))
     .into()
-}
-
-/// Random Harness: `k` distinct members drawn uniformly (H0 excluded in rescue), seeded by the
-/// selector's seed, the request's seed and the task id. `harness_rollout::RandomSelector`
-/// draws from the request's seed alone; this one carries a seed of its own, so that two
-/// routers over the same pool draw differently.
-#[derive(Debug, Clone)]
-pub struct SeededRandomSelector {
-    base: HarnessId,
-    members: Vec<HarnessId>,
-    seed: u64,
-}
-
-impl SeededRandomSelector {
-    /// A random selector over `pool`.
-    pub fn new(pool: &SiblingPool, seed: u64) -> Self {
-        SeededRandomSelector {
-            base: pool.base_id().clone(),
-            members: pool.ids(),
-            seed,
-        }
-    }
-}
-
-#[async_trait]
-impl HarnessSelector for SeededRandomSelector {
-    fn name(&self) -> &str {
-        "random"
-    }
-
-    async fn select(&self, request: &SelectionRequest) -> harness_core::Result<Vec<HarnessId>> {
-        let mut candidates: Vec<HarnessId> = self
-            .members
-            .iter()
-            .filter(|id| request.mode == SelectionMode::Inference || **id != self.base)
-            .cloned()
-            .collect();
-        if request.k == 0 || candidates.len() < request.k {
-            return Err(eligible_error(request.k, candidates.len()));
-        }
-        let task_hash = request
-            .task
-            .id
-            .bytes()
-            .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-                (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-            });
-        let seed = harness_core::call_seed(self.seed ^ task_hash, request.seed as u32)
-            ^ request.seed.rotate_left(32);
-        candidates.shuffle(&mut ChaCha8Rng::seed_from_u64(seed));
-        candidates.truncate(request.k);
-        Ok(candidates)
-    }
 }
 
 /// Rule Router (w/o Profile): ranks candidates by their similarity-weighted success on the

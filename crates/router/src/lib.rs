@@ -16,8 +16,8 @@
 //!   each; [`aggregate()`] sums the weights 1, 3/4, 1/2, 1/4; [`AdaptiveRouter`] returns the Top-K
 //!   without H0 in rescue and ranks the full pool in inference.
 //! - Re-anchoring: [`Calibrator`] implements [`harness_core::Calibrate`].
-//! - Baselines: [`SeededRandomSelector`], [`RuleRouter`], and the fixed-profile router
-//!   ([`ReanchorMode::Fixed`]); [`rank_eval`] produces Table 5.
+//! - Baselines: [`RuleRouter`] and the fixed-profile router ([`ReanchorMode::Fixed`]); Random
+//!   Harness is harness-rollout's `RandomSelector`. [`rank_eval`] produces Table 5.
 //!
 //! ```
 //! use std::collections::BTreeMap;
@@ -62,7 +62,7 @@ pub mod vote;
 
 pub use aggregate::{RankWeights, Scored, Selection, aggregate, top_k};
 pub use ballot::{BALLOT_LEN, BallotError, BallotRules, parse_ballot_text};
-pub use baselines::{RuleRouter, SeededRandomSelector};
+pub use baselines::RuleRouter;
 pub use calibration::{
     CALIBRATION_FORMAT, Calibration, CheckpointRef, MemberInfo, ProfilerStats, TaskOutcome,
     calibration_file_name,

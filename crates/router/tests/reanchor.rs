@@ -16,8 +16,8 @@ use harness_core::{
 };
 use harness_router::{
     AdaptiveRouter, BuiltinProfiler, BuiltinVoter, Calibration, Calibrator, CalibratorSettings,
-    EvidenceCell, FeatureSource, RankEvalSettings, ReanchorMode, RouterSettings, RuleRouter,
-    SeededRandomSelector, Voter, calibration_file_name, evaluate_ranks,
+    EvidenceCell, FeatureSource, RankEvalSettings, ReanchorMode, RouterSettings, RuleRouter, Voter,
+    calibration_file_name, evaluate_ranks,
 };
 
 struct Setup {
@@ -237,60 +237,6 @@ async fn fixed_profiles_never_reanchor_and_the_rule_router_follows_similar_tasks
     );
     assert_eq!(top(&rule, "mail", 1, SelectionMode::Rescue).await, vec![a]);
     assert!(!s.dir.path().join(calibration_file_name(1)).exists());
-}
-
-#[tokio::test]
-async fn random_selector_is_seeded_and_respects_the_mode() {
-    let pool = pool();
-    let random = SeededRandomSelector::new(&pool, 3);
-    let request = |seed| SelectionRequest {
-        task: task("t", Split::Train, "mail", 0),
-        k: 4,
-        mode: SelectionMode::Rescue,
-        seed,
-    };
-    let first = random.select(&request(1)).await.unwrap();
-    assert_eq!(first, random.select(&request(1)).await.unwrap());
-    assert!(!first.contains(pool.base_id()));
-    assert_eq!(first.iter().collect::<BTreeSet<_>>().len(), 4);
-    let orders: BTreeSet<Vec<HarnessId>> = futures_orders(&random, 16).await;
-    assert!(
-        orders.len() > 1,
-        "different seeds draw different selections"
-    );
-    assert!(
-        random
-            .select(&SelectionRequest { k: 5, ..request(1) })
-            .await
-            .is_err()
-    );
-    let all = random
-        .select(&SelectionRequest {
-            k: 5,
-            mode: SelectionMode::Inference,
-            ..request(1)
-        })
-        .await
-        .unwrap();
-    assert!(all.contains(pool.base_id()));
-}
-
-async fn futures_orders(random: &SeededRandomSelector, n: u64) -> BTreeSet<Vec<HarnessId>> {
-    let mut out = BTreeSet::new();
-    for seed in 0..n {
-        out.insert(
-            random
-                .select(&SelectionRequest {
-                    task: task("t", Split::Train, "mail", 0),
-                    k: 2,
-                    mode: SelectionMode::Rescue,
-                    seed,
-                })
-                .await
-                .unwrap(),
-        );
-    }
-    out
 }
 
 #[tokio::test]

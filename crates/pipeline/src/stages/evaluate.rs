@@ -28,8 +28,8 @@ use super::search::load_h_best;
 use super::train::{checkpoint_of, method_label};
 use crate::config::Method;
 use crate::error::{Error, Result, StageExt};
-use crate::methods::EvalMode;
 use crate::setup::Workbench;
+use harness_report::EvalMode;
 
 /// Seeds of the test evaluation, apart from every training and calibration seed.
 const TEST_SEED_SALT: u64 = 0x7e57_7e57_7e57_7e57;
