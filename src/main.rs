@@ -134,14 +134,7 @@ async fn run() -> Result<()> {
                 for f in write_sweep_report(&sweep, &file, &failed)? {
                     println!("wrote {}", f.display());
                 }
-                if !failed.is_empty() {
-                    let lines: Vec<String> = failed
-                        .iter()
-                        .map(|(o, ob, s, e)| format!("{o} / {ob} / seed {s}: {e}"))
-                        .collect();
-                    anyhow::bail!("some cell-seeds failed:\n{}", lines.join("\n"));
-                }
-                return Ok(());
+                return sweep_jobs::fail_on(&failed);
             }
             let outcome =
                 run_sweep(&sweep, &file, &common.secrets(&first), &common.progress()).await?;
@@ -154,14 +147,7 @@ async fn run() -> Result<()> {
             for f in &outcome.files {
                 println!("wrote {}", f.display());
             }
-            if !outcome.failed.is_empty() {
-                let lines: Vec<String> = outcome
-                    .failed
-                    .iter()
-                    .map(|(o, ob, s, e)| format!("{o} / {ob} / seed {s}: {e}"))
-                    .collect();
-                anyhow::bail!("some cell-seeds failed:\n{}", lines.join("\n"));
-            }
+            sweep_jobs::fail_on(&outcome.failed)?;
         }
         Command::Evolve(common) => {
             for wb in workbenches(&common)? {

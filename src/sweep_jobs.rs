@@ -1,10 +1,9 @@
-//! `harness-s sweep --jobs N`: the sweep's cell-seeds in child processes of this program, N at
-//! a time, each `harness-s sweep FILE --out ROOT --cell I --quiet`.
+//! `harness-s sweep --jobs N`: the sweep's unfinished cell-seeds in child processes of this
+//! program, N at a time, each `harness-s sweep FILE --out ROOT --cell I --quiet`.
 //!
-//! A child runs one cell-seed (or finds it finished) and writes no report; this process waits
-//! for them all and writes the report. Unless `RAYON_NUM_THREADS` is set, each child gets the
-//! cores divided by N: the embedded policy decodes on one thread, and a cell-seed's training
-//! steps split their micro-batches over the rest.
+//! A child runs one cell-seed and writes no report; this process waits for them all and writes
+//! the report. Unless `RAYON_NUM_THREADS` is set, each child gets the cores divided by N, for
+//! its decoding and its training steps alike.
 
 use std::collections::VecDeque;
 use std::path::Path;
@@ -17,16 +16,23 @@ use harness_pipeline::sweep::{CellRun, SweepConfig};
 /// A failed cell-seed: organism, objective, seed and what went wrong.
 pub type Failure = (String, String, u64, String);
 
-/// Run every cell-seed of `sweep` in child processes, `jobs` at once, and return the failures.
+/// Run every unfinished cell-seed of `sweep` in child processes, `jobs` at once, and return
+/// the failures. A finished folder of another configuration stops it before any job starts.
 pub fn run(file: &Path, sweep: &SweepConfig, jobs: usize) -> Result<Vec<Failure>> {
     let cells = sweep.cells(file)?;
     let total = cells.len();
+    let mut queue = VecDeque::new();
+    for (i, cell) in cells.iter().enumerate() {
+        if !cell.is_finished()? {
+            queue.push_back(i);
+        }
+    }
+    let skipped = total - queue.len();
     let exe = std::env::current_exe().context("cannot find this program to start the jobs")?;
     let threads = std::env::var_os("RAYON_NUM_THREADS").is_none().then(|| {
         let cores = std::thread::available_parallelism().map_or(1, usize::from);
         (cores / jobs).max(1)
     });
-    let mut queue: VecDeque<usize> = (0..total).collect();
     let mut running: Vec<(usize, Child)> = Vec::new();
     let mut failed = Vec::new();
     while !queue.is_empty() || !running.is_empty() {
@@ -65,8 +71,7 @@ pub fn run(file: &Path, sweep: &SweepConfig, jobs: usize) -> Result<Vec<Failure>
         running = still;
     }
     println!(
-        "sweep: {total} cell-seeds in {} jobs at a time, {} failed",
-        jobs,
+        "sweep: {total} cell-seeds in {jobs} jobs at a time, {} failed, {skipped} already finished",
         failed.len()
     );
     Ok(failed)
@@ -79,4 +84,16 @@ fn failure(cell: &CellRun, message: String) -> Failure {
         cell.seed,
         message,
     )
+}
+
+/// An error naming every failed cell-seed, or `Ok` when none failed.
+pub fn fail_on(failed: &[Failure]) -> Result<()> {
+    if failed.is_empty() {
+        return Ok(());
+    }
+    let lines: Vec<String> = failed
+        .iter()
+        .map(|(o, ob, s, e)| format!("{o} / {ob} / seed {s}: {e}"))
+        .collect();
+    anyhow::bail!("some cell-seeds failed:\n{}", lines.join("\n"))
 }

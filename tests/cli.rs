@@ -17,6 +17,18 @@ fn harness_s() -> Command {
     cmd
 }
 
+/// Run `cmd` and assert that it succeeded, showing `what` and its output when it did not.
+fn succeeds(cmd: &mut Command, what: &str) -> std::process::Output {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{what} failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 #[test]
 fn every_subcommand_documents_its_flags_and_every_setting() {
     for sub in [
@@ -141,15 +153,11 @@ ranks = 2
 fn train_resume_continues_a_killed_run() {
     let dir = fresh_dir("cli_resume");
     let config = reduced_config(&dir);
-    let out = harness_s()
-        .args(["evolve", "--quiet", "--config"])
-        .arg(&config)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    succeeds(
+        harness_s()
+            .args(["evolve", "--quiet", "--config"])
+            .arg(&config),
+        "evolve",
     );
     let run_dir = dir.join("run/train/grpo");
 
@@ -201,17 +209,13 @@ fn train_resume_continues_a_killed_run() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("resume"));
-    let out = harness_s()
-        .args([
-            "train", "--quiet", "--resume", "--method", "grpo", "--config",
-        ])
-        .arg(&config)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "resume failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
+    succeeds(
+        harness_s()
+            .args([
+                "train", "--quiet", "--resume", "--method", "grpo", "--config",
+            ])
+            .arg(&config),
+        "resume",
     );
     let updates: Vec<u64> = jsonl(&run_dir.join("metrics.jsonl"))
         .iter()
@@ -254,38 +258,24 @@ fn serve_reads_its_api_key_only_from_an_api_key_variable() {
 }
 
 /// A two-cell sweep file (the prompt-rules organism under the paper's and the masked rescue
-/// objective, one seed, two updates) with its root at `root`.
+/// objective, one seed) on [`reduced_config`], with its root at `root`.
 fn reduced_sweep(dir: &Path, root: &Path) -> PathBuf {
     let text = format!(
         r#"out = {root:?}
+config = {config:?}
 seeds = [5]
 methods = ["grpo", "harness_s"]
 objectives = ["generating", "masked"]
 
 [set]
-"policy.warm_start_preset" = "tiny"
-"policy.cache_dir" = {cache:?}
-"evolve.source" = "builtin"
 "external.python_sibling" = false
-"env.train_tasks" = 16
-"env.validation_tasks" = 4
-"env.test_tasks" = 6
-"calibration.every" = 1
-"train.updates" = 2
-"train.group_size" = 2
-"train.batch_tasks" = 2
-"train.eval_every" = 1
-"train.eval_k" = 1
-"eval.k" = 2
-"eval.ranks" = 2
-"rollout.concurrency" = 8
 
 [[organism]]
 name = "rules"
 set = {{ "policy.warm_start.organism" = "prompt_rules", "policy.warm_start.unprompted_good_rate" = 0.0 }}
 "#,
         root = root.display().to_string(),
-        cache = dir.join("cache").display().to_string(),
+        config = reduced_config(dir).display().to_string(),
     );
     let path = dir.join(format!(
         "{}.toml",
@@ -309,16 +299,11 @@ fn sweep_jobs_run_cells_in_child_processes_with_the_results_of_one_process() {
     let dir = fresh_dir("cli-sweep-jobs");
     let parallel = dir.join("jobs");
     let file = reduced_sweep(&dir, &parallel);
-    let out = harness_s()
-        .args(["sweep", file.to_str().unwrap(), "--jobs", "2", "--quiet"])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = succeeds(
+        harness_s().args(["sweep", file.to_str().unwrap(), "--jobs", "2", "--quiet"]),
+        "sweep --jobs 2",
     );
+    let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         text.contains("2 cell-seeds in 2 jobs at a time, 0 failed"),
         "{text}"
@@ -327,11 +312,10 @@ fn sweep_jobs_run_cells_in_child_processes_with_the_results_of_one_process() {
 
     // One cell-seed by position: it has finished, so nothing runs; a position past the grid
     // is refused.
-    let again = harness_s()
-        .args(["sweep", file.to_str().unwrap(), "--cell", "2", "--quiet"])
-        .output()
-        .unwrap();
-    assert!(again.status.success());
+    let again = succeeds(
+        harness_s().args(["sweep", file.to_str().unwrap(), "--cell", "2", "--quiet"]),
+        "sweep --cell 2",
+    );
     assert!(String::from_utf8_lossy(&again.stdout).contains("cell-seed 2 had finished"));
     let past = harness_s()
         .args(["sweep", file.to_str().unwrap(), "--cell", "3", "--quiet"])
@@ -345,14 +329,9 @@ fn sweep_jobs_run_cells_in_child_processes_with_the_results_of_one_process() {
     // The same grid in one process, one cell-seed after another, evaluates the same episodes.
     let serial = dir.join("serial");
     let serial_file = reduced_sweep(&dir, &serial);
-    let out = harness_s()
-        .args(["sweep", serial_file.to_str().unwrap(), "--quiet"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    succeeds(
+        harness_s().args(["sweep", serial_file.to_str().unwrap(), "--quiet"]),
+        "sweep",
     );
     for cell in ["rules/generating/seed-5", "rules/masked/seed-5"] {
         let (a, b) = (

@@ -381,11 +381,31 @@ pub enum CellOutcome {
     Failed(String),
 }
 
+impl CellRun {
+    /// Whether this cell-seed has finished: its folder holds a cell record of this
+    /// configuration. A record of another configuration is an error.
+    pub fn is_finished(&self) -> Result<bool> {
+        let dir = &self.config.out;
+        let Some(record) = finished(dir)? else {
+            return Ok(false);
+        };
+        let expected = serde_json::to_value(&self.config).unwrap_or(Value::Null);
+        if crate::comparable(record.config) != crate::comparable(expected) {
+            return Err(Error::input(
+                "sweep",
+                dir.join(CELL_FILE),
+                "this folder holds a finished run of another configuration: move it away or give the sweep another `out`",
+            ));
+        }
+        Ok(true)
+    }
+}
+
 /// Run the cell-seed at `index` of `sweep`'s grid (0-based, in [`SweepConfig::cells`]'s
-/// order) unless it has finished; writes its `sweep-cell.json` when it finishes, no report.
-/// A finished folder of another configuration is an error, not an outcome. Cell-seeds share
-/// nothing but the warm-start cache (whose folders appear atomically), so separate processes
-/// may run different indices of one sweep at once (`harness-s sweep --jobs`).
+/// order) unless it has finished ([`CellRun::is_finished`]); writes its `sweep-cell.json` when
+/// it finishes, no report. Cell-seeds share nothing but the warm-start cache (whose folders
+/// appear atomically), so separate processes may run different indices of one sweep at once
+/// (`harness-s sweep --jobs`).
 pub async fn run_cell(
     sweep: &SweepConfig,
     file: &Path,
@@ -394,26 +414,32 @@ pub async fn run_cell(
     progress: &Progress,
 ) -> Result<CellOutcome> {
     let cells = sweep.cells(file)?;
-    let total = cells.len();
     let cell = cells.get(index).ok_or_else(|| {
         Error::input(
             "sweep",
             file,
-            format!("there is no cell-seed {} in a grid of {total}", index + 1),
+            format!(
+                "there is no cell-seed {} in a grid of {}",
+                index + 1,
+                cells.len()
+            ),
         )
     })?;
-    let dir = &cell.config.out;
-    let expected = serde_json::to_value(&cell.config).unwrap_or(Value::Null);
-    if let Some(record) = finished(dir)? {
-        if crate::comparable(record.config.clone()) != crate::comparable(expected.clone()) {
-            return Err(Error::input(
-                "sweep",
-                dir.join(CELL_FILE),
-                "this folder holds a finished run of another configuration: move it away or give the sweep another `out`",
-            ));
-        }
+    run_one(cell, index, cells.len(), secrets, progress).await
+}
+
+/// [`run_cell`] on a cell-seed of the grid: `index` and `total` are for the progress lines.
+async fn run_one(
+    cell: &CellRun,
+    index: usize,
+    total: usize,
+    secrets: &Secrets,
+    progress: &Progress,
+) -> Result<CellOutcome> {
+    if cell.is_finished()? {
         return Ok(CellOutcome::Skipped);
     }
+    let dir = &cell.config.out;
     progress.println(format!(
         "sweep {}/{total}: {} / {} / seed {} -> {}",
         index + 1,
@@ -430,7 +456,7 @@ pub async fn run_cell(
                 objective: cell.objective.label().into(),
                 seed: cell.seed,
                 seconds: started.elapsed().as_secs_f64(),
-                config: expected,
+                config: serde_json::to_value(&cell.config).unwrap_or(Value::Null),
             };
             let path = dir.join(CELL_FILE);
             let text = serde_json::to_string_pretty(&record).unwrap_or_default();
@@ -467,7 +493,7 @@ pub async fn run_sweep(
     };
     for (i, cell) in cells.iter().enumerate() {
         let objective = cell.objective.label().to_string();
-        match run_cell(sweep, file, i, secrets, progress).await? {
+        match run_one(cell, i, cells.len(), secrets, progress).await? {
             CellOutcome::Skipped => outcome.skipped += 1,
             CellOutcome::Ran(seconds) => {
                 outcome
