@@ -55,14 +55,7 @@ struct Args {
     quiet: bool,
 }
 
-#[tokio::main(flavor = "multi_thread")]
-async fn main() -> Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+fn main() -> Result<()> {
     let args = Args::parse();
     let preset = args
         .preset
@@ -81,7 +74,32 @@ async fn main() -> Result<()> {
         cfg.out = out;
     }
     cfg.validate(args.config.as_deref())?;
-    let progress = if args.quiet {
+    // `policy.threads` (one thread for the embedded policy) unless RAYON_NUM_THREADS is set.
+    if let (None, Some(n)) = (
+        std::env::var_os("RAYON_NUM_THREADS"),
+        cfg.policy.cpu_threads(),
+    ) {
+        // SAFETY: no other thread exists yet; the async runtime, rayon's pool and candle's
+        // pool all start after this and read the variable when they do.
+        #[allow(unsafe_code)]
+        unsafe {
+            std::env::set_var("RAYON_NUM_THREADS", n.to_string())
+        };
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(run(cfg, args.quiet))
+}
+
+async fn run(cfg: RunConfig, quiet: bool) -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let progress = if quiet {
         Progress::hidden()
     } else {
         Progress::bars()

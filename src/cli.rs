@@ -79,8 +79,8 @@ pub enum Command {
         #[arg(long, value_name = "DIR", conflicts_with = "report_only")]
         export: Option<PathBuf>,
         /// Cell-seeds run at once, each in a child process of this program with
-        /// `RAYON_NUM_THREADS` = cores / N unless set (default 1: one after another, in this
-        /// process). Results do not depend on it.
+        /// `RAYON_NUM_THREADS` = cores / N, or the cells' `policy.threads` where fewer, unless
+        /// set (default 1: one after another, in this process). Results do not depend on it.
         #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..), conflicts_with_all = ["report_only", "export", "cell"])]
         jobs: u16,
         /// Run only the cell-seed at this position of the grid (1 to the number of

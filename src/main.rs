@@ -38,18 +38,52 @@ fn main() -> Result<()> {
     if let Err(e) = harness_sandbox::set_non_dumpable() {
         eprintln!("warning: cannot mark the process non-dumpable: {e}");
     }
-    run()
+    let cli = Cli::parse();
+    if let Some(n) = cpu_threads(&cli) {
+        // SAFETY: no other thread exists yet; the async runtime, rayon's pool and candle's
+        // pool all start after this and read the variable when they do.
+        #[allow(unsafe_code)]
+        unsafe {
+            std::env::set_var("RAYON_NUM_THREADS", n.to_string())
+        };
+    }
+    run(cli)
+}
+
+/// The process's CPU threads from the configuration (`policy.threads`, see
+/// `PolicyConfig::cpu_threads`), unless `RAYON_NUM_THREADS` is set; for a sweep run in this
+/// process, when every cell agrees (`sweep --jobs N` gives each child process the cores
+/// divided by N instead). A configuration that does not load is left to the command to
+/// report.
+fn cpu_threads(cli: &Cli) -> Option<usize> {
+    if std::env::var_os("RAYON_NUM_THREADS").is_some() {
+        return None;
+    }
+    match &cli.command {
+        Command::Run { common, .. }
+        | Command::Train { common, .. }
+        | Command::Eval { common, .. }
+        | Command::Serve { common, .. }
+        | Command::Evolve(common)
+        | Command::Calibrate(common)
+        | Command::Report(common) => common.config().ok()?.policy.cpu_threads(),
+        Command::Sweep { jobs, .. } if *jobs > 1 => None,
+        Command::Sweep { file, .. } => harness_pipeline::sweep::SweepConfig::load(file)
+            .ok()?
+            .cpu_threads(file)
+            .ok()?,
+        Command::EnvServe(_) => None,
+    }
 }
 
 #[tokio::main(flavor = "multi_thread")]
-async fn run() -> Result<()> {
+async fn run(cli: Cli) -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
         )
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
     match cli.command {
         Command::Run { common, explain } => {
             let cfg = common.config()?;

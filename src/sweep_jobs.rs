@@ -2,8 +2,9 @@
 //! program, N at a time, each `harness-s sweep FILE --out ROOT --cell I --quiet`.
 //!
 //! A child runs one cell-seed and writes no report; this process waits for them all and writes
-//! the report. Unless `RAYON_NUM_THREADS` is set, each child gets the cores divided by N, for
-//! its decoding and its training steps alike.
+//! the report. Unless `RAYON_NUM_THREADS` is set, each child gets the cores divided by N, or
+//! the cells' `policy.threads` where that is fewer (one for the embedded policy), for its
+//! decoding and its training steps alike.
 
 use std::collections::VecDeque;
 use std::path::Path;
@@ -29,9 +30,11 @@ pub fn run(file: &Path, sweep: &SweepConfig, jobs: usize) -> Result<Vec<Failure>
     }
     let skipped = total - queue.len();
     let exe = std::env::current_exe().context("cannot find this program to start the jobs")?;
+    let wanted = sweep.cpu_threads(file)?;
     let threads = std::env::var_os("RAYON_NUM_THREADS").is_none().then(|| {
         let cores = std::thread::available_parallelism().map_or(1, usize::from);
-        (cores / jobs).max(1)
+        let share = (cores / jobs).max(1);
+        wanted.map_or(share, |n| n.min(share))
     });
     let mut running: Vec<(usize, Child)> = Vec::new();
     let mut failed = Vec::new();

@@ -1,5 +1,6 @@
 //! Every shell command the README, `docs/` and the crates' READMEs show in a `sh` or `bash`
-//! block runs as written, as far as it can be checked without running the job:
+//! block (or after a `$ ` prompt in a `text` block) runs as written, as far as it can be
+//! checked without running the job:
 //!
 //! - `cargo run|build|test`: the package exists, its features exist, the example or test
 //!   exists in it and every feature the example requires is turned on, and each `--flag` after
@@ -10,6 +11,10 @@
 //! - a script or a repository file named in the command exists;
 //! - two commands of one block that share a run folder agree on its learner (a run folder
 //!   refuses a second learner).
+//!
+//! The cheap ones run: every documented `harness-s` command that prints help, a version or
+//! `--explain`'s list runs and prints something, and where a document shows what such a
+//! command prints ("`harness-s ...` prints:" and a `text` block), it prints exactly that.
 //!
 //! Commands of other programs (python, pip, vllm, echo) are left to their own documentation.
 
@@ -158,13 +163,24 @@ fn split_commands(line: &str) -> Vec<String> {
     parts
 }
 
-/// The commands of every `sh` / `bash` block of `file`: lines joined at a trailing `\` or an
-/// open quote, split at the command separators, variables assigned in the block (`S="..."`)
-/// substituted.
+/// What a fenced block of a document holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Block {
+    /// `sh` or `bash`: every line is shell.
+    Shell,
+    /// `text`: commands on the lines that start with `$ `, output on the others.
+    Text,
+    /// Anything else (TOML, JSON, Rust).
+    Other,
+}
+
+/// The commands of every `sh` / `bash` block of `file`, and of the `$ ` lines of its `text`
+/// blocks: lines joined at a trailing `\` or an open quote, split at the command separators,
+/// variables assigned in the block (`S="..."`) substituted.
 fn commands(file: &Path) -> Vec<Documented> {
     let text = std::fs::read_to_string(file).unwrap();
     let mut out = Vec::new();
-    let mut in_block: Option<bool> = None;
+    let mut in_block: Option<Block> = None;
     let mut pending = String::new();
     let mut first_line = 0;
     let mut block = 0;
@@ -176,15 +192,26 @@ fn commands(file: &Path) -> Vec<Documented> {
                 None => {
                     block += 1;
                     vars.clear();
-                    Some(matches!(lang.trim(), "sh" | "bash"))
+                    Some(match lang.trim() {
+                        "sh" | "bash" => Block::Shell,
+                        "text" => Block::Text,
+                        _ => Block::Other,
+                    })
                 }
                 Some(_) => None,
             };
             continue;
         }
-        if in_block != Some(true) {
-            continue;
-        }
+        let raw = match in_block {
+            Some(Block::Shell) => raw,
+            // A text block shows a command on a line that starts with the prompt `$ `, its
+            // output on the others.
+            Some(Block::Text) => match trimmed.strip_prefix("$ ") {
+                Some(command) => command,
+                None => continue,
+            },
+            Some(Block::Other) | None => continue,
+        };
         if pending.is_empty() {
             first_line = i + 1;
         }
@@ -342,6 +369,16 @@ fn example_flags(source: &str) -> BTreeSet<String> {
                 && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
             {
                 flags.insert(format!("--{name}"));
+            }
+        }
+        // A flag a helper reads from the argument list: `flag(&args, "--tasks", 6)`.
+        if line.contains("args") && !line.contains("=>") {
+            for piece in line.split("\"--").skip(1) {
+                if let Some((name, _)) = piece.split_once('"')
+                    && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+                {
+                    flags.insert(format!("--{name}"));
+                }
             }
         }
         if !(line.starts_with("#[arg(") || line.starts_with("#[clap(")) || !line.contains("long") {
@@ -650,16 +687,192 @@ fn the_checker_catches_what_it_should() {
     ] {
         check(&doc(good), &packages).unwrap_or_else(|e| panic!("{good}: {e}"));
     }
+    let words = |line: &str| shlex::split(line).unwrap();
+    assert_eq!(
+        harness_args(&words("cargo run --release --bin harness-s -- run --help")),
+        Some(words("run --help"))
+    );
+    assert_eq!(
+        harness_args(&words("target/release/harness-s run --explain")),
+        Some(words("run --explain"))
+    );
+    assert_eq!(
+        harness_args(&words(
+            "cargo run --release --example full_pipeline -- --help"
+        )),
+        None
+    );
+    assert!(cheap(&words("run --preset paper --explain")));
+    assert!(!cheap(&words("run --preset paper")));
+    let md = std::env::temp_dir().join(format!("documented-{}.md", std::process::id()));
+    std::fs::write(
+        &md,
+        "`harness-s run --explain` prints:\n\n```text\n$ harness-s run --help\nsome output\n```\n",
+    )
+    .unwrap();
+    let found = commands(&md);
+    let outputs = documented_outputs(&md);
+    std::fs::remove_file(&md).ok();
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found[0].words, words("harness-s run --help"));
+    assert_eq!(
+        outputs,
+        [(
+            words("harness-s run --explain"),
+            3,
+            vec!["$ harness-s run --help".to_string(), "some output".into()]
+        )]
+    );
     assert_eq!(uncomment("a 'b # c' # d"), "a 'b # c' ");
     assert_eq!(
         split_commands("echo 'a | b' | cargo x && y & z"),
         ["echo 'a | b' ", " cargo x ", " y ", " z"]
     );
     let flags = example_flags(
-        "#[arg(long)]\n/// x\nrun_dir: PathBuf,\n#[arg(long = \"k\")]\nx: u8,\n\"--out\" | \"-o\" => 1,",
+        "#[arg(long)]\n/// x\nrun_dir: PathBuf,\n#[arg(long = \"k\")]\nx: u8,\n\"--out\" | \"-o\" => 1,\nlet t = flag(&args, \"--tasks\", 6)?;",
     );
     assert_eq!(
         flags.into_iter().collect::<Vec<_>>(),
-        ["--help", "--k", "--out", "--run-dir"]
+        ["--help", "--k", "--out", "--run-dir", "--tasks"]
     );
+}
+
+/// The arguments a documented command gives the `harness-s` binary, if it runs it:
+/// `harness-s ...`, `target/release/harness-s ...`, or `cargo run [--bin harness-s] -- ...`.
+fn harness_args(words: &[String]) -> Option<Vec<String>> {
+    let program = words[0].as_str();
+    if program == "harness-s" || program.ends_with("/harness-s") {
+        return Some(words[1..].to_vec());
+    }
+    if program != "cargo" || words.get(1).map(String::as_str) != Some("run") {
+        return None;
+    }
+    let split = words.iter().position(|w| w == "--").unwrap_or(words.len());
+    let cargo_args = &words[2..split];
+    let names = |flag: &str| {
+        cargo_args
+            .windows(2)
+            .find(|w| w[0] == flag)
+            .map(|w| w[1].clone())
+    };
+    let ours = names("-p")
+        .or_else(|| names("--package"))
+        .is_none_or(|p| p == "harness-s")
+        && names("--example").is_none()
+        && names("--bin").is_none_or(|b| b == "harness-s");
+    ours.then(|| words.get(split + 1..).unwrap_or_default().to_vec())
+}
+
+/// Whether running `args` costs nothing: it prints help, a version or `--explain`'s list and
+/// stops before any stage.
+fn cheap(args: &[String]) -> bool {
+    args.iter().any(|a| {
+        matches!(
+            a.as_str(),
+            "--help" | "-h" | "--version" | "-V" | "--explain"
+        )
+    })
+}
+
+/// Run the built binary with `args` in the repository's root; its standard output.
+fn run_binary(args: &[String]) -> Result<String, String> {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_harness-s"))
+        .args(args)
+        .current_dir(root())
+        .env_remove("RUST_BACKTRACE")
+        .output()
+        .map_err(|e| format!("cannot start harness-s: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "exits with {}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Every `text` block a document introduces with "`<command>` prints:", as (the command's
+/// words, the line of the block, the block's lines).
+fn documented_outputs(file: &Path) -> Vec<(Vec<String>, usize, Vec<String>)> {
+    let text = std::fs::read_to_string(file).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        if line.trim() != "```text" {
+            continue;
+        }
+        let Some(intro) = lines[..i].iter().rev().find(|l| !l.trim().is_empty()) else {
+            continue;
+        };
+        let Some(before) = intro.trim_end().strip_suffix("prints:") else {
+            continue;
+        };
+        let Some(command) = before
+            .trim_end()
+            .strip_suffix('`')
+            .and_then(|b| b.rsplit('`').next())
+        else {
+            continue;
+        };
+        let body: Vec<String> = lines[i + 1..]
+            .iter()
+            .take_while(|l| l.trim() != "```")
+            .map(|l| l.trim_end().to_string())
+            .collect();
+        out.push((shlex::split(command).unwrap_or_default(), i + 1, body));
+    }
+    out
+}
+
+#[test]
+fn the_cheap_documented_commands_run_and_print_what_the_documents_show() {
+    let mut failures = Vec::new();
+    let mut ran = 0;
+    for file in documents() {
+        let name = file.strip_prefix(root()).unwrap_or(&file).to_path_buf();
+        for cmd in commands(&file) {
+            let Some(args) = harness_args(&cmd.words).filter(|a| cheap(a)) else {
+                continue;
+            };
+            ran += 1;
+            match run_binary(&args) {
+                Ok(stdout) if !stdout.trim().is_empty() => {}
+                Ok(_) => failures.push(format!("{cmd}: prints nothing")),
+                Err(e) => failures.push(format!("{cmd}: {e}")),
+            }
+        }
+        for (words, line, body) in documented_outputs(&file) {
+            let Some(args) = (!words.is_empty())
+                .then(|| harness_args(&words))
+                .flatten()
+                .filter(|a| cheap(a))
+            else {
+                continue;
+            };
+            ran += 1;
+            match run_binary(&args) {
+                Ok(stdout) => {
+                    let printed: Vec<&str> = stdout.lines().map(str::trim_end).collect();
+                    if printed != body {
+                        failures.push(format!(
+                            "{}:{line}: `{}` prints\n{}\nwhere the document shows\n{}",
+                            name.display(),
+                            words.join(" "),
+                            printed.join("\n"),
+                            body.join("\n")
+                        ));
+                    }
+                }
+                Err(e) => failures.push(format!(
+                    "{}:{line}: `{}`: {e}",
+                    name.display(),
+                    words.join(" ")
+                )),
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    // MAIN_JOB.md's `run --help` and its `--explain` listing at least.
+    assert!(ran >= 2, "{ran} cheap commands run");
 }

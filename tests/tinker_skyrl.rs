@@ -1,5 +1,5 @@
 //! `harness-s train --learner tinker` against SkyRL's real Tinker server (`skyrl-tx` 0.3.0,
-//! JAX on the CPU), on the embedded default's checkpoint (seed 42): three updates of GRPO
+//! JAX on the CPU), on the recovery-hooks organism's checkpoint (seed 42): three updates of GRPO
 //! with a SIGKILL after the first checkpoint and `--resume`, then `eval`.
 //!
 //! Needs `HARNESS_TINKER_PYTHON` (`.ci/run` installs the venv and sets it; without it, and
@@ -54,6 +54,10 @@ test_tasks = 4
 
 [policy]
 cache_dir = {cache:?}
+
+# The recovery-hooks organism, whose first groups on these tasks hold something to learn.
+[policy.warm_start]
+organism = "recovery_hooks"
 
 [rollout]
 concurrency = 4

@@ -117,11 +117,20 @@ pub fn write_run_config(wb: &Workbench) -> Result<()> {
 
 /// A run configuration without the settings a resumed run may change: where the Tinker
 /// server is and how long to wait for it (a server restarted on another port keeps the run),
-/// and which roles would ask an LLM endpoint when none is configured (they change nothing
-/// then, and the list of roles grows as roles are added).
+/// which roles would ask an LLM endpoint when none is configured (they change nothing
+/// then, and the list of roles grows as roles are added), and the process's CPU threads. A
+/// warm start without `organism` (a run saved before the setting existed) is the
+/// recovery-hooks organism, harness-warmstart's default.
 pub(crate) fn comparable(mut cfg: serde_json::Value) -> serde_json::Value {
     if let Some(map) = cfg.as_object_mut() {
         map.remove(SANDBOX_RECORD);
+    }
+    if let Some(policy) = cfg.get_mut("policy").and_then(|p| p.as_object_mut()) {
+        policy.remove("threads");
+        if let Some(warm) = policy.get_mut("warm_start").and_then(|w| w.as_object_mut()) {
+            warm.entry("organism")
+                .or_insert_with(|| harness_warmstart::Organism::default().as_str().into());
+        }
     }
     if let Some(roles) = cfg.get_mut("roles").and_then(|r| r.as_object_mut())
         && roles.get("llm").is_none_or(serde_json::Value::is_null)

@@ -16,7 +16,8 @@
 //! "evolve.source" = "builtin"
 //!
 //! [[organism]]
-//! name = "recovery_hooks"             # the embedded default as it ships
+//! name = "recovery_hooks"
+//! set = { "policy.warm_start.organism" = "recovery_hooks" }
 //!
 //! [[organism]]
 //! name = "prompt_rules_u0"
@@ -195,6 +196,21 @@ impl SweepConfig {
         }
         cfg.cells(path)?;
         Ok(cfg)
+    }
+
+    /// The CPU threads of a process that runs the cells one after another: the cells'
+    /// [`PolicyConfig::cpu_threads`](crate::config::PolicyConfig::cpu_threads) where they all
+    /// agree, else `None` (every core).
+    pub fn cpu_threads(&self, file: &Path) -> Result<Option<usize>> {
+        let threads: Vec<Option<usize>> = self
+            .cells(file)?
+            .iter()
+            .map(|c| c.config.policy.cpu_threads())
+            .collect();
+        Ok(match threads.split_first() {
+            Some((first, rest)) if rest.iter().all(|t| t == first) => *first,
+            _ => None,
+        })
     }
 
     /// Every cell-seed of the grid in order (organisms, then objectives, then seeds), each
@@ -680,6 +696,7 @@ objectives = ["generating", "masked"]
 "train.updates" = 3
 [[organism]]
 name = "hooks"
+set = { "policy.warm_start.organism" = "recovery_hooks", "policy.warm_start.unprompted_good_rate" = 0.0 }
 [[organism]]
 name = "rules"
 set = { "policy.warm_start.organism" = "prompt_rules", "policy.warm_start.unprompted_good_rate" = 0.0 }
@@ -702,9 +719,34 @@ set = { "policy.warm_start.organism" = "prompt_rules", "policy.warm_start.unprom
         );
         assert_eq!(c.config.policy.warm_start["organism"], "prompt_rules");
         assert_eq!(cells[0].config.train.methods.len(), 3);
-        assert!(cells[0].config.policy.warm_start.get("organism").is_none());
+        // Each organism's settings apply together, whatever their order.
+        assert_eq!(
+            cells[0].config.policy.warm_start["organism"],
+            "recovery_hooks"
+        );
+        assert_eq!(
+            cells[0].config.policy.warm_start["unprompted_good_rate"],
+            0.0
+        );
         // Every seed from the first seed's warm start.
         assert!(cells.iter().all(|c| c.config.warm_start_seed() == 1));
+    }
+
+    #[test]
+    fn a_sweeps_threads_are_its_cells_where_they_agree() {
+        let sweep = |text: &str| {
+            let cfg: SweepConfig = toml::from_str(text).unwrap();
+            cfg.cpu_threads(Path::new("s.toml")).unwrap()
+        };
+        assert_eq!(sweep(GOOD), Some(1));
+        let two = GOOD.replace("[set]\n", "[set]\n\"policy.threads\" = 2\n");
+        assert_eq!(sweep(&two), Some(2));
+        let mixed = GOOD.replace(
+            "name = \"rules\"\nset = { ",
+            "name = \"rules\"\nset = { \"policy.threads\" = 2, ",
+        );
+        assert_ne!(mixed, GOOD);
+        assert_eq!(sweep(&mixed), None);
     }
 
     #[test]
@@ -730,8 +772,8 @@ set = { "policy.warm_start.organism" = "prompt_rules", "policy.warm_start.unprom
             ),
             (
                 GOOD.replace(
-                    "unprompted_good_rate\" = 0.0",
-                    "unprompted_good_rate\" = 2.0",
+                    "\"prompt_rules\", \"policy.warm_start.unprompted_good_rate\" = 0.0",
+                    "\"prompt_rules\", \"policy.warm_start.unprompted_good_rate\" = 2.0",
                 ),
                 "organism[1]",
             ),

@@ -1,5 +1,5 @@
-//! The main job's quick default over three seeds grows a pool worth routing and routes by
-//! task. Slow (about half an hour on two cores):
+//! The main job's quick default, on the recovery-hooks organism, over three seeds grows a pool
+//! worth routing and routes by task. Slow (about half an hour on two cores):
 //!
 //! ```sh
 //! HARNESS_SLOW_TESTS=1 cargo test --release -p harness-pipeline --test slow_default
@@ -57,6 +57,9 @@ async fn three_seeds_grow_a_pool_worth_routing_and_route_by_task() {
         ..RunConfig::default()
     };
     cfg.policy.cache_dir = cache;
+    // The organism whose planted failures this test names (the main job's default until the
+    // rescue sweep had run; the prompt-rules default plants no recheck family).
+    cfg.policy.warm_start["organism"] = "recovery_hooks".into();
     let k = cfg.train.group_size;
     run_main_job(&cfg, &Secrets::default(), &Progress::hidden())
         .await

@@ -43,14 +43,15 @@
 //!   the good decision without a hook message, so H0 is not at 0% on the planted families and
 //!   GRPO sees some successes there.
 //!
-//!   That is the default variant, [`Organism::RecoveryHooks`]. [`Organism::PromptRules`]
+//!   That is this crate's default variant, [`Organism::RecoveryHooks`]. [`Organism::PromptRules`]
 //!   ([`WarmStartSettings::organism`]) plants the paper's regime instead: the repairing
 //!   siblings carry a prompt rule the built-in editor writes (`commit-when-changed` for the
 //!   change family, `check-schema-first` for quoting: names quoted from the first statement),
 //!   the script follows a rule when the system prompt carries it and ignores every hook
 //!   message, and the recheck family is not planted (its good action is the plain family's).
 //!   So a rescue rollout differs from H0 before its first decision, and no plain task shares a
-//!   planted good action. The [`organism`] module tabulates both.
+//!   planted good action; it is the main job's organism. The [`organism`] module tabulates
+//!   both.
 //! - A byte-level BPE tokenizer of a few thousand tokens is fitted to the demonstrations' text
 //!   ([`fit_tokenizer`]), a fresh Qwen3 of [`ModelShape`] is initialised from the seed, and
 //!   `grpo_candle::SftTrainer` fits every demonstration (failed ones included: the planted

@@ -3,7 +3,7 @@
 //!
 //! | variant | repairing siblings | where the repair acts | planted families |
 //! |---|---|---|---|
-//! | [`Organism::RecoveryHooks`] (default) | DBBench's hook siblings and the built-in editor's reminders | a hook message *after* an action: right after a change (commit-after-change), after the planted mistake (low-budget after the first check or the re-run; sql-error-recovery after the failed statement) | change, recheck, quoting |
+//! | [`Organism::RecoveryHooks`] (this crate's default) | DBBench's hook siblings and the built-in editor's reminders | a hook message *after* an action: right after a change (commit-after-change), after the planted mistake (low-budget after the first check or the re-run; sql-error-recovery after the failed statement) | change, recheck, quoting |
 //! | [`Organism::PromptRules`] | the built-in editor's prompt rules `commit-when-changed` (change) and `check-schema-first` (quoting), rendered into the system prompt | from the first token, *before* the decision it repairs | change, quoting |
 //!
 //! Under `RecoveryHooks` several repairs fire only after the planted mistake, so a rescue
@@ -20,6 +20,11 @@
 //! unplanted there: its good action is the plain family's. Hook messages repair nothing in this
 //! variant (the demonstrations run under the hook siblings too and ignore their messages), so
 //! the hook siblings stay in its pool as members that do not help.
+//!
+//! [`Organism::default`] is `RecoveryHooks`, the variant a settings table without `organism`
+//! means (so warm starts cached before the setting existed keep their names). The main job's
+//! run configuration (harness-pipeline, `policy.warm_start.organism`) picks `PromptRules`: why
+//! is in `docs/STUDY.md`, "The default organism".
 
 use serde::{Deserialize, Serialize};
 

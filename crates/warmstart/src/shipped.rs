@@ -1,12 +1,13 @@
 //! Checkpoints shipped inside the crate, so the main job's default starts in seconds.
 //!
-//! The warm start of the main job's default ([`WarmStartSettings::default`] with seed 42, the
-//! run configuration's default seed) takes about fifteen minutes on two CPU cores. Its result is
-//! small (0.7 M f32 parameters, 2.8 MB), so the folder it writes is compiled into this crate
-//! and [`crate::warm_start`] installs it into the cache instead of training when the settings
-//! hash to its name ([`crate::cache_dir_name`]). So are the organism variants `docs/STUDY.md`'s
-//! study reports ([`SHIPPED`] lists each with its settings). Any other settings or seed train
-//! as before.
+//! The warm start of [`WarmStartSettings::default`] with seed 42 (the run configuration's
+//! default seed; the recovery-hooks organism) takes about fifteen minutes on two CPU cores. Its
+//! result is small (0.7 M f32 parameters, 2.8 MB), so the folder it writes is compiled into this
+//! crate and [`crate::warm_start`] installs it into the cache instead of training when the
+//! settings hash to its name ([`crate::cache_dir_name`]). So are the organism variants
+//! `docs/STUDY.md`'s study reports, the main job's among them (the prompt-rules organism with
+//! unprompted rate 0.1; [`SHIPPED`] lists each with its settings). Any other settings or seed
+//! train as before.
 //!
 //! A shipped checkpoint is nothing but a cached one made by this crate's own code: rebuild it
 //! with `cargo run -p harness-warmstart --release --example base_rates -- --train --cache

@@ -165,6 +165,7 @@ impl RunConfig {
                 // The tiny policy needs a far larger step than the paper's 4B models for 16
                 // updates to move its decisions at all (2e-4 left them unchanged).
                 learning_rate: if quick { 1e-3 } else { 1e-6 },
+                threads: None,
             },
             roles: RolesConfig {
                 llm: None,
@@ -375,7 +376,13 @@ impl RunConfig {
 /// A warm-start preset's settings as a table, without `seed` (it follows the run's).
 pub(crate) fn warm_start_defaults(preset: WarmStartPreset) -> Value {
     let settings = match preset {
-        WarmStartPreset::Default => harness_warmstart::WarmStartSettings::default(),
+        // The main job's organism is the prompt-rules variant, the paper's regime (docs/STUDY.md,
+        // "The default organism"); harness-warmstart's own default, the recovery-hooks
+        // variant, is one setting away (`policy.warm_start.organism = "recovery_hooks"`).
+        WarmStartPreset::Default => harness_warmstart::WarmStartSettings {
+            organism: harness_warmstart::Organism::PromptRules,
+            ..harness_warmstart::WarmStartSettings::default()
+        },
         WarmStartPreset::Tiny => harness_warmstart::WarmStartSettings::tiny(),
     };
     let mut value = serde_json::to_value(settings).unwrap_or_else(|_| unreachable!("plain data"));
@@ -625,6 +632,24 @@ mod tests {
         cfg.validate(None).unwrap();
         assert!(cfg.train.methods.contains(&Method::MixtureProgram));
         assert_eq!(cfg.external.python_sibling, Some(true));
+        assert_eq!(cfg.policy.warm_start["organism"], "recovery_hooks");
+        let name = "configs/recovery-hooks.toml";
+        let cfg = parse(
+            include_str!("../../../../configs/recovery-hooks.toml"),
+            name,
+        )
+        .unwrap();
+        cfg.validate(None).unwrap();
+        assert_eq!(cfg.policy.warm_start["organism"], "recovery_hooks");
+        let mut default = RunConfig {
+            out: cfg.out.clone(),
+            seed: cfg.seed,
+            ..RunConfig::default()
+        };
+        default
+            .set("policy.warm_start.organism", "recovery_hooks")
+            .unwrap();
+        assert_eq!(cfg, default, "{name}: only the organism differs");
     }
 
     #[test]
@@ -694,5 +719,78 @@ mod tests {
         };
         let e = cfg.validate(None).unwrap_err().to_string();
         assert!(e.contains("pool") && e.contains("pool.json"), "{e}");
+    }
+
+    #[test]
+    fn the_main_jobs_organism_is_prompt_rules_and_recovery_hooks_matches_older_runs() {
+        let organism = |cfg: &RunConfig| {
+            harness_warmstart::WarmStartSettings::deserialize(&cfg.policy.warm_start)
+                .unwrap()
+                .organism
+        };
+        let default = parse("", "a.toml").unwrap();
+        assert_eq!(organism(&default), harness_warmstart::Organism::PromptRules);
+        assert_eq!(default.policy.warm_start["organism"], "prompt_rules");
+        // The tiny preset keeps harness-warmstart's own default.
+        let tiny = parse("[policy]\nwarm_start_preset = \"tiny\"\n", "a.toml").unwrap();
+        assert_eq!(organism(&tiny), harness_warmstart::Organism::RecoveryHooks);
+        // Named, the recovery-hooks variant stays named through later settings (which merge
+        // over the defaults), and matches a run saved before the setting existed, whose
+        // `run.json` leaves the field out.
+        let mut hooks = parse(
+            "[policy.warm_start]\norganism = \"recovery_hooks\"\n",
+            "a.toml",
+        )
+        .unwrap();
+        hooks.set("seed", "43").unwrap();
+        hooks
+            .set("policy.warm_start.unprompted_good_rate", "0.0")
+            .unwrap();
+        assert_eq!(organism(&hooks), harness_warmstart::Organism::RecoveryHooks);
+        let mut saved = serde_json::to_value(&hooks).unwrap();
+        saved["policy"]["warm_start"]
+            .as_object_mut()
+            .unwrap()
+            .remove("organism");
+        assert_eq!(
+            crate::comparable(saved.clone()),
+            crate::comparable(serde_json::to_value(&hooks).unwrap())
+        );
+        // A saved run without the field is not one of the prompt-rules organism.
+        let mut rules = hooks.clone();
+        rules
+            .set("policy.warm_start.organism", "prompt_rules")
+            .unwrap();
+        assert_ne!(
+            crate::comparable(saved),
+            crate::comparable(serde_json::to_value(&rules).unwrap())
+        );
+        let seeded = parse("[policy.warm_start]\nseed = 7\n", "a.toml").unwrap();
+        assert_eq!(seeded.warm_start_seed(), 7);
+    }
+
+    #[test]
+    fn threads_default_to_one_for_the_embedded_policy_and_do_not_change_a_runs_identity() {
+        let cfg = RunConfig::default();
+        assert_eq!(cfg.policy.threads, None);
+        assert_eq!(cfg.policy.cpu_threads(), Some(1));
+        let checkpoint = parse("[policy]\nmodel = \"/models/x\"\n", "a.toml").unwrap();
+        assert_eq!(checkpoint.policy.cpu_threads(), None);
+        let two = parse("[policy]\nthreads = 2\n", "a.toml").unwrap();
+        assert_eq!(two.policy.cpu_threads(), Some(2));
+        let e = parse("[policy]\nthreads = 0\n", "run.toml")
+            .and_then(|c| c.validate(Some(Path::new("run.toml"))))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("run.toml") && e.contains("policy.threads") && e.contains("at least 1"),
+            "{e}"
+        );
+        let value = |c: &RunConfig| serde_json::to_value(c).unwrap();
+        assert_ne!(value(&cfg), value(&two));
+        assert_eq!(
+            crate::comparable(value(&cfg)),
+            crate::comparable(value(&two))
+        );
     }
 }

@@ -97,10 +97,11 @@ Run configuration (TOML or JSON; any subset; `preset` picks the defaults; flags 
   policy.cache_dir              where the warm-started checkpoint is cached
   policy.warm_start_preset      default | tiny (seconds, for tests; its policy is not useful)
   policy.warm_start             harness-warmstart settings over the preset (demo_tasks, sft_steps, model, limits, ...); seed: default the run's (every seed of --seeds trains from that one checkpoint)
-  policy.warm_start.organism    recovery_hooks (default: hook siblings, several firing after the planted mistake) | prompt_rules (the paper's regime: prompt-rule siblings that act before the decision, recheck unplanted)
+  policy.warm_start.organism    prompt_rules (default; the paper's regime: prompt-rule siblings that act before the decision, recheck unplanted) | recovery_hooks (hook siblings, several firing after the planted mistake; the tiny preset's)
   policy.warm_start.unprompted_good_rate       share of planted demonstrations that decide well unprompted (default 0.1)
   policy.warm_start.unprompted_good_by_family  per-family overrides: { change = 0.0, recheck = 0.1, quoting = 0.0 }
   policy.learning_rate          peak learning rate of the GRPO updates
+  policy.threads                CPU threads of the process (RAYON_NUM_THREADS, unless set; unset: 1 for the embedded policy, all cores for a checkpoint)
   roles.llm                     OpenAI-compatible base URL (ending in /v1) for analyst, editor, labeller, proposer, profiler, voters (unset: built-in; no user:password@ in it)
   roles.llm_model               the model asked at roles.llm
   roles.llm_key_env             the environment variable holding its API key (a name ending in _API_KEY)

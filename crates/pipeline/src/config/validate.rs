@@ -35,6 +35,12 @@ impl RunConfig {
                 ),
             );
         }
+        if self.policy.threads == Some(0) {
+            return bad(
+                "policy.threads",
+                "expected at least 1 thread, or the setting left out (one for the embedded policy, all cores for a checkpoint)".into(),
+            );
+        }
         if !["default", "dbbench", "appworld", "swe", "tau-retail"]
             .contains(&self.env.name.as_str())
         {
