@@ -27,6 +27,9 @@ use anyhow::Result;
 use clap::Parser;
 use harness_pipeline::{Preset, Progress, RunConfig, Secrets, run_main_job};
 
+#[path = "../src/threads.rs"]
+mod threads;
+
 // The default allocator spends much of a CPU training step in page faults; mimalloc reuses
 // the large tensor buffers.
 #[global_allocator]
@@ -75,17 +78,7 @@ fn main() -> Result<()> {
     }
     cfg.validate(args.config.as_deref())?;
     // `policy.threads` (one thread for the embedded policy) unless RAYON_NUM_THREADS is set.
-    if let (None, Some(n)) = (
-        std::env::var_os("RAYON_NUM_THREADS"),
-        cfg.policy.cpu_threads(),
-    ) {
-        // SAFETY: no other thread exists yet; the async runtime, rayon's pool and candle's
-        // pool all start after this and read the variable when they do.
-        #[allow(unsafe_code)]
-        unsafe {
-            std::env::set_var("RAYON_NUM_THREADS", n.to_string())
-        };
-    }
+    threads::set_unless_given(|| cfg.policy.cpu_threads());
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?

@@ -28,6 +28,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod cli;
 mod sweep_jobs;
+mod threads;
 
 use cli::{Cli, Command, Common, method, serve_key};
 
@@ -39,26 +40,15 @@ fn main() -> Result<()> {
         eprintln!("warning: cannot mark the process non-dumpable: {e}");
     }
     let cli = Cli::parse();
-    if let Some(n) = cpu_threads(&cli) {
-        // SAFETY: no other thread exists yet; the async runtime, rayon's pool and candle's
-        // pool all start after this and read the variable when they do.
-        #[allow(unsafe_code)]
-        unsafe {
-            std::env::set_var("RAYON_NUM_THREADS", n.to_string())
-        };
-    }
+    threads::set_unless_given(|| cpu_threads(&cli));
     run(cli)
 }
 
 /// The process's CPU threads from the configuration (`policy.threads`, see
-/// `PolicyConfig::cpu_threads`), unless `RAYON_NUM_THREADS` is set; for a sweep run in this
-/// process, when every cell agrees (`sweep --jobs N` gives each child process the cores
-/// divided by N instead). A configuration that does not load is left to the command to
-/// report.
+/// `PolicyConfig::cpu_threads`); for a sweep run in this process, when every cell agrees
+/// (`sweep --jobs N` gives each child process its share instead). A configuration that does
+/// not load is left to the command to report.
 fn cpu_threads(cli: &Cli) -> Option<usize> {
-    if std::env::var_os("RAYON_NUM_THREADS").is_some() {
-        return None;
-    }
     match &cli.command {
         Command::Run { common, .. }
         | Command::Train { common, .. }
@@ -68,10 +58,10 @@ fn cpu_threads(cli: &Cli) -> Option<usize> {
         | Command::Calibrate(common)
         | Command::Report(common) => common.config().ok()?.policy.cpu_threads(),
         Command::Sweep { jobs, .. } if *jobs > 1 => None,
-        Command::Sweep { file, .. } => harness_pipeline::sweep::SweepConfig::load(file)
-            .ok()?
-            .cpu_threads(file)
-            .ok()?,
+        Command::Sweep { file, .. } => {
+            let sweep = harness_pipeline::sweep::SweepConfig::load(file).ok()?;
+            harness_pipeline::sweep::cpu_threads(&sweep.cells(file).ok()?)
+        }
         Command::EnvServe(_) => None,
     }
 }

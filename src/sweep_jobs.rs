@@ -30,7 +30,7 @@ pub fn run(file: &Path, sweep: &SweepConfig, jobs: usize) -> Result<Vec<Failure>
     }
     let skipped = total - queue.len();
     let exe = std::env::current_exe().context("cannot find this program to start the jobs")?;
-    let wanted = sweep.cpu_threads(file)?;
+    let wanted = harness_pipeline::sweep::cpu_threads(&cells);
     let threads = std::env::var_os("RAYON_NUM_THREADS").is_none().then(|| {
         let cores = std::thread::available_parallelism().map_or(1, usize::from);
         let share = (cores / jobs).max(1);

@@ -198,21 +198,6 @@ impl SweepConfig {
         Ok(cfg)
     }
 
-    /// The CPU threads of a process that runs the cells one after another: the cells'
-    /// [`PolicyConfig::cpu_threads`](crate::config::PolicyConfig::cpu_threads) where they all
-    /// agree, else `None` (every core).
-    pub fn cpu_threads(&self, file: &Path) -> Result<Option<usize>> {
-        let threads: Vec<Option<usize>> = self
-            .cells(file)?
-            .iter()
-            .map(|c| c.config.policy.cpu_threads())
-            .collect();
-        Ok(match threads.split_first() {
-            Some((first, rest)) if rest.iter().all(|t| t == first) => *first,
-            _ => None,
-        })
-    }
-
     /// Every cell-seed of the grid in order (organisms, then objectives, then seeds), each
     /// with its validated run configuration. `file` names the sweep file in errors.
     pub fn cells(&self, file: &Path) -> Result<Vec<CellRun>> {
@@ -415,6 +400,17 @@ impl CellRun {
         }
         Ok(true)
     }
+}
+
+/// The CPU threads of a process that runs `cells` one after another: their
+/// [`PolicyConfig::cpu_threads`](crate::config::PolicyConfig::cpu_threads) where they all
+/// agree, else `None` (every core).
+pub fn cpu_threads(cells: &[CellRun]) -> Option<usize> {
+    let (first, rest) = cells.split_first()?;
+    let threads = first.config.policy.cpu_threads();
+    rest.iter()
+        .all(|c| c.config.policy.cpu_threads() == threads)
+        .then_some(threads)?
 }
 
 /// Run the cell-seed at `index` of `sweep`'s grid (0-based, in [`SweepConfig::cells`]'s
@@ -736,7 +732,7 @@ set = { "policy.warm_start.organism" = "prompt_rules", "policy.warm_start.unprom
     fn a_sweeps_threads_are_its_cells_where_they_agree() {
         let sweep = |text: &str| {
             let cfg: SweepConfig = toml::from_str(text).unwrap();
-            cfg.cpu_threads(Path::new("s.toml")).unwrap()
+            cpu_threads(&cfg.cells(Path::new("s.toml")).unwrap())
         };
         assert_eq!(sweep(GOOD), Some(1));
         let two = GOOD.replace("[set]\n", "[set]\n\"policy.threads\" = 2\n");

@@ -25,15 +25,15 @@ pub struct PolicyConfig {
     /// CPU threads of the process that decodes and trains the local policy (the binaries set
     /// `RAYON_NUM_THREADS` from it unless that variable is set). Unset (the default): one for
     /// the embedded tiny policy, whose decoding steps are too small to split over threads
-    /// (`crates/grpo-candle/bench/README.md`, "Decoding threads"), all physical cores for a
-    /// checkpoint. Results do not depend on it, so a run may be resumed with another value.
+    /// (`crates/grpo-candle/bench/README.md`, "Decoding threads"); for a checkpoint the
+    /// variable is left unset, so rayon and candle use every core. Results do not depend on it, so a run may be resumed with another value.
     #[serde(default)]
     pub threads: Option<usize>,
 }
 
 impl PolicyConfig {
     /// The CPU threads a binary gives the process that runs this policy: [`Self::threads`],
-    /// or when unset one for the embedded tiny policy and `None` (all physical cores) for a
+    /// or when unset one for the embedded tiny policy and `None` (every core) for a
     /// checkpoint.
     pub fn cpu_threads(&self) -> Option<usize> {
         match (self.threads, &self.model) {
